@@ -1,0 +1,3 @@
+module github.com/rxego/rxego
+
+go 1.26
