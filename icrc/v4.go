@@ -1,0 +1,191 @@
+package icrc
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+)
+
+// V4 holds what an IPv4 RoCEv2 packet's ICRC covers besides the packet
+// itself and the IP ID: addresses, ports and the DF bit. The lengths follow
+// from the packet. A V4 is a small value, cheap to build per packet.
+type V4 struct {
+	Src, Dst         [4]byte
+	SrcPort, DstPort uint16
+	DF               bool // don't-fragment, set by rxe and by rxego
+}
+
+// headers feeds the masked IPv4 and UDP headers for a packet of pktLen
+// bytes sent with IP ID id.
+func (v *V4) headers(id uint16, pktLen int) uint32 {
+	var h [20]byte
+	h[0] = 0x45
+	h[1] = 0xff // TOS
+	binary.BigEndian.PutUint16(h[2:], uint16(20+8+pktLen))
+	binary.BigEndian.PutUint16(h[4:], id)
+	if v.DF {
+		h[6] = 0x40
+	}
+	h[8] = 0xff // TTL
+	h[9] = 17   // UDP
+	h[10], h[11] = 0xff, 0xff
+	copy(h[12:16], v.Src[:])
+	copy(h[16:20], v.Dst[:])
+	s := feed(lrhState, h[:])
+	return udp(s, v.SrcPort, v.DstPort, 8+pktLen)
+}
+
+// Sum returns the ICRC of pkt (BTH through ICRC) sent with IP ID id.
+func (v *V4) Sum(id uint16, pkt []byte) uint32 {
+	if !valid(pkt) {
+		return 0
+	}
+	s := v.headers(id, len(pkt))
+	s = maskedBTH(s, pkt)
+	return tail(s, pkt)
+}
+
+// Fill computes the ICRC for IP ID id and stores it in pkt.
+func (v *V4) Fill(id uint16, pkt []byte) {
+	if valid(pkt) {
+		Put(pkt, v.Sum(id, pkt))
+	}
+}
+
+// Check reports whether pkt's ICRC is right for IP ID id.
+func (v *V4) Check(id uint16, pkt []byte) bool {
+	return valid(pkt) && v.Sum(id, pkt) == Get(pkt)
+}
+
+// Recover finds the IPv4 Identification that makes pkt's stored ICRC
+// correct, for receivers that read through a UDP socket and cannot see the
+// ID. ok is false when no ID does, which rejects the packet.
+//
+// Detection strength: the CRC is affine in the 16 ID bits, so the stored
+// ICRC minus the ICRC for ID 0 must lie in a 16-dimensional subspace of the
+// 32-bit CRC space. A random corruption passes with probability 2^-16
+// (about 1 in 65,536), against 2^-32 when the ID is known; errors confined
+// to a burst of 32 bits or fewer that do not touch the ID are still always
+// caught, as CRC-32 guarantees, unless they mimic an ID change. Receive
+// paths that see the IP header (raw sockets, captures) use Check instead.
+func (v *V4) Recover(pkt []byte) (id uint16, ok bool) {
+	if !valid(pkt) {
+		return 0, false
+	}
+	got := Get(pkt)
+	c0 := v.Sum(0, pkt)
+	if c0 == got {
+		return 0, true
+	}
+	// Bytes processed after the two ID bytes: the rest of the IP header
+	// (14), the UDP header (8) and the packet up to the ICRC.
+	n := 14 + 8 + len(pkt) - Len
+	u := unshift(n, got^c0)
+	b0, b1, ok := solveID(u)
+	if !ok {
+		return 0, false
+	}
+	return uint16(b0)<<8 | uint16(b1), true
+}
+
+// The CRC register after a message is linear in the message bits once the
+// init and final xor cancel (they do in a difference of two equal-length
+// messages). A difference introduced in the two ID bytes is then shifted
+// through n zero bytes; we undo that shift with a 32x32 GF(2) matrix.
+
+// zinv undoes one zero-byte step of the register: the top byte of the
+// result of a step names the table row used (IEEE's rows have distinct top
+// bytes), which gives back the byte shifted out.
+func zinv(s uint32) uint32 {
+	idx := revTop[s>>24]
+	return (s^table[idx])<<8 | uint32(idx)
+}
+
+// revTop maps a table row's top byte back to its index.
+var revTop = func() (r [256]byte) {
+	for i := 0; i < 256; i++ {
+		r[table[i]>>24] = byte(i)
+	}
+	return r
+}()
+
+// matrix is a 32x32 GF(2) matrix stored by columns: m[j] is the image of bit j.
+type matrix [32]uint32
+
+func (m *matrix) apply(v uint32) uint32 {
+	var r uint32
+	for j := 0; v != 0; j, v = j+1, v>>1 {
+		if v&1 != 0 {
+			r ^= m[j]
+		}
+	}
+	return r
+}
+
+func (m *matrix) mul(o *matrix) *matrix { // m·o
+	var r matrix
+	for j := range o {
+		r[j] = m.apply(o[j])
+	}
+	return &r
+}
+
+// zinvPow[k] undoes 2^k zero-byte steps.
+var zinvPow = func() (p [17]*matrix) {
+	var m matrix
+	for j := range m {
+		m[j] = zinv(1 << j)
+	}
+	p[0] = &m
+	for k := 1; k < len(p); k++ {
+		p[k] = p[k-1].mul(p[k-1])
+	}
+	return p
+}()
+
+// maxCached bounds the per-length matrix cache: every RoCE packet up to a
+// 9000-byte jumbo frame hits it; longer ones are computed on the spot.
+const maxCached = 9216
+
+var unshiftCache [maxCached]atomic.Pointer[matrix]
+
+func unshiftMatrix(n int) *matrix {
+	if n < maxCached {
+		if m := unshiftCache[n].Load(); m != nil {
+			return m
+		}
+	}
+	var m *matrix
+	for k := 0; n>>k != 0; k++ {
+		if n>>k&1 == 0 {
+			continue
+		}
+		if m == nil {
+			c := *zinvPow[k]
+			m = &c
+		} else {
+			m = zinvPow[k].mul(m)
+		}
+	}
+	if m == nil {
+		m = new(matrix)
+		for j := range m {
+			m[j] = 1 << j
+		}
+	}
+	if n < maxCached {
+		unshiftCache[n].Store(m)
+	}
+	return m
+}
+
+func unshift(n int, v uint32) uint32 { return unshiftMatrix(n).apply(v) }
+
+// solveID finds the byte pair whose register difference, starting from a
+// zero difference, is u; ok is false when u is not reachable by any pair.
+func solveID(u uint32) (b0, b1 byte, ok bool) {
+	idx1 := revTop[u>>24]
+	mid := (u ^ table[idx1]) << 8 // register after b0, low byte unknown yet
+	b0 = revTop[mid>>24]
+	b1 = idx1 ^ byte(table[b0])
+	return b0, b1, step(step(0, b0), b1) == u
+}
