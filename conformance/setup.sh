@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Sets up the rdma_rxe interop lab: Debian packages, two stock Debian
+# kernels (6.1 and 6.12) extracted into a cache directory, and one small
+# initramfs per kernel. Idempotent: a second run only checks and prints.
+#
+#   sudo conformance/setup.sh
+#
+# Env:
+#   RXEGO_LAB_DIR   cache directory (default: conformance/.lab next to this file)
+#   RXEGO_KERNEL_6_1, RXEGO_KERNEL_6_12
+#                   exact Debian kernel image package to use instead of the
+#                   newest one apt knows (e.g. linux-image-6.1.0-56-amd64-unsigned)
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+lab=${RXEGO_LAB_DIR:-$here/.lab}
+initsrc=$here/initramfs/init
+
+log() { printf 'setup: %s\n' "$*"; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "must run as root (sudo $0)"
+
+# --- packages ---------------------------------------------------------------
+pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
+	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod)
+missing=()
+for p in "${pkgs[@]}"; do
+	if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
+		missing+=("$p")
+	fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	log "installing: ${missing[*]}"
+	# tshark asks whether non-root users may capture; answer no, quietly.
+	echo 'wireshark-common wireshark-common/install-setuid boolean false' | debconf-set-selections
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+	log "packages: all present"
+fi
+
+# --- kernels ----------------------------------------------------------------
+# newest_pkg PATTERN prints the newest package name apt knows matching the
+# extended regex PATTERN (version-sorted), or nothing.
+newest_pkg() {
+	apt-cache search --names-only "$1" 2>/dev/null | awk '{print $1}' |
+		grep -E "$1" | sort -V | tail -n 1
+}
+
+# pick_kernel SERIES prints the image package to use for SERIES.
+pick_kernel() {
+	local series=$1 override pat p
+	case $series in
+	6.1)
+		override=${RXEGO_KERNEL_6_1:-}
+		pat='^linux-image-6\.1\.0-[0-9]+-amd64'
+		;;
+	6.12)
+		override=${RXEGO_KERNEL_6_12:-}
+		pat='^linux-image-6\.12\.[0-9]+\+deb[0-9]+-amd64'
+		;;
+	esac
+	if [ -n "$override" ]; then
+		echo "$override"
+		return
+	fi
+	# Unsigned and signed images carry the same kernel and modules; prefer
+	# the unsigned one when both exist since it has no shim packaging.
+	p=$(newest_pkg "$pat-unsigned\$")
+	[ -n "$p" ] || p=$(newest_pkg "$pat\$")
+	if [ -z "$p" ]; then
+		apt-get update -qq
+		p=$(newest_pkg "$pat-unsigned\$")
+		[ -n "$p" ] || p=$(newest_pkg "$pat\$")
+	fi
+	[ -n "$p" ] || die "no kernel package for $series found by apt-cache search"
+	echo "$p"
+}
+
+# Modules the guest loads, in dependency order (modprobe --show-depends).
+# crc32_generic: rxe allocates the "crc32" crypto hash for the ICRC and the
+# initramfs has no modprobe to load it on demand.
+guest_modules=(virtio_pci virtio_net 9pnet_virtio 9p crc32_generic rdma_rxe rdma_ucm)
+
+build_kernel() {
+	local series=$1 pkg ver dir tmp stamp want kver m path seen
+	pkg=$(pick_kernel "$series")
+	ver=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
+	dir=$lab/kernels/$series
+	stamp=$dir/stamp
+	# The stamp pins package, version and the init script so that a change
+	# to any of them rebuilds the initramfs.
+	want="$pkg $ver $(sha256sum "$initsrc" "$0" | sha256sum | cut -c1-16)"
+	if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] &&
+		[ -f "$dir/vmlinuz" ] && [ -f "$dir/initramfs.cpio" ]; then
+		log "kernel $series: $pkg $ver (cached in $dir)"
+		return
+	fi
+	log "kernel $series: fetching $pkg $ver"
+	tmp=$lab/tmp-$series
+	rm -rf "$tmp"
+	mkdir -p "$tmp/deb" "$tmp/root" "$tmp/initramfs"
+	(cd "$tmp/deb" && apt-get download -qq "$pkg" 2>/dev/null) ||
+		(cd "$tmp/deb" && apt-get download "$pkg") ||
+		die "apt-get download $pkg failed"
+	dpkg-deb -x "$tmp"/deb/*.deb "$tmp/root"
+	kver=$(ls "$tmp/root/lib/modules")
+	[ -n "$kver" ] && [ -f "$tmp/root/boot/vmlinuz-$kver" ] || die "$pkg: no vmlinuz/modules in package"
+	depmod -b "$tmp/root" "$kver"
+
+	# initramfs: busybox, the init script, the modules decompressed (busybox
+	# insmod takes plain .ko files) and modules.list in load order.
+	local ir=$tmp/initramfs
+	mkdir -p "$ir"/{bin,dev,proc,sys,newroot,share,lib/modules}
+	cp /bin/busybox "$ir/bin/busybox"
+	cp "$initsrc" "$ir/init"
+	chmod 0755 "$ir/init" "$ir/bin/busybox"
+	: >"$ir/lib/modules/modules.list"
+	seen=" "
+	for m in "${guest_modules[@]}"; do
+		while read -r _ path; do
+			local base
+			base=$(basename "$path")
+			base=${base%.xz}
+			case $seen in *" $base "*) continue ;; esac
+			seen="$seen$base "
+			case $path in
+			*.xz) xz -dc "$path" >"$ir/lib/modules/$base" ;;
+			*) cp "$path" "$ir/lib/modules/$base" ;;
+			esac
+			echo "$base" >>"$ir/lib/modules/modules.list"
+		done < <(modprobe -d "$tmp/root" -S "$kver" --show-depends "$m" | grep '^insmod ')
+	done
+	# Uncompressed cpio: TCG decompresses slowly and the archive is small.
+	(cd "$ir" && find . -print0 | cpio --null -o -H newc --quiet) >"$tmp/initramfs.cpio"
+
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	mv "$tmp/root/boot/vmlinuz-$kver" "$dir/vmlinuz"
+	mv "$tmp/initramfs.cpio" "$dir/initramfs.cpio"
+	cp "$tmp/root/boot/config-$kver" "$dir/config"
+	echo "$kver" >"$dir/release"
+	echo "$pkg $ver" >"$dir/package"
+	tr '\n' ' ' <"$ir/lib/modules/modules.list" >"$dir/modules"
+	echo "$want" >"$stamp"
+	rm -rf "$tmp"
+	log "kernel $series: built $dir (release $kver; modules: $(cat "$dir/modules"))"
+}
+
+mkdir -p "$lab"
+for s in 6.1 6.12; do
+	build_kernel "$s"
+done
+log "lab ready in $lab"
