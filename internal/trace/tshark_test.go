@@ -1,0 +1,299 @@
+package trace_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/trace"
+)
+
+// pdmlField is a <proto> or <field> element of tshark's PDML output.
+type pdmlField struct {
+	Name   string      `xml:"name,attr"`
+	Show   string      `xml:"show,attr"`
+	Value  string      `xml:"value,attr"`
+	Pos    int         `xml:"pos,attr"`
+	Size   int         `xml:"size,attr"`
+	Fields []pdmlField `xml:"field"`
+}
+
+// pdmlPacket is one <packet> element.
+type pdmlPacket struct {
+	Protos []pdmlField `xml:"proto"`
+}
+
+// tsFrame is what tshark decoded from one frame: every field by name
+// (first occurrence), the InfiniBand headers by name, and their fields
+// keyed "header/field" so that the RETH's VA and the AtomicETH's VA (one
+// tshark field name) stay apart.
+type tsFrame struct {
+	field map[string]pdmlField // ip.*, udp.*, geninfo's num and timestamp, data.len
+	hdr   map[string]pdmlField // infiniband.bth, infiniband.reth, ... top level
+	sub   map[string]pdmlField // "infiniband.reth/infiniband.reth.va"
+}
+
+func flatten(fs []pdmlField, into map[string]pdmlField) {
+	for _, f := range fs {
+		if _, ok := into[f.Name]; !ok {
+			into[f.Name] = f
+		}
+		flatten(f.Fields, into)
+	}
+}
+
+func newTSFrame(p pdmlPacket) *tsFrame {
+	t := &tsFrame{field: map[string]pdmlField{}, hdr: map[string]pdmlField{}, sub: map[string]pdmlField{}}
+	for _, pr := range p.Protos {
+		if pr.Name != "infiniband" {
+			flatten(pr.Fields, t.field)
+			continue
+		}
+		for _, h := range pr.Fields {
+			if _, ok := t.hdr[h.Name]; !ok {
+				t.hdr[h.Name] = h
+			}
+			sub := map[string]pdmlField{}
+			flatten(h.Fields, sub)
+			for k, v := range sub {
+				t.sub[h.Name+"/"+k] = v
+			}
+		}
+	}
+	return t
+}
+
+// tsharkFrames runs tshark over a capture and returns its InfiniBand
+// frames by frame number.
+func tsharkFrames(t *testing.T, path string) map[int]*tsFrame {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "tshark", "-n", "-r", path, "-d", "udp.port==4791,infiniband",
+		"-Y", "infiniband", "-T", "pdml")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	frames := map[int]*tsFrame{}
+	dec := xml.NewDecoder(out)
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("reading tshark PDML: %v", err)
+		}
+		se, ok := tok.(xml.StartElement)
+		if !ok || se.Name.Local != "packet" {
+			continue
+		}
+		var p pdmlPacket
+		if err := dec.DecodeElement(&p, &se); err != nil {
+			t.Fatal(err)
+		}
+		f := newTSFrame(p)
+		n, err := strconv.Atoi(f.field["num"].Show)
+		if err != nil {
+			t.Fatalf("tshark packet without a frame number: %v", err)
+		}
+		frames[n] = f
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("tshark: %v\n%s", err, stderr.String())
+	}
+	return frames
+}
+
+// num parses a number as tshark shows it: decimal, or hex with 0x.
+func num(t *testing.T, f pdmlField) uint64 {
+	t.Helper()
+	s := f.Show
+	base := 10
+	if strings.HasPrefix(s, "0x") {
+		s, base = s[2:], 16
+	}
+	v, err := strconv.ParseUint(s, base, 64)
+	if err != nil {
+		t.Fatalf("tshark field %s: show %q: %v", f.Name, f.Show, err)
+	}
+	return v
+}
+
+// raw returns the bytes of a field (its PDML value attribute).
+func raw(t *testing.T, f pdmlField) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(f.Value)
+	if err != nil {
+		t.Fatalf("tshark field %s: value %q: %v", f.Name, f.Value, err)
+	}
+	return b
+}
+
+// record turns tshark's decoding of a frame into a trace.Record, leaving
+// zero what tshark does not decode (opcode name, ICRC check).
+func (f *tsFrame) record(t *testing.T) trace.Record {
+	t.Helper()
+	get := func(m map[string]pdmlField, name string) pdmlField {
+		v, ok := m[name]
+		if !ok {
+			t.Fatalf("tshark gave no %s", name)
+		}
+		return v
+	}
+	u := func(name string) uint64 { return num(t, get(f.sub, name)) }
+	b := func(name string) bool { return u(name) != 0 }
+	var r trace.Record
+	r.Frame = int(num(t, get(f.field, "num")))
+	r.Src = netip.MustParseAddr(get(f.field, "ip.src").Show)
+	r.Dst = netip.MustParseAddr(get(f.field, "ip.dst").Show)
+	r.SrcPort = uint16(num(t, get(f.field, "udp.srcport")))
+	r.DstPort = uint16(num(t, get(f.field, "udp.dstport")))
+	id := uint16(num(t, get(f.field, "ip.id")))
+	r.IPID = &id
+	r.DSCP = uint8(num(t, get(f.field, "ip.dsfield.dscp")))
+	r.ECN = uint8(num(t, get(f.field, "ip.dsfield.ecn")))
+
+	bthHdr := get(f.hdr, "infiniband.bth")
+	const B = "infiniband.bth/infiniband.bth."
+	x := &trace.RoCE{
+		Opcode: bth.Opcode(u(B + "opcode")), SE: b(B + "se"), MigReq: b(B + "m"), Pad: uint8(u(B + "padcnt")),
+		TVer: uint8(u(B + "tver")), PKey: uint16(u(B + "p_key")), DestQP: uint32(u(B + "destqp")),
+		AckReq: b(B + "a"), PSN: bth.PSN(u(B + "psn")),
+	}
+	// tshark 4.0 shows BTH byte 4 (FECN, BECN, reserved) as one reserved
+	// byte; take the bits from it.
+	resv := get(f.sub, "infiniband.bth/infiniband.reserved")
+	if resv.Pos != bthHdr.Pos+4 || resv.Size != 1 {
+		t.Fatalf("tshark BTH reserved byte at %d+%d, BTH at %d", resv.Pos, resv.Size, bthHdr.Pos)
+	}
+	b4 := raw(t, resv)[0]
+	x.FECN, x.BECN = b4&0x80 != 0, b4&0x40 != 0
+
+	end := bthHdr.Pos + bthHdr.Size // end of the last extended header
+	for name, h := range f.hdr {
+		switch name {
+		case "infiniband.rdeth", "infiniband.deth", "infiniband.reth", "infiniband.atomiceth", "infiniband.aeth",
+			"infiniband.atomicacketh", "infiniband.immdt", "infiniband.ieth":
+			end = max(end, h.Pos+h.Size)
+		}
+	}
+	if _, ok := f.hdr["infiniband.reth"]; ok {
+		const R = "infiniband.reth/infiniband.reth."
+		x.RETH = &trace.RETH{VA: u(R + "va"), RKey: uint32(u(R + "r_key")), DMALen: uint32(u(R + "dmalen"))}
+	}
+	if _, ok := f.hdr["infiniband.aeth"]; ok {
+		const A = "infiniband.aeth/infiniband.aeth."
+		x.AETH = &trace.AETH{Syndrome: uint8(u(A + "syndrome")), MSN: uint32(u(A + "msn"))}
+	}
+	if h, ok := f.hdr["infiniband.immdt"]; ok {
+		v := binary.BigEndian.Uint32(raw(t, h))
+		x.Imm = &v
+	}
+	if h, ok := f.hdr["infiniband.ieth"]; ok {
+		v := binary.BigEndian.Uint32(raw(t, h))
+		x.IETHRKey = &v
+	}
+	if _, ok := f.hdr["infiniband.atomiceth"]; ok {
+		const A = "infiniband.atomiceth/infiniband."
+		x.Atomic = &trace.Atomic{VA: u(A + "reth.va"), RKey: uint32(u(A + "reth.r_key")),
+			SwapAdd: u(A + "atomiceth.swapdt"), Compare: u(A + "atomiceth.cmpdt")}
+	}
+	if _, ok := f.hdr["infiniband.atomicacketh"]; ok {
+		x.AtomicAck = &trace.AtomicAck{Orig: u("infiniband.atomicacketh/infiniband.atomicacketh.origremdt")}
+	}
+	if _, ok := f.hdr["infiniband.deth"]; ok {
+		const D = "infiniband.deth/infiniband.deth."
+		x.DETH = &trace.DETH{QKey: uint32(u(D + "q_key")), SrcQP: uint32(u(D + "srcqp"))}
+	}
+	crc := get(f.hdr, "infiniband.invariant.crc")
+	x.ICRC = binary.LittleEndian.Uint32(raw(t, crc)) // same bytes, our byte order
+	x.PayloadLen = crc.Pos - end - int(x.Pad)
+	if d, ok := f.field["data.len"]; ok && int(num(t, d)) != x.PayloadLen {
+		t.Errorf("frame %d: tshark data.len %s, header positions give payload %d", r.Frame, d.Show, x.PayloadLen)
+	}
+	r.RoCE = x
+	return r
+}
+
+// epoch formats a time the way tshark's geninfo timestamp value does.
+func epoch(ts time.Time) string { return fmt.Sprintf("%d.%09d", ts.Unix(), ts.Nanosecond()) }
+
+// TestAgainstTshark decodes every capture with trace and with tshark and
+// compares every RoCE frame field by field.
+func TestAgainstTshark(t *testing.T) {
+	if _, err := exec.LookPath("tshark"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("tshark is not installed; CI must install it (apt-get install -y tshark)")
+		}
+		t.Skip("tshark not installed: apt-get install -y tshark")
+	}
+	files, _ := filepath.Glob("../../testdata/pcaps/*.pcap*")
+	if len(files) == 0 {
+		t.Fatal("no captures in testdata/pcaps")
+	}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			t.Parallel()
+			want := tsharkFrames(t, path)
+			got := map[int]trace.Record{}
+			err := trace.ReadFile(path, func(r trace.Record) error {
+				got[r.Frame] = r
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(want) == 0 || len(got) != len(want) {
+				t.Errorf("trace found %d RoCE frames, tshark %d", len(got), len(want))
+			}
+			t.Logf("%d RoCE frames compared", len(want))
+			for n, tf := range want {
+				r, ok := got[n]
+				if !ok {
+					t.Errorf("frame %d: tshark decodes InfiniBand, trace has no record", n)
+					continue
+				}
+				if r.RoCE == nil {
+					t.Errorf("frame %d: trace error %q; tshark decodes it", n, r.Error)
+					continue
+				}
+				if !r.ICRCOK {
+					t.Errorf("frame %d: ICRC does not check", n)
+				}
+				if e := epoch(r.Time); e != tf.field["timestamp"].Value {
+					t.Errorf("frame %d: time %s, tshark %s", n, e, tf.field["timestamp"].Value)
+				}
+				w := tf.record(t)
+				w.Time = r.Time
+				w.OpcodeName, w.ICRCOK = r.OpcodeName, r.ICRCOK // tshark has no equivalent
+				if !reflect.DeepEqual(r, w) {
+					gj, _ := json.Marshal(r)
+					wj, _ := json.Marshal(w)
+					t.Errorf("frame %d differs:\ntrace  %s\ntshark %s", n, gj, wj)
+				}
+			}
+		})
+	}
+}
