@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/rxego/rxego/internal/trace"
@@ -16,7 +17,10 @@ func init() {
 }
 
 // runTrace prints one line (or one JSON object) per RoCEv2 packet.
-func runTrace(args []string) error {
+func runTrace(args []string) error { return traceTo(os.Stdout, args) }
+
+// traceTo is runTrace writing to out.
+func traceTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("trace", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print one JSON object per packet")
 	fs.Usage = func() {
@@ -33,7 +37,7 @@ func runTrace(args []string) error {
 		fs.Usage()
 		return errors.New("need exactly one capture file")
 	}
-	w := bufio.NewWriter(os.Stdout)
+	w := bufio.NewWriter(out)
 	enc := json.NewEncoder(w)
 	err := trace.ReadFile(fs.Arg(0), func(r trace.Record) error {
 		if *asJSON {

@@ -10,6 +10,7 @@ package trace
 
 import (
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/gopacket/gopacket"
@@ -152,7 +153,8 @@ func FromPacket(frame int, ts time.Time, p gopacket.Packet) (rec Record, ok bool
 		rec.DSCP, rec.ECN = v.TrafficClass>>2, v.TrafficClass&3
 	}
 	if r == nil {
-		rec.Error = "not a RoCEv2 packet"
+		// gopacket calls no decoder for an empty payload.
+		rec.Error = "no RoCEv2 packet in a " + strconv.Itoa(len(udp.Payload)) + "-byte UDP payload"
 		if el := p.ErrorLayer(); el != nil {
 			rec.Error = el.Error().Error()
 		}
