@@ -1,0 +1,234 @@
+package qp
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+)
+
+// vclock is a virtual clock the fabric advances.
+type vclock struct{ now time.Duration }
+
+func (c *vclock) Now() time.Duration { return c.now }
+
+type wirePkt struct {
+	data []byte
+	src  netip.AddrPort
+	dst  netip.AddrPort
+	tos  uint8
+}
+
+// fabric is an in-memory network of engines on virtual time.
+type fabric struct {
+	t     *testing.T
+	clock *vclock
+	nodes map[netip.Addr]*node
+	queue []wirePkt
+	rng   *rand.Rand
+	// drop decides whether a packet is lost (nil: none).
+	drop func(p wirePkt) bool
+	dup  float64 // duplication probability
+	// reorder swaps adjacent packets with this probability.
+	reorder   float64
+	delivered int
+	dropped   int
+	trace     bool
+}
+
+type node struct {
+	f    *fabric
+	addr netip.AddrPort
+	e    *Engine
+	mrs  *mr.Table
+	pd   *mr.PD
+}
+
+func newFabric(t *testing.T) *fabric {
+	return &fabric{t: t, clock: &vclock{}, nodes: map[netip.Addr]*node{}, rng: rand.New(rand.NewPCG(1, 2))}
+}
+
+// Emit implements Output for one node.
+type nodeOut struct{ n *node }
+
+func (o nodeOut) Emit(pkts []OutPacket) {
+	for _, p := range pkts {
+		o.n.f.queue = append(o.n.f.queue, wirePkt{append([]byte(nil), p.Buf...), o.n.addr, p.Dest, p.TOS})
+	}
+}
+
+func (f *fabric) node(addr string) *node {
+	a := netip.MustParseAddr(addr)
+	n := &node{f: f, addr: netip.AddrPortFrom(a, 4791), mrs: mr.NewTable()}
+	e, err := NewEngine(Config{Local: a, Clock: f.clock, Out: nodeOut{n}, MRs: n.mrs})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	n.e = e
+	n.pd = n.mrs.AllocPD()
+	f.nodes[a] = n
+	return n
+}
+
+// run delivers packets and fires timers until nothing is left to do or the
+// virtual time limit passes. It returns the virtual time used.
+func (f *fabric) run(limit time.Duration) {
+	end := f.clock.now + limit
+	for steps := 0; steps < 10_000_000; steps++ {
+		if len(f.queue) > 0 {
+			q := f.queue
+			f.queue = nil
+			if f.reorder > 0 {
+				for i := 0; i+1 < len(q); i++ {
+					if f.rng.Float64() < f.reorder {
+						q[i], q[i+1] = q[i+1], q[i]
+					}
+				}
+			}
+			for _, p := range q {
+				if f.drop != nil && f.drop(p) {
+					f.dropped++
+					continue
+				}
+				f.deliver(p)
+				if f.dup > 0 && f.rng.Float64() < f.dup {
+					f.deliver(p)
+				}
+			}
+			continue
+		}
+		// Nothing in flight: jump to the next timer.
+		next := time.Duration(-1)
+		for _, n := range f.nodes {
+			if at, ok := n.e.NextDeadline(); ok && (next < 0 || at < next) {
+				next = at
+			}
+		}
+		if next < 0 || next > end {
+			return
+		}
+		if next > f.clock.now {
+			f.clock.now = next
+		}
+		for _, n := range f.nodes {
+			n.e.Tick()
+		}
+	}
+	f.t.Fatal("fabric: step limit reached")
+}
+
+func (f *fabric) deliver(p wirePkt) {
+	n, ok := f.nodes[p.dst.Addr()]
+	if !ok {
+		return
+	}
+	pkt, err := bth.Parse(append([]byte(nil), p.data...))
+	if err != nil {
+		f.t.Fatalf("engine emitted an unparsable packet: %v", err)
+	}
+	if f.trace {
+		fmt.Printf("%v %v -> %v %v psn=%d\n", f.clock.now, p.src, p.dst, pkt.Info.Name, pkt.BTH().PSN())
+	}
+	f.delivered++
+	n.e.Input([]InPacket{{Pkt: pkt, Src: p.src, TOS: p.tos, Dest: p.dst.Addr()}})
+}
+
+// endpoint bundles a QP and its CQs for tests.
+type endpoint struct {
+	n    *node
+	qp   *QP
+	scq  *CQ
+	rcq  *CQ
+	attr InitAttr
+}
+
+func (n *node) newQP(t *testing.T, typ Type, depth int) *endpoint {
+	t.Helper()
+	scq, _ := NewCQ(depth * 4)
+	rcq, _ := NewCQ(depth * 4)
+	a := InitAttr{Type: typ, PD: n.pd, SendCQ: scq, RecvCQ: rcq, Caps: Caps{MaxSendWR: depth, MaxRecvWR: depth, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInlineData: 256}}
+	q, err := n.e.Create(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &endpoint{n: n, qp: q, scq: scq, rcq: rcq, attr: a}
+}
+
+type connOpts struct {
+	mtu                        MTU
+	apsn, bpsn                 uint32
+	timeout, retry, rnr, minRN uint8
+	rdAtomic                   uint8
+}
+
+func defaultConn() connOpts {
+	return connOpts{mtu: MTU1024, apsn: 100, bpsn: 5000, timeout: 14, retry: 7, rnr: 7, minRN: 1, rdAtomic: 16}
+}
+
+const allAccess = mr.LocalWrite | mr.RemoteWrite | mr.RemoteRead | mr.RemoteAtomic
+
+// connect brings two RC or UC endpoints to RTS facing each other.
+func connect(t *testing.T, a, b *endpoint, o connOpts) {
+	t.Helper()
+	bring := func(x, y *endpoint, sq, rq uint32) {
+		typ := x.qp.Type()
+		if err := x.qp.Modify(&Attr{State: Init, AccessFlags: allAccess, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags); err != nil {
+			t.Fatal(err)
+		}
+		rtr := &Attr{State: RTR, PathMTU: o.mtu, DestQPN: y.qp.Num(), RQPSN: rq, Dest: y.n.addr, MaxDestRdAtomic: o.rdAtomic, MinRNRTimer: o.minRN}
+		mask := AttrState | AttrAV | AttrPathMTU | AttrDestQPN | AttrRQPSN
+		if typ == RC {
+			mask |= AttrMaxDestRdAtomic | AttrMinRNRTimer
+		}
+		if err := x.qp.Modify(rtr, mask); err != nil {
+			t.Fatal(err)
+		}
+		rts := &Attr{State: RTS, SQPSN: sq, Timeout: o.timeout, RetryCnt: o.retry, RNRRetry: o.rnr, MaxRdAtomic: o.rdAtomic}
+		mask = AttrState | AttrSQPSN
+		if typ == RC {
+			mask |= AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRdAtomic
+		}
+		if err := x.qp.Modify(rts, mask); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bring(a, b, o.apsn, o.bpsn)
+	bring(b, a, o.bpsn, o.apsn)
+}
+
+func (n *node) reg(t *testing.T, size int, acc mr.Access) (*mr.MR, []byte) {
+	t.Helper()
+	buf := make([]byte, size)
+	m, err := n.pd.Register(buf, acc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, buf
+}
+
+func sge(m *mr.MR, off, n int) []SGE {
+	return []SGE{{Addr: m.IOVA() + uint64(off), Length: uint32(n), LKey: m.LKey()}}
+}
+
+func pollAll(cq *CQ) []WC {
+	var out []WC
+	buf := make([]WC, 64)
+	for {
+		n := cq.Poll(buf)
+		if n == 0 {
+			return out
+		}
+		out = append(out, buf[:n]...)
+	}
+}
+
+func fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}

@@ -1,0 +1,543 @@
+package qp
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+)
+
+// Caps are a QP's queue sizes (ibv_qp_cap).
+type Caps struct {
+	MaxSendWR     int
+	MaxRecvWR     int
+	MaxSendSGE    int
+	MaxRecvSGE    int
+	MaxInlineData int
+}
+
+// Limits of the device, as ibv_query_device reports them.
+const (
+	MaxWR         = 1 << 16
+	MaxSGE        = 32
+	MaxInlineData = 512
+	QKeyGSI       = 0x80010000 // the GSI QP's well-known Q_Key
+)
+
+// InitAttr describes a QP to create (ibv_qp_init_attr).
+type InitAttr struct {
+	Type   Type
+	PD     *mr.PD
+	SendCQ *CQ
+	RecvCQ *CQ
+	SRQ    *SRQ
+	Caps   Caps
+	// SigAll makes every send WR generate a completion (sq_sig_all).
+	SigAll bool
+	// QPN asks for a specific QP number (for QP1, the GSI QP); 0 picks one.
+	QPN uint32
+}
+
+// QP is a queue pair. Its methods are safe for concurrent use.
+type QP struct {
+	e      *Engine
+	num    uint32
+	typ    Type
+	pd     *mr.PD
+	sendCQ *CQ
+	recvCQ *CQ
+	srq    *SRQ
+	caps   Caps
+	sigAll bool
+	rq     recvQueue
+
+	// Everything below is guarded by the engine lock.
+	destroyed bool
+	state     State
+	attr      Attr
+	mtu       int
+	deadline  [numTimers]time.Duration
+
+	sq       []sendWQE
+	sqHead   uint64 // oldest WQE not completed
+	sqSend   uint64 // WQE the requester works on
+	sqTail   uint64 // next free slot
+	req      requester
+	resp     responder
+	flushing bool
+}
+
+// Create makes a QP in the RESET state.
+func (e *Engine) Create(a InitAttr) (*QP, error) {
+	switch a.Type {
+	case RC, UC, UD:
+	default:
+		return nil, fmt.Errorf("qp: unsupported QP type %v", a.Type)
+	}
+	if a.PD == nil || a.SendCQ == nil || a.RecvCQ == nil {
+		return nil, errors.New("qp: a QP needs a PD, a send CQ and a receive CQ")
+	}
+	c := a.Caps
+	if c.MaxSendWR <= 0 || c.MaxSendWR > MaxWR || c.MaxSendSGE < 0 || c.MaxSendSGE > MaxSGE ||
+		c.MaxRecvSGE < 0 || c.MaxRecvSGE > MaxSGE || c.MaxInlineData < 0 || c.MaxInlineData > MaxInlineData ||
+		c.MaxRecvWR < 0 || c.MaxRecvWR > MaxWR || (a.SRQ == nil && c.MaxRecvWR == 0) {
+		return nil, fmt.Errorf("qp: capabilities out of range: %+v (limits: %d WRs, %d SGEs, %d inline bytes)",
+			c, MaxWR, MaxSGE, MaxInlineData)
+	}
+	if c.MaxSendSGE == 0 {
+		c.MaxSendSGE = 1
+	}
+	if c.MaxRecvSGE == 0 {
+		c.MaxRecvSGE = 1
+	}
+	q := &QP{
+		e: e, typ: a.Type, pd: a.PD, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, caps: c,
+		sigAll: a.SigAll, sq: make([]sendWQE, c.MaxSendWR),
+	}
+	if a.SRQ == nil {
+		q.rq.ring = make([]recvWQE, c.MaxRecvWR)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if a.QPN != 0 {
+		if _, taken := e.qps[a.QPN]; taken || a.QPN > bth.PSNMask {
+			return nil, fmt.Errorf("qp: QP number %d unavailable", a.QPN)
+		}
+		q.num = a.QPN
+	} else {
+		for {
+			n := e.nextQPN
+			e.nextQPN++
+			if e.nextQPN > 0xffffff {
+				e.nextQPN = 17
+			}
+			if _, taken := e.qps[n]; !taken {
+				q.num = n
+				break
+			}
+		}
+	}
+	e.qps[q.num] = q
+	return q, nil
+}
+
+// Num returns the QP number.
+func (q *QP) Num() uint32 { return q.num }
+
+// Type returns the QP type.
+func (q *QP) Type() Type { return q.typ }
+
+// PD returns the QP's protection domain.
+func (q *QP) PD() *mr.PD { return q.pd }
+
+// Caps returns the QP's queue sizes.
+func (q *QP) Caps() Caps { return q.caps }
+
+// State returns the QP's current state.
+func (q *QP) State() State {
+	q.e.mu.Lock()
+	defer q.e.mu.Unlock()
+	return q.state
+}
+
+// Query returns the QP's attributes.
+func (q *QP) Query() Attr {
+	q.e.mu.Lock()
+	defer q.e.mu.Unlock()
+	a := q.attr
+	a.State = q.state
+	a.CurState = q.state
+	return a
+}
+
+// Modify changes the QP's state and attributes under ibv_modify_qp's
+// rules; on error nothing changes.
+func (q *QP) Modify(a *Attr, mask AttrMask) error {
+	e := q.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if q.destroyed {
+		return ErrClosed
+	}
+	if err := checkModify(q.typ, q.state, a, mask); err != nil {
+		return err
+	}
+	next := q.state
+	if mask&AttrState != 0 {
+		next = a.State
+	}
+	set := func(m AttrMask, f func()) {
+		if mask&m != 0 {
+			f()
+		}
+	}
+	set(AttrAccessFlags, func() { q.attr.AccessFlags = a.AccessFlags })
+	set(AttrPKeyIndex, func() { q.attr.PKeyIndex = a.PKeyIndex })
+	set(AttrPort, func() { q.attr.Port = a.Port })
+	set(AttrQKey, func() { q.attr.QKey = a.QKey })
+	set(AttrAV, func() { q.attr.Dest, q.attr.TrafficClass, q.attr.HopLimit = a.Dest, a.TrafficClass, a.HopLimit })
+	set(AttrPathMTU, func() { q.attr.PathMTU = a.PathMTU; q.mtu = a.PathMTU.Bytes() })
+	set(AttrTimeout, func() { q.attr.Timeout = a.Timeout })
+	set(AttrRetryCnt, func() { q.attr.RetryCnt = a.RetryCnt })
+	set(AttrRNRRetry, func() { q.attr.RNRRetry = a.RNRRetry })
+	set(AttrRQPSN, func() { q.attr.RQPSN = a.RQPSN })
+	set(AttrSQPSN, func() { q.attr.SQPSN = a.SQPSN })
+	set(AttrMinRNRTimer, func() { q.attr.MinRNRTimer = a.MinRNRTimer })
+	set(AttrMaxQPRdAtomic, func() { q.attr.MaxRdAtomic = a.MaxRdAtomic })
+	set(AttrMaxDestRdAtomic, func() { q.attr.MaxDestRdAtomic = a.MaxDestRdAtomic })
+	set(AttrDestQPN, func() { q.attr.DestQPN = a.DestQPN })
+	if q.typ == UD && q.mtu == 0 {
+		q.mtu = 4096 // UD messages are bounded by the device MTU only
+	}
+	prev := q.state
+	q.state = next
+	switch {
+	case next == Reset:
+		q.reset()
+	case next == Err && prev != Err:
+		q.enterError()
+	case next == RTR && prev == Init:
+		q.resp.init(q)
+	case next == RTS && (prev == RTR || prev == SQE):
+		q.req.init(q)
+		e.kick(q)
+	case next == RTS && prev == SQD:
+		e.kick(q)
+	}
+	e.flush()
+	return nil
+}
+
+// reset returns the QP to its freshly created condition; posted work is
+// discarded without completions, as verbs does on a move to RESET.
+func (q *QP) reset() {
+	for i := range q.sq {
+		q.sq[i] = sendWQE{}
+	}
+	q.sqHead, q.sqSend, q.sqTail = 0, 0, 0
+	q.req = requester{}
+	q.resp = responder{}
+	q.deadline = [numTimers]time.Duration{}
+	q.rq.drain()
+	q.attr = Attr{}
+	q.mtu = 0
+	q.flushing = false
+}
+
+// Destroy removes the QP from its engine. Outstanding work is dropped
+// without completions.
+func (q *QP) Destroy() error {
+	e := q.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if q.destroyed {
+		return ErrClosed
+	}
+	q.destroyed = true
+	delete(e.qps, q.num)
+	return nil
+}
+
+// PostSend posts send work requests. Each is checked before any is
+// queued: on error nothing was posted (unlike verbs, which reports the
+// first bad WR and keeps the ones before it, rxego rejects the batch).
+func (q *QP) PostSend(wrs ...SendWR) error {
+	e := q.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if q.destroyed {
+		return ErrClosed
+	}
+	if q.state == Reset || q.state == Init || q.state == RTR {
+		return fmt.Errorf("qp: PostSend in state %v: the send queue needs RTS", q.state)
+	}
+	if int(q.sqTail-q.sqHead)+len(wrs) > len(q.sq) {
+		return ErrQueueFull
+	}
+	for i := range wrs {
+		if err := q.checkSendWR(&wrs[i]); err != nil {
+			return fmt.Errorf("qp: work request %d (wr_id %d): %w", i, wrs[i].ID, err)
+		}
+	}
+	for i := range wrs {
+		q.enqueueSend(&wrs[i])
+	}
+	if q.state == Err {
+		q.flushSQ()
+	} else {
+		e.kick(q)
+	}
+	e.flush()
+	return nil
+}
+
+// ErrInvalidWR is wrapped by PostSend and PostRecv errors about a request.
+var ErrInvalidWR = errors.New("invalid work request")
+
+func (q *QP) checkSendWR(wr *SendWR) error {
+	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{ErrInvalidWR}, a...)...) }
+	op := wr.Opcode
+	switch q.typ {
+	case UD:
+		if op != WRSend && op != WRSendImm {
+			return bad("%v not supported on UD", op)
+		}
+		if wr.AH == nil || !wr.AH.Dest.Addr().IsValid() {
+			return bad("UD send needs an address handle")
+		}
+		if wr.RemoteQPN > 0xffffff {
+			return bad("remote QPN exceeds 24 bits")
+		}
+	case UC:
+		switch op {
+		case WRSend, WRSendImm, WRWrite, WRWriteImm, WRLocalInv:
+		default:
+			return bad("%v not supported on UC", op)
+		}
+	case RC:
+		if _, ok := wrNames[op]; !ok {
+			return bad("unknown opcode %d", op)
+		}
+	}
+	if len(wr.SGL) > q.caps.MaxSendSGE {
+		return bad("%d SGEs, QP allows %d", len(wr.SGL), q.caps.MaxSendSGE)
+	}
+	if wr.Flags&SendInline != 0 {
+		if len(wr.Inline) > q.caps.MaxInlineData {
+			return bad("%d inline bytes, QP allows %d", len(wr.Inline), q.caps.MaxInlineData)
+		}
+		if op == WRRead || op == WRCompareSwap || op == WRFetchAdd {
+			return bad("%v cannot be inline", op)
+		}
+	}
+	var total uint64
+	for _, s := range wr.SGL {
+		total += uint64(s.Length)
+	}
+	if wr.Flags&SendInline != 0 {
+		total = uint64(len(wr.Inline))
+	}
+	if total > 1<<31 {
+		return bad("message of %d bytes exceeds 2^31", total)
+	}
+	switch op {
+	case WRCompareSwap, WRFetchAdd:
+		if total != 8 || len(wr.SGL) != 1 {
+			return bad("%v needs one 8-byte SGE", op)
+		}
+		if wr.RemoteAddr%8 != 0 {
+			return bad("%v remote address %#x not 8-byte aligned", op, wr.RemoteAddr)
+		}
+	case WRAtomicWrite:
+		if wr.RemoteAddr%8 != 0 {
+			return bad("ATOMIC_WRITE remote address %#x not 8-byte aligned", wr.RemoteAddr)
+		}
+	}
+	if q.typ == UD && total > uint64(q.mtuOrMax()) {
+		return bad("UD message of %d bytes exceeds the MTU %d", total, q.mtuOrMax())
+	}
+	return nil
+}
+
+func (q *QP) mtuOrMax() int {
+	if q.mtu > 0 {
+		return q.mtu
+	}
+	return 4096
+}
+
+func (q *QP) enqueueSend(wr *SendWR) {
+	w := &q.sq[q.sqTail%uint64(len(q.sq))]
+	sgl := append(w.sgl[:0], wr.SGL...)
+	inline := w.inline[:0]
+	if wr.Flags&SendInline != 0 {
+		inline = append(inline, wr.Inline...)
+	}
+	*w = sendWQE{wr: *wr, sgl: sgl, inline: inline}
+	w.wr.SGL = sgl
+	w.wr.Inline = inline
+	w.signaled = q.sigAll || wr.Flags&SendSignaled != 0
+	if wr.Flags&SendInline != 0 {
+		w.length = uint32(len(inline))
+	} else {
+		for _, s := range sgl {
+			w.length += s.Length
+		}
+	}
+	switch wr.Opcode {
+	case WRCompareSwap, WRFetchAdd, WRAtomicWrite:
+		w.length = 8
+	case WRFlush, WRLocalInv:
+		w.length = 0
+	}
+	q.sqTail++
+}
+
+// PostRecv posts receive work requests.
+func (q *QP) PostRecv(wrs ...RecvWR) error {
+	if q.srq != nil {
+		return fmt.Errorf("%w: QP uses an SRQ; post to the SRQ", ErrInvalidWR)
+	}
+	q.e.mu.Lock()
+	st, destroyed := q.state, q.destroyed
+	q.e.mu.Unlock()
+	if destroyed {
+		return ErrClosed
+	}
+	if st == Reset {
+		return fmt.Errorf("qp: PostRecv in state RESET")
+	}
+	for i := range wrs {
+		if err := checkRecvWR(&wrs[i], q.caps.MaxRecvSGE); err != nil {
+			return err
+		}
+	}
+	for i := range wrs {
+		if !q.rq.put(makeRecvWQE(&wrs[i])) {
+			return ErrQueueFull
+		}
+	}
+	if st == Err {
+		q.e.mu.Lock()
+		q.flushRQ()
+		q.e.mu.Unlock()
+	}
+	return nil
+}
+
+func checkRecvWR(wr *RecvWR, maxSGE int) error {
+	if len(wr.SGL) > maxSGE {
+		return fmt.Errorf("%w: %d SGEs, queue allows %d", ErrInvalidWR, len(wr.SGL), maxSGE)
+	}
+	return nil
+}
+
+func makeRecvWQE(wr *RecvWR) recvWQE {
+	w := recvWQE{id: wr.ID, sgl: append([]SGE(nil), wr.SGL...)}
+	for _, s := range wr.SGL {
+		w.length += s.Length
+	}
+	return w
+}
+
+// takeRecv takes the next receive WQE from the QP's RQ or SRQ.
+func (q *QP) takeRecv() (recvWQE, bool) {
+	if q.srq != nil {
+		return q.srq.take()
+	}
+	return q.rq.take()
+}
+
+// NewSRQ makes a shared receive queue of the given depth.
+func (e *Engine) NewSRQ(pd *mr.PD, depth, maxSGE int) (*SRQ, error) {
+	if depth <= 0 || depth > MaxWR || maxSGE < 0 || maxSGE > MaxSGE {
+		return nil, fmt.Errorf("qp: SRQ size out of range (depth 1..%d, SGEs 0..%d)", MaxWR, MaxSGE)
+	}
+	if maxSGE == 0 {
+		maxSGE = 1
+	}
+	return &SRQ{pd: pd, ring: make([]recvWQE, depth), eng: e, maxSGE: maxSGE}, nil
+}
+
+// PostRecv posts receive work requests to the SRQ.
+func (s *SRQ) PostRecv(wrs ...RecvWR) error {
+	for i := range wrs {
+		if err := checkRecvWR(&wrs[i], s.maxSGE); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n+len(wrs) > len(s.ring) {
+		return ErrQueueFull
+	}
+	for i := range wrs {
+		s.ring[(s.head+s.n)%len(s.ring)] = makeRecvWQE(&wrs[i])
+		s.n++
+	}
+	return nil
+}
+
+// enterError moves the QP to ERR: timers stop and all outstanding work
+// completes with WR_FLUSH_ERR.
+func (q *QP) enterError() {
+	q.state = Err
+	q.e.cancel(q, timerRetransmit)
+	q.e.cancel(q, timerRNR)
+	q.flushSQ()
+	q.flushRQ()
+}
+
+func (q *QP) flushSQ() {
+	for q.sqHead != q.sqTail {
+		w := &q.sq[q.sqHead%uint64(len(q.sq))]
+		if !w.done {
+			w.status = WCWRFlushErr
+		}
+		q.completeSend(w, true)
+		q.sqHead++
+	}
+	q.sqSend = q.sqHead
+}
+
+func (q *QP) flushRQ() {
+	if q.srq != nil {
+		return // SRQ WQEs belong to no QP
+	}
+	for _, w := range q.rq.drain() {
+		q.e.Stats.FlushedWorkRequests.Add(1)
+		q.pushWC(q.recvCQ, WC{ID: w.id, Status: WCWRFlushErr, Opcode: WCRecv, QPN: q.num})
+	}
+}
+
+func (q *QP) pushWC(cq *CQ, wc WC) {
+	q.e.Stats.CompletionsGenerated.Add(1)
+	if !cq.push(wc) {
+		// A CQ overrun is fatal to the QP, as on an RNIC.
+		if q.state != Err {
+			q.enterError()
+		}
+	}
+}
+
+// wcOpcodeOf maps a send opcode to its completion opcode.
+func wcOpcodeOf(op WROpcode) WCOpcode {
+	switch op {
+	case WRWrite, WRWriteImm:
+		return WCWrite
+	case WRRead:
+		return WCRead
+	case WRCompareSwap:
+		return WCCompareSwap
+	case WRFetchAdd:
+		return WCFetchAdd
+	case WRLocalInv:
+		return WCLocalInv
+	case WRAtomicWrite:
+		return WCAtomicWrite
+	case WRFlush:
+		return WCFlush
+	}
+	return WCSend
+}
+
+// completeSend generates the completion of a finished send WQE, if one is
+// due: always on error, on success only when signaled.
+func (q *QP) completeSend(w *sendWQE, flushed bool) {
+	if flushed && w.status == WCWRFlushErr {
+		q.e.Stats.FlushedWorkRequests.Add(1)
+	}
+	if w.status == WCSuccess && !w.signaled {
+		return
+	}
+	wc := WC{ID: w.wr.ID, Status: w.status, Opcode: wcOpcodeOf(w.wr.Opcode), QPN: q.num}
+	if w.status == WCSuccess {
+		switch w.wr.Opcode {
+		case WRRead, WRCompareSwap, WRFetchAdd:
+			wc.ByteLen = w.length
+		}
+	}
+	q.pushWC(q.sendCQ, wc)
+}

@@ -1,0 +1,141 @@
+package qp
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/rxego/rxego/bth"
+)
+
+// sendWQE is a send queue entry: the posted request plus the requester's
+// and completer's progress on it.
+type sendWQE struct {
+	wr       SendWR
+	sgl      []SGE  // owned copy of wr.SGL (wr.SGL aliases it)
+	inline   []byte // owned copy of an inline payload
+	length   uint32 // total message length
+	signaled bool
+
+	// requester progress
+	started  bool
+	firstPSN bth.PSN // PSN of the first packet (READ: of the first response)
+	lastPSN  bth.PSN // PSN of the last packet (READ: of the last response)
+	npkts    int
+	// completer progress
+	acked     bool   // every packet acknowledged (or every response received)
+	readBytes uint32 // READ: response bytes placed so far
+	status    WCStatus
+	done      bool
+}
+
+func (w *sendWQE) isReadOrAtomic() bool {
+	switch w.wr.Opcode {
+	case WRRead, WRCompareSwap, WRFetchAdd:
+		return true
+	}
+	return false
+}
+
+// needsResponseData reports whether the WQE completes only on a response
+// that carries data or a result (not on a plain ACK).
+func (w *sendWQE) needsResponse() bool {
+	switch w.wr.Opcode {
+	case WRRead, WRCompareSwap, WRFetchAdd, WRFlush, WRAtomicWrite:
+		return true
+	}
+	return false
+}
+
+// recvWQE is a receive queue entry.
+type recvWQE struct {
+	id     uint64
+	sgl    []SGE
+	length uint32
+}
+
+// ErrQueueFull is returned when a post would exceed the queue's depth.
+var ErrQueueFull = errors.New("qp: work queue full")
+
+// SRQ is a shared receive queue: receive WQEs that any QP attached to it
+// consumes.
+type SRQ struct {
+	mu     sync.Mutex
+	pd     any
+	ring   []recvWQE
+	head   int
+	n      int
+	maxSGE int
+	eng    *Engine
+}
+
+func (s *SRQ) take() (recvWQE, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		return recvWQE{}, false
+	}
+	w := s.ring[s.head]
+	s.ring[s.head] = recvWQE{}
+	s.head = (s.head + 1) % len(s.ring)
+	s.n--
+	return w, true
+}
+
+// Len returns how many receive WQEs are posted.
+func (s *SRQ) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// recvQueue is a QP's own receive queue; posts come from application
+// goroutines and takes from the engine, so it has its own lock.
+type recvQueue struct {
+	mu   sync.Mutex
+	ring []recvWQE
+	head int
+	n    int
+}
+
+func (q *recvQueue) put(w recvWQE) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == len(q.ring) {
+		return false
+	}
+	q.ring[(q.head+q.n)%len(q.ring)] = w
+	q.n++
+	return true
+}
+
+func (q *recvQueue) take() (recvWQE, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == 0 {
+		return recvWQE{}, false
+	}
+	w := q.ring[q.head]
+	q.ring[q.head] = recvWQE{}
+	q.head = (q.head + 1) % len(q.ring)
+	q.n--
+	return w, true
+}
+
+func (q *recvQueue) drain() []recvWQE {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := make([]recvWQE, 0, q.n)
+	for q.n > 0 {
+		out = append(out, q.ring[q.head])
+		q.ring[q.head] = recvWQE{}
+		q.head = (q.head + 1) % len(q.ring)
+		q.n--
+	}
+	return out
+}
+
+func (q *recvQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.n
+}

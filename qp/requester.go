@@ -1,0 +1,484 @@
+package qp
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+	"net/netip"
+)
+
+// requester is the send side of a QP: it turns send WQEs into packets,
+// assigns PSNs and rewinds for Go-back-N retries.
+type requester struct {
+	psn       bth.PSN // next PSN to send
+	compPSN   bth.PSN // oldest PSN not yet acknowledged
+	off       uint32  // bytes of WQE sqSend already sent
+	rdOut     int     // READ/atomic/flush WQEs sent and not completed
+	retryLeft uint8
+	rnrLeft   uint8
+	rnrWait   bool // paused until the RNR timer fires
+	noAck     int  // packets sent since the last AckReq
+	// gapPSN remembers the compPSN a read-response gap retry was started
+	// for, so one gap triggers one retry.
+	gapPSN     bth.PSN
+	gapPending bool
+	maxSent    bth.PSN // the PSN after the highest one ever sent
+}
+
+func (r *requester) init(q *QP) {
+	r.psn = bth.PSN(q.attr.SQPSN)
+	r.compPSN = r.psn
+	r.maxSent = r.psn
+	r.retryLeft = q.attr.RetryCnt
+	r.rnrLeft = q.attr.RNRRetry
+}
+
+// kick runs the requester of q until it cannot send more.
+func (e *Engine) kick(q *QP) {
+	if q.state != RTS || q.req.rnrWait {
+		return
+	}
+	now := e.cfg.Clock.Now()
+	for q.sqSend != q.sqTail {
+		if !e.sendNext(q, now) {
+			break
+		}
+	}
+}
+
+func (q *QP) wqe(i uint64) *sendWQE { return &q.sq[i%uint64(len(q.sq))] }
+
+// packetsFor returns how many packets (PSNs) a message of n bytes takes.
+func packetsFor(n uint32, mtu int) int {
+	if n == 0 {
+		return 1
+	}
+	return int((uint64(n) + uint64(mtu) - 1) / uint64(mtu))
+}
+
+func (q *QP) maxRdAtomic() int {
+	if q.attr.MaxRdAtomic == 0 {
+		return 1 // verbs allows 0; treating it as 1 keeps READs from stalling forever
+	}
+	return int(q.attr.MaxRdAtomic)
+}
+
+// sendNext sends the next packet of the WQE at sqSend, returning false
+// when the requester must wait (window, credits, fence).
+func (e *Engine) sendNext(q *QP, now time.Duration) bool {
+	w := q.wqe(q.sqSend)
+	r := &q.req
+	if q.typ == RC && int(r.psn.Diff(r.compPSN)) >= e.cfg.Window {
+		return false
+	}
+	op := w.wr.Opcode
+	if op == WRLocalInv {
+		e.localInvalidate(q, w)
+		q.sqSend++
+		return true
+	}
+	first := r.off == 0 && (!w.started || w.firstPSN == r.psn)
+	if first && q.typ == RC {
+		if w.wr.Flags&SendFence != 0 && r.rdOut > 0 {
+			return false
+		}
+		if w.needsResponse() && r.rdOut >= q.maxRdAtomic() && !w.started {
+			return false
+		}
+	}
+	mtu := q.mtu
+	if q.typ == UD {
+		mtu = q.mtuOrMax()
+	}
+	if !w.started {
+		w.started = true
+		w.firstPSN = r.psn
+		w.npkts = packetsFor(w.length, mtu)
+		if op == WRCompareSwap || op == WRFetchAdd || op == WRAtomicWrite || op == WRFlush {
+			w.npkts = 1
+		}
+		w.lastPSN = w.firstPSN.Add(w.npkts - 1)
+		if w.needsResponse() {
+			r.rdOut++
+		}
+		if op != WRSend && op != WRSendImm && op != WRSendInv {
+			e.Stats.RDMASends.Add(1)
+		}
+	}
+	retrans := r.psn.Before(r.maxSent)
+	switch op {
+	case WRRead:
+		e.sendReadRequest(q, w, mtu)
+	case WRCompareSwap, WRFetchAdd:
+		e.sendAtomic(q, w)
+	case WRAtomicWrite:
+		e.sendAtomicWrite(q, w)
+	case WRFlush:
+		e.sendFlush(q, w)
+	default:
+		if !e.sendSegment(q, w, mtu) {
+			return true // the WQE failed locally; the QP is in ERR
+		}
+	}
+	if retrans {
+		e.Stats.Retransmits.Add(1)
+	}
+	if r.psn.After(r.maxSent) {
+		r.maxSent = r.psn
+	}
+	if q.typ == RC && q.deadline[timerRetransmit] == 0 && q.attr.Timeout != 0 {
+		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
+	}
+	return true
+}
+
+// ackTimeout converts the QP timeout attribute: 4.096 us * 2^t.
+func ackTimeout(t uint8) time.Duration {
+	return time.Duration(4096<<t) * time.Nanosecond
+}
+
+// header starts a packet: it returns the buffer sized for op with a
+// payload of n bytes and the BTH filled in.
+func (e *Engine) header(q *QP, op bth.Opcode, psn bth.PSN, n int, ackReq, se bool, destQPN uint32) ([]byte, bth.Packet) {
+	in := op.Info()
+	size := in.HdrLen + n + bth.PadFor(n) + bth.ICRCLen
+	buf := e.buf(size)
+	b := bth.BTH(buf)
+	b.SetOpcode(op)
+	b.SetFlags(se, false, bth.PadFor(n), 0)
+	b.SetPKey(bth.DefaultPKey)
+	b.SetDestQP(destQPN)
+	b[4] = 0
+	b.SetAckReq(ackReq)
+	b.SetPSN(psn)
+	clear(buf[in.HdrLen+n : size])
+	return buf, bth.Packet{Raw: buf, Info: in}
+}
+
+// gather copies message bytes [off, off+len(dst)) of w into dst.
+func (e *Engine) gather(q *QP, w *sendWQE, off uint32, dst []byte) error {
+	if w.wr.Flags&SendInline != 0 {
+		copy(dst, w.inline[off:])
+		return nil
+	}
+	for _, s := range w.sgl {
+		if len(dst) == 0 {
+			break
+		}
+		if off >= s.Length {
+			off -= s.Length
+			continue
+		}
+		n := min(uint32(len(dst)), s.Length-off)
+		src, err := e.cfg.MRs.Local(s.LKey, q.pd, s.Addr+uint64(off), n, 0)
+		if err != nil {
+			return err
+		}
+		copy(dst, src)
+		dst = dst[n:]
+		off = 0
+	}
+	return nil
+}
+
+// scatter copies src into an SGL at message offset off, with the access
+// needed to write local memory.
+func (e *Engine) scatter(pd *mr.PD, sgl []SGE, off uint32, src []byte) error {
+	for _, s := range sgl {
+		if len(src) == 0 {
+			return nil
+		}
+		if off >= s.Length {
+			off -= s.Length
+			continue
+		}
+		n := min(uint32(len(src)), s.Length-off)
+		dst, err := e.cfg.MRs.Local(s.LKey, pd, s.Addr+uint64(off), n, mr.LocalWrite)
+		if err != nil {
+			return err
+		}
+		copy(dst, src[:n])
+		src = src[n:]
+		off = 0
+	}
+	if len(src) > 0 {
+		return errLength
+	}
+	return nil
+}
+
+var errLength = errors.New("qp: message longer than the receive buffers")
+
+// dest returns where q's packets go.
+func (q *QP) dest(w *sendWQE) (addrPort netip.AddrPort, qpn uint32) {
+	if q.typ == UD {
+		return w.wr.AH.Dest, w.wr.RemoteQPN
+	}
+	return q.attr.Dest, q.attr.DestQPN
+}
+
+// sendSegment sends the next packet of a SEND or RDMA WRITE.
+func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
+	r := &q.req
+	n := int(min(uint32(mtu), w.length-r.off))
+	firstPkt := r.off == 0
+	lastPkt := r.off+uint32(n) == w.length
+	op := segmentOpcode(q.typ, w.wr.Opcode, firstPkt, lastPkt)
+	ackReq := q.typ == RC && (lastPkt || r.noAck+1 >= e.cfg.AckEvery)
+	if q.typ == UD {
+		ackReq = false
+	}
+	se := lastPkt && w.wr.Flags&SendSolicited != 0
+	dest, dqpn := q.dest(w)
+	buf, p := e.header(q, op, r.psn, n, ackReq, se, dqpn)
+	if h := p.RETH(); h != nil {
+		h.Set(w.wr.RemoteAddr, w.wr.RKey, w.length)
+	}
+	if h := p.ImmDt(); h != nil {
+		h.SetImm(w.wr.Imm)
+	}
+	if h := p.IETH(); h != nil {
+		h.SetRKey(w.wr.InvalidateRKey)
+	}
+	if h := p.DETH(); h != nil {
+		qkey := w.wr.RemoteQKey
+		if qkey&0x80000000 != 0 && qkey != QKeyGSI {
+			qkey = q.attr.QKey // IBA: a Q_Key with the high bit set means "use the QP's own"
+		}
+		h.Set(qkey, q.num)
+	}
+	if err := e.gather(q, w, r.off, buf[p.Info.HdrLen:p.Info.HdrLen+n]); err != nil {
+		e.free = append(e.free, buf)
+		e.failWQE(q, w, WCLocProtErr)
+		return false
+	}
+	tos := e.cfg.DataTOS
+	if q.typ == UD {
+		tos = w.wr.AH.TrafficClass | e.cfg.DataTOS&3
+	}
+	e.emit(buf, dest, tos)
+	e.Stats.SentBytes.Add(uint64(n))
+	r.psn = r.psn.Next()
+	r.off += uint32(n)
+	if ackReq {
+		r.noAck = 0
+	} else {
+		r.noAck++
+	}
+	if lastPkt {
+		r.off = 0
+		q.sqSend++
+		if q.typ != RC {
+			// UC and UD have no acknowledgements: the WQE is done once sent.
+			w.acked = true
+			e.completeAcked(q)
+		}
+	}
+	return true
+}
+
+// segmentOpcode picks the opcode of one packet of a SEND or WRITE.
+func segmentOpcode(t Type, op WROpcode, first, last bool) bth.Opcode {
+	var base bth.Opcode
+	switch t {
+	case UC:
+		base = bth.UCSendFirst
+	case UD:
+		if op == WRSendImm {
+			return bth.UDSendOnlyImm
+		}
+		return bth.UDSendOnly
+	}
+	var low bth.Opcode
+	switch op {
+	case WRSend, WRSendImm, WRSendInv:
+		switch {
+		case first && last:
+			low = bth.RCSendOnly
+		case first:
+			low = bth.RCSendFirst
+		case last:
+			low = bth.RCSendLast
+		default:
+			low = bth.RCSendMiddle
+		}
+		if last && op == WRSendImm {
+			low++ // LAST -> LAST_WITH_IMMEDIATE, ONLY -> ONLY_WITH_IMMEDIATE
+		}
+		if last && op == WRSendInv {
+			if first {
+				return bth.RCSendOnlyInv
+			}
+			return bth.RCSendLastInv
+		}
+	default: // WRITE, WRITE_IMM
+		switch {
+		case first && last:
+			low = bth.RCWriteOnly
+		case first:
+			low = bth.RCWriteFirst
+		case last:
+			low = bth.RCWriteLast
+		default:
+			low = bth.RCWriteMiddle
+		}
+		if last && op == WRWriteImm {
+			low++
+		}
+	}
+	return base + low
+}
+
+// sendReadRequest sends a READ request for the bytes of w not yet
+// received: a retry restarts at the first missing response.
+func (e *Engine) sendReadRequest(q *QP, w *sendWQE, mtu int) {
+	r := &q.req
+	k := r.psn.Diff(w.firstPSN) // responses already received
+	off := uint32(int64(k) * int64(mtu))
+	if off > w.length {
+		off = w.length
+	}
+	buf, p := e.header(q, bth.RCReadRequest, r.psn, 0, true, false, q.attr.DestQPN)
+	p.RETH().Set(w.wr.RemoteAddr+uint64(off), w.wr.RKey, w.length-off)
+	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	r.psn = w.lastPSN.Next()
+	r.noAck = 0
+	q.sqSend++
+}
+
+func (e *Engine) sendAtomic(q *QP, w *sendWQE) {
+	r := &q.req
+	op := bth.RCFetchAdd
+	if w.wr.Opcode == WRCompareSwap {
+		op = bth.RCCompareSwap
+	}
+	buf, p := e.header(q, op, r.psn, 0, true, false, q.attr.DestQPN)
+	p.AtomicETH().Set(w.wr.RemoteAddr, w.wr.RKey, swapAdd(&w.wr), w.wr.CompareAdd)
+	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	r.psn = r.psn.Next()
+	r.noAck = 0
+	q.sqSend++
+}
+
+// swapAdd is the AtomicETH swap/add field: the addend of a FetchAdd, the
+// swap value of a CompareSwap (whose compare value goes in Compare).
+func swapAdd(wr *SendWR) uint64 {
+	if wr.Opcode == WRFetchAdd {
+		return wr.CompareAdd
+	}
+	return wr.Swap
+}
+
+func (e *Engine) sendAtomicWrite(q *QP, w *sendWQE) {
+	r := &q.req
+	buf, p := e.header(q, bth.RCAtomicWrite, r.psn, 8, true, false, q.attr.DestQPN)
+	p.RETH().Set(w.wr.RemoteAddr, w.wr.RKey, 8)
+	copy(buf[p.Info.HdrLen:], w.wr.AtomicValue[:])
+	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	r.psn = r.psn.Next()
+	r.noAck = 0
+	q.sqSend++
+}
+
+func (e *Engine) sendFlush(q *QP, w *sendWQE) {
+	r := &q.req
+	buf, p := e.header(q, bth.RCFlush, r.psn, 0, true, false, q.attr.DestQPN)
+	p.FETH().Set(w.wr.FlushLevel, w.wr.FlushType)
+	p.RETH().Set(w.wr.RemoteAddr, w.wr.RKey, w.wr.FlushLength)
+	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	r.psn = r.psn.Next()
+	r.noAck = 0
+	q.sqSend++
+}
+
+// localInvalidate executes a LOCAL_INV work request.
+func (e *Engine) localInvalidate(q *QP, w *sendWQE) {
+	w.started, w.acked = true, true
+	if err := e.cfg.MRs.Invalidate(w.wr.InvalidateRKey, q.pd); err != nil {
+		e.failWQE(q, w, WCLocProtErr)
+		return
+	}
+	if q.sqHead == q.sqSend {
+		e.completeAcked(q)
+	}
+}
+
+// failWQE completes w with an error and moves the QP to ERR.
+func (e *Engine) failWQE(q *QP, w *sendWQE, st WCStatus) {
+	w.status = st
+	w.done = true
+	e.Stats.SendErr.Add(1)
+	// Everything before w completes first, in order, then w with its error.
+	for q.sqHead != q.sqTail {
+		x := q.wqe(q.sqHead)
+		if x == w {
+			q.completeSend(x, false)
+			q.sqHead++
+			break
+		}
+		if !x.done {
+			x.status = WCWRFlushErr
+		}
+		q.completeSend(x, true)
+		q.sqHead++
+	}
+	q.enterError()
+}
+
+// retry rewinds the requester to resend from PSN from (Go-back-N).
+func (e *Engine) retry(q *QP, from bth.PSN) {
+	r := &q.req
+	e.Stats.CompleterRetryErr.Add(1)
+	for i := q.sqHead; i != q.sqTail; i++ {
+		w := q.wqe(i)
+		if !w.started {
+			q.sqSend = i
+			r.psn = from
+			r.off = 0
+			return
+		}
+		if !from.After(w.lastPSN) && !from.Before(w.firstPSN) {
+			q.sqSend = i
+			r.psn = from
+			r.off = 0
+			if w.wr.Opcode != WRRead {
+				r.off = uint32(int64(from.Diff(w.firstPSN)) * int64(q.mtu))
+			}
+			return
+		}
+	}
+	q.sqSend = q.sqTail
+	r.psn = from
+	r.off = 0
+}
+
+// retransmitTimeout fires when no ACK arrived within the QP's timeout.
+func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
+	r := &q.req
+	if q.state != RTS && q.state != SQD || q.sqHead == q.sqTail || !r.compPSN.Before(r.maxSent) {
+		return
+	}
+	if r.retryLeft == 0 {
+		e.Stats.RetryExceededErr.Add(1)
+		e.failWQE(q, q.wqe(q.sqHead), WCRetryExcErr)
+		return
+	}
+	if r.retryLeft != 7 {
+		r.retryLeft--
+	}
+	e.retry(q, r.compPSN)
+	e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
+	e.kick(q)
+}
+
+func (e *Engine) rnrTimerExpired(q *QP, now time.Duration) {
+	q.req.rnrWait = false
+	e.kick(q)
+}
+
+// putUint64Native stores v in host byte order, as verbs returns atomic
+// results into local memory.
+func putUint64Native(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }

@@ -1,0 +1,716 @@
+package qp
+
+import (
+	"encoding/binary"
+	"errors"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
+)
+
+// responder is the receive side of a QP.
+type responder struct {
+	ePSN    bth.PSN // next PSN expected
+	msn     uint32
+	nakSent bool // a sequence-error NAK was sent for the current gap
+
+	inMsg    bool // a multi-packet message is in progress
+	msgOp    bth.Op
+	recv     recvWQE // the receive WQE a SEND is filling
+	haveRecv bool
+	recvOff  uint32
+	wbuf     []byte // the target of an RDMA WRITE
+	woff     uint32
+	dmaLen   uint32
+	ucDrop   bool // UC: dropping the rest of a damaged message
+
+	res     []resource // READ/atomic results kept for duplicates
+	resNext int
+
+	ackPending bool
+	ackPSN     bth.PSN
+}
+
+// resource remembers an executed READ, atomic, ATOMIC WRITE or FLUSH so a
+// duplicate request is answered without executing it again (IBA C9-105).
+type resource struct {
+	op       bth.Op
+	firstPSN bth.PSN
+	lastPSN  bth.PSN
+	va       uint64
+	rkey     uint32
+	length   uint32
+	orig     uint64
+	valid    bool
+}
+
+func (rs *responder) init(q *QP) {
+	rs.ePSN = bth.PSN(q.attr.RQPSN)
+	n := int(q.attr.MaxDestRdAtomic)
+	if n == 0 {
+		n = 1
+	}
+	// At least 16 slots, so duplicates of recent operations stay answerable
+	// even when the peer runs with a small max_dest_rd_atomic.
+	rs.res = make([]resource, max(n, 16))
+}
+
+func (rs *responder) saveResource(r resource) {
+	r.valid = true
+	rs.res[rs.resNext] = r
+	rs.resNext = (rs.resNext + 1) % len(rs.res)
+}
+
+func (rs *responder) findResource(psn bth.PSN) *resource {
+	for i := range rs.res {
+		r := &rs.res[i]
+		if r.valid && !psn.Before(r.firstPSN) && !psn.After(r.lastPSN) {
+			return r
+		}
+	}
+	return nil
+}
+
+// receive dispatches one received packet.
+func (e *Engine) receive(in *InPacket, now time.Duration) {
+	p := in.Pkt
+	e.Stats.RcvdPkts.Add(1)
+	b := p.BTH()
+	if b.PKey()&0x7fff != 0x7fff {
+		e.drop(DropBadPKey)
+		return
+	}
+	q, ok := e.qps[b.DestQP()]
+	if !ok {
+		e.drop(DropUnknownQP)
+		return
+	}
+	if in.TOS&3 == 3 {
+		e.Stats.ECNMarkedPktsReceived.Add(1)
+	}
+	if p.Info.Class == bth.CNP {
+		e.Stats.CNPsReceived.Add(1)
+		return
+	}
+	if !classMatches(q.typ, p.Info.Class) {
+		e.drop(DropWrongOpcode)
+		return
+	}
+	if q.typ != UD && q.attr.Dest.IsValid() && q.attr.Dest.Addr() != in.Src.Addr() {
+		e.drop(DropWrongSource)
+		return
+	}
+	if p.Info.Flags&bth.Response != 0 {
+		e.complete(q, in, now)
+		return
+	}
+	if q.state != RTR && q.state != RTS && q.state != SQD && q.state != SQE {
+		e.drop(DropBadState) // rxe drops requests that arrive before RTR
+		return
+	}
+	switch q.typ {
+	case RC:
+		e.respondRC(q, in, now)
+	case UC:
+		e.respondUC(q, in)
+	case UD:
+		e.respondUD(q, in)
+	}
+}
+
+func classMatches(t Type, c bth.Class) bool {
+	switch t {
+	case RC:
+		return c == bth.RC
+	case UC:
+		return c == bth.UC
+	case UD:
+		return c == bth.UD
+	}
+	return false
+}
+
+// sendAck sends an ACK or NAK with the given syndrome and PSN.
+func (e *Engine) sendAck(q *QP, syn reth.Syndrome, psn bth.PSN) {
+	buf, p := e.header(q, bth.RCAck, psn, 0, false, false, q.attr.DestQPN)
+	p.AETH().Set(syn, q.resp.msn)
+	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	if syn.Kind() != reth.KindACK {
+		e.Stats.NAKsSent.Add(1)
+	}
+}
+
+// queueAck arranges for an ACK of psn at the end of the batch: one ACK
+// answers every AckReq of a batch (coalescing).
+func (e *Engine) queueAck(q *QP, psn bth.PSN) {
+	rs := &q.resp
+	if rs.ackPending {
+		e.Stats.AckDeferred.Add(1)
+		if psn.After(rs.ackPSN) {
+			rs.ackPSN = psn
+		}
+		return
+	}
+	rs.ackPending, rs.ackPSN = true, psn
+	e.ackList = append(e.ackList, q)
+}
+
+func (e *Engine) flushAcks() {
+	for _, q := range e.ackList {
+		if q.resp.ackPending && !q.destroyed && q.state != Err {
+			e.sendAck(q, reth.ACKSyndrome(reth.CreditsInvalid), q.resp.ackPSN)
+		}
+		q.resp.ackPending = false
+	}
+	clear(e.ackList)
+	e.ackList = e.ackList[:0]
+}
+
+// classCError NAKs a request the responder cannot execute and moves the
+// QP to ERR, as rxe does for invalid requests and access violations.
+func (e *Engine) classCError(q *QP, code uint8, psn bth.PSN) {
+	switch code {
+	case reth.NAKRemoteAccess:
+		e.Stats.RemoteAccessNAKs.Add(1)
+		e.drop(DropBadAccess)
+	case reth.NAKInvalidRequest:
+		e.Stats.InvalidRequestNAKs.Add(1)
+		e.drop(DropWrongOpcode)
+	default:
+		e.drop(DropOther)
+	}
+	e.sendAck(q, reth.NAKSyndrome(code), psn)
+	if q.resp.haveRecv {
+		// the WQE a failed SEND had taken completes with the error
+		q.resp.haveRecv = false
+		q.pushWC(q.recvCQ, WC{ID: q.resp.recv.id, Status: WCRemInvReqErr, Opcode: WCRecv, QPN: q.num})
+	}
+	q.enterError()
+}
+
+func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
+	p := in.Pkt
+	rs := &q.resp
+	psn := p.BTH().PSN()
+	if d := psn.Diff(rs.ePSN); d > 0 {
+		e.Stats.OutOfSeqRequest.Add(1)
+		if !rs.nakSent {
+			rs.nakSent = true
+			e.sendAck(q, reth.NAKSyndrome(reth.NAKPSNSeqError), rs.ePSN)
+		}
+		e.drop(DropOutOfSequence)
+		return
+	} else if d < 0 {
+		e.Stats.DuplicateRequest.Add(1)
+		e.duplicate(q, p, psn)
+		return
+	}
+	in2 := p.Info
+	// Opcode sequence: a message in progress takes MIDDLE or LAST of its
+	// own kind; otherwise only FIRST or ONLY may come.
+	if rs.inMsg {
+		if in2.Op != rs.msgOp || in2.Has(bth.First) {
+			e.classCError(q, reth.NAKInvalidRequest, psn)
+			return
+		}
+	} else if !in2.Has(bth.First) {
+		e.classCError(q, reth.NAKInvalidRequest, psn)
+		return
+	}
+	if !q.allows(in2.Op) {
+		e.classCError(q, reth.NAKInvalidRequest, psn)
+		return
+	}
+	payload := p.Payload()
+	if len(payload) > q.mtu || (in2.Op == bth.OpSend || in2.Op == bth.OpWrite) && !in2.Has(bth.Last) && len(payload) != q.mtu {
+		e.classCError(q, reth.NAKInvalidRequest, psn)
+		return
+	}
+	switch in2.Op {
+	case bth.OpSend:
+		e.recvSend(q, p, psn)
+	case bth.OpWrite:
+		e.recvWrite(q, p, psn)
+	case bth.OpReadRequest:
+		e.recvRead(q, p, psn)
+	case bth.OpCompareSwap, bth.OpFetchAdd:
+		e.recvAtomic(q, p, psn)
+	case bth.OpAtomicWrite, bth.OpFlush:
+		e.recvAtomicWriteOrFlush(q, p, psn)
+	}
+}
+
+// allows reports whether the QP's access flags permit a remote operation.
+func (q *QP) allows(op bth.Op) bool {
+	a := q.attr.AccessFlags
+	switch op {
+	case bth.OpWrite, bth.OpAtomicWrite:
+		return a&mr.RemoteWrite != 0
+	case bth.OpReadRequest:
+		return a&mr.RemoteRead != 0
+	case bth.OpCompareSwap, bth.OpFetchAdd:
+		return a&mr.RemoteAtomic != 0
+	}
+	return true
+}
+
+// advance moves past an executed request packet and acknowledges it when
+// the requester asked.
+func (e *Engine) advance(q *QP, p bth.Packet, psn bth.PSN) {
+	rs := &q.resp
+	rs.ePSN = psn.Next()
+	rs.nakSent = false
+	if p.BTH().AckReq() {
+		e.queueAck(q, psn)
+	}
+}
+
+func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
+	rs := &q.resp
+	in := p.Info
+	if in.Has(bth.First) {
+		if !rs.haveRecv {
+			w, ok := q.takeRecv()
+			if !ok {
+				e.Stats.SendRNRErr.Add(1)
+				e.drop(DropNoRecvWQE)
+				e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
+				return
+			}
+			rs.recv, rs.haveRecv = w, true
+		}
+		rs.recvOff = 0
+		rs.inMsg, rs.msgOp = true, bth.OpSend
+	}
+	payload := p.Payload()
+	if err := e.scatter(q.pd, rs.recv.sgl, rs.recvOff, payload); err != nil {
+		st := WCLocProtErr
+		if errors.Is(err, errLength) {
+			st = WCLocLenErr
+		}
+		rs.haveRecv = false
+		q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Status: st, Opcode: WCRecv, QPN: q.num})
+		e.classCError(q, reth.NAKInvalidRequest, psn)
+		return
+	}
+	rs.recvOff += uint32(len(payload))
+	e.Stats.RcvdBytes.Add(uint64(len(payload)))
+	if in.Has(bth.Last) {
+		wc := WC{ID: rs.recv.id, Opcode: WCRecv, ByteLen: rs.recvOff, QPN: q.num, SrcQP: q.attr.DestQPN}
+		if h := p.ImmDt(); h != nil {
+			wc.Imm, wc.Flags = h.Imm(), wc.Flags|WCWithImm
+		}
+		if h := p.IETH(); h != nil {
+			if err := e.cfg.MRs.Invalidate(h.RKey(), q.pd); err != nil {
+				e.classCError(q, reth.NAKInvalidRequest, psn)
+				return
+			}
+			wc.InvalidatedRKey, wc.Flags = h.RKey(), wc.Flags|WCWithInv
+		}
+		rs.haveRecv, rs.inMsg = false, false
+		rs.msn++
+		q.pushWC(q.recvCQ, wc)
+	}
+	e.advance(q, p, psn)
+}
+
+func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
+	rs := &q.resp
+	in := p.Info
+	payload := p.Payload()
+	if in.Has(bth.First) {
+		h := p.RETH()
+		rs.dmaLen, rs.woff, rs.wbuf = h.DMALen(), 0, nil
+		if rs.dmaLen > 0 { // IBA C9-88: a zero-length WRITE checks no rkey
+			buf, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), rs.dmaLen, mr.RemoteWrite)
+			if err != nil {
+				e.classCError(q, reth.NAKRemoteAccess, psn)
+				return
+			}
+			rs.wbuf = buf
+		}
+		rs.inMsg, rs.msgOp = true, bth.OpWrite
+		e.Stats.RDMARecvs.Add(1)
+	}
+	if uint64(rs.woff)+uint64(len(payload)) > uint64(rs.dmaLen) ||
+		in.Has(bth.Last) && rs.woff+uint32(len(payload)) != rs.dmaLen {
+		e.classCError(q, reth.NAKInvalidRequest, psn)
+		return
+	}
+	var rw recvWQE
+	if in.Has(bth.Imm) {
+		// WRITE with immediate consumes a receive WQE at its last packet.
+		w, ok := q.takeRecv()
+		if !ok {
+			e.Stats.SendRNRErr.Add(1)
+			e.drop(DropNoRecvWQE)
+			e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
+			return
+		}
+		rw = w
+	}
+	copy(rs.wbuf[rs.woff:], payload)
+	rs.woff += uint32(len(payload))
+	e.Stats.RcvdBytes.Add(uint64(len(payload)))
+	if in.Has(bth.Last) {
+		rs.inMsg = false
+		rs.msn++
+		if in.Has(bth.Imm) {
+			q.pushWC(q.recvCQ, WC{ID: rw.id, Opcode: WCRecvRDMAImm, ByteLen: rs.dmaLen, Imm: p.ImmDt().Imm(),
+				Flags: WCWithImm, QPN: q.num, SrcQP: q.attr.DestQPN})
+		}
+		rs.wbuf = nil
+	}
+	e.advance(q, p, psn)
+}
+
+func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN) {
+	rs := &q.resp
+	h := p.RETH()
+	va, rkey, n := h.VA(), h.RKey(), h.DMALen()
+	if n > 0 {
+		if _, err := e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead); err != nil {
+			e.classCError(q, reth.NAKRemoteAccess, psn)
+			return
+		}
+	}
+	e.Stats.RDMARecvs.Add(1)
+	npk := packetsFor(n, q.mtu)
+	rs.saveResource(resource{op: bth.OpReadRequest, firstPSN: psn, lastPSN: psn.Add(npk - 1), va: va, rkey: rkey, length: n})
+	rs.msn++
+	rs.ePSN = psn.Add(npk)
+	rs.nakSent = false
+	e.sendReadResponses(q, psn, va, rkey, n)
+}
+
+// sendReadResponses answers a READ for n bytes at va with PSNs from psn.
+func (e *Engine) sendReadResponses(q *QP, psn bth.PSN, va uint64, rkey uint32, n uint32) {
+	var src []byte
+	if n > 0 {
+		var err error
+		src, err = e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead)
+		if err != nil {
+			e.classCError(q, reth.NAKRemoteAccess, psn)
+			return
+		}
+	}
+	npk := packetsFor(n, q.mtu)
+	for i := 0; i < npk; i++ {
+		off := uint32(i) * uint32(q.mtu)
+		k := int(min(uint32(q.mtu), n-min(off, n)))
+		var op bth.Opcode
+		switch {
+		case npk == 1:
+			op = bth.RCReadResponseOnly
+		case i == 0:
+			op = bth.RCReadResponseFirst
+		case i == npk-1:
+			op = bth.RCReadResponseLast
+		default:
+			op = bth.RCReadResponseMiddle
+		}
+		buf, p := e.header(q, op, psn.Add(i), k, false, false, q.attr.DestQPN)
+		if a := p.AETH(); a != nil {
+			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
+		}
+		copy(buf[p.Info.HdrLen:], src[off:off+uint32(k)])
+		e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+		e.Stats.SentBytes.Add(uint64(k))
+	}
+}
+
+func (e *Engine) recvAtomic(q *QP, p bth.Packet, psn bth.PSN) {
+	rs := &q.resp
+	a := p.AtomicETH()
+	w, err := e.cfg.MRs.Atomic64(a.RKey(), q.pd, a.VA(), mr.RemoteAtomic)
+	if err != nil {
+		code := reth.NAKRemoteAccess
+		if errors.Is(err, mr.ErrMisaligned) {
+			code = reth.NAKInvalidRequest
+		}
+		e.classCError(q, code, psn)
+		return
+	}
+	var orig uint64
+	if p.Info.Op == bth.OpCompareSwap {
+		orig = w.CompareSwap(a.Compare(), a.SwapAdd())
+	} else {
+		orig = w.FetchAdd(a.SwapAdd())
+	}
+	e.Stats.RDMARecvs.Add(1)
+	rs.saveResource(resource{op: p.Info.Op, firstPSN: psn, lastPSN: psn, orig: orig})
+	rs.msn++
+	rs.ePSN = psn.Next()
+	rs.nakSent = false
+	e.sendAtomicAck(q, psn, orig)
+}
+
+func (e *Engine) sendAtomicAck(q *QP, psn bth.PSN, orig uint64) {
+	buf, p := e.header(q, bth.RCAtomicAck, psn, 0, false, false, q.attr.DestQPN)
+	p.AETH().Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
+	p.AtomicAckETH().SetOrig(orig)
+	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+}
+
+// recvAtomicWriteOrFlush executes an ATOMIC WRITE or a FLUSH; both are
+// answered with an empty READ RESPONSE ONLY, as rxe does.
+func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
+	rs := &q.resp
+	h := p.RETH()
+	if p.Info.Op == bth.OpAtomicWrite {
+		w, err := e.cfg.MRs.Atomic64(h.RKey(), q.pd, h.VA(), mr.RemoteWrite)
+		if err != nil {
+			code := reth.NAKRemoteAccess
+			if errors.Is(err, mr.ErrMisaligned) {
+				code = reth.NAKInvalidRequest
+			}
+			e.classCError(q, code, psn)
+			return
+		}
+		// The payload's bytes land in memory as they are (rxe memcpy's them).
+		w.Store(binary.LittleEndian.Uint64(p.Payload()))
+	} else if h.DMALen() > 0 {
+		// Go memory is always globally visible; the check is what matters.
+		if _, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), h.DMALen(), mr.RemoteWrite); err != nil {
+			e.classCError(q, reth.NAKRemoteAccess, psn)
+			return
+		}
+	}
+	e.Stats.RDMARecvs.Add(1)
+	rs.saveResource(resource{op: p.Info.Op, firstPSN: psn, lastPSN: psn})
+	rs.msn++
+	rs.ePSN = psn.Next()
+	rs.nakSent = false
+	e.sendEmptyReadResponse(q, psn)
+}
+
+func (e *Engine) sendEmptyReadResponse(q *QP, psn bth.PSN) {
+	buf, p := e.header(q, bth.RCReadResponseOnly, psn, 0, false, false, q.attr.DestQPN)
+	p.AETH().Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
+	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+}
+
+// duplicate answers a request whose PSN is before the expected one
+// (IBA C9-105): SEND and WRITE are acknowledged again, READs replayed from
+// memory, atomics answered from the saved result without executing again.
+func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN) {
+	rs := &q.resp
+	switch p.Info.Op {
+	case bth.OpSend, bth.OpWrite:
+		e.queueAck(q, rs.ePSN.Add(-1))
+	case bth.OpReadRequest:
+		r := rs.findResource(psn)
+		if r == nil || r.op != bth.OpReadRequest {
+			e.drop(DropDuplicate)
+			return
+		}
+		h := p.RETH()
+		va, n := h.VA(), h.DMALen()
+		// The retry asks for the tail of the original range, from the
+		// response PSN it names.
+		skip := uint64(psn.Diff(r.firstPSN)) * uint64(q.mtu)
+		if va != r.va+skip || uint64(n)+skip != uint64(r.length) && !(r.length == 0 && n == 0) {
+			e.drop(DropDuplicate)
+			return
+		}
+		e.sendReadResponses(q, psn, va, r.rkey, n)
+	case bth.OpCompareSwap, bth.OpFetchAdd:
+		r := rs.findResource(psn)
+		if r == nil || r.op != p.Info.Op || r.firstPSN != psn {
+			e.drop(DropDuplicate)
+			return
+		}
+		e.sendAtomicAck(q, psn, r.orig)
+	case bth.OpAtomicWrite, bth.OpFlush:
+		r := rs.findResource(psn)
+		if r == nil || r.op != p.Info.Op {
+			e.drop(DropDuplicate)
+			return
+		}
+		e.sendEmptyReadResponse(q, psn)
+	default:
+		e.drop(DropDuplicate)
+	}
+}
+
+// respondUC runs the UC responder: PSN gaps drop the damaged message, no
+// acknowledgements, no RNR.
+func (e *Engine) respondUC(q *QP, in *InPacket) {
+	p := in.Pkt
+	rs := &q.resp
+	psn := p.BTH().PSN()
+	info := p.Info
+	if psn != rs.ePSN {
+		e.Stats.OutOfSeqRequest.Add(1)
+		rs.inMsg = false
+		if !info.Has(bth.First) {
+			rs.ucDrop = true
+			rs.ePSN = psn.Next()
+			e.drop(DropOutOfSequence)
+			return
+		}
+		rs.ePSN = psn
+	}
+	rs.ePSN = psn.Next()
+	if info.Has(bth.First) {
+		rs.ucDrop, rs.inMsg = false, false
+	} else if rs.ucDrop || !rs.inMsg || info.Op != rs.msgOp {
+		rs.ucDrop = true
+		e.drop(DropWrongOpcode)
+		return
+	}
+	payload := p.Payload()
+	if len(payload) > q.mtu || !info.Has(bth.Last) && len(payload) != q.mtu {
+		rs.ucDrop, rs.inMsg = true, false
+		e.drop(DropBadLength)
+		return
+	}
+	switch info.Op {
+	case bth.OpSend:
+		if info.Has(bth.First) {
+			if !rs.haveRecv {
+				w, ok := q.takeRecv()
+				if !ok {
+					rs.ucDrop = true
+					e.drop(DropNoRecvWQE)
+					return
+				}
+				rs.recv, rs.haveRecv = w, true
+			}
+			rs.recvOff, rs.inMsg, rs.msgOp = 0, true, bth.OpSend
+		}
+		if err := e.scatter(q.pd, rs.recv.sgl, rs.recvOff, payload); err != nil {
+			rs.haveRecv, rs.inMsg, rs.ucDrop = false, false, true
+			q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Status: WCLocLenErr, Opcode: WCRecv, QPN: q.num})
+			return
+		}
+		rs.recvOff += uint32(len(payload))
+		if info.Has(bth.Last) {
+			wc := WC{ID: rs.recv.id, Opcode: WCRecv, ByteLen: rs.recvOff, QPN: q.num, SrcQP: q.attr.DestQPN}
+			if h := p.ImmDt(); h != nil {
+				wc.Imm, wc.Flags = h.Imm(), WCWithImm
+			}
+			rs.haveRecv, rs.inMsg = false, false
+			q.pushWC(q.recvCQ, wc)
+		}
+	case bth.OpWrite:
+		if info.Has(bth.First) {
+			h := p.RETH()
+			rs.dmaLen, rs.woff, rs.wbuf = h.DMALen(), 0, nil
+			if rs.dmaLen > 0 {
+				buf, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), rs.dmaLen, mr.RemoteWrite)
+				if err != nil || !q.allows(bth.OpWrite) {
+					rs.ucDrop = true
+					e.drop(DropBadAccess)
+					return
+				}
+				rs.wbuf = buf
+			}
+			rs.inMsg, rs.msgOp = true, bth.OpWrite
+		}
+		if uint64(rs.woff)+uint64(len(payload)) > uint64(rs.dmaLen) {
+			rs.ucDrop, rs.inMsg = true, false
+			e.drop(DropBadLength)
+			return
+		}
+		var rw recvWQE
+		if info.Has(bth.Imm) {
+			w, ok := q.takeRecv()
+			if !ok {
+				rs.ucDrop, rs.inMsg = true, false
+				e.drop(DropNoRecvWQE)
+				return
+			}
+			rw = w
+		}
+		copy(rs.wbuf[rs.woff:], payload)
+		rs.woff += uint32(len(payload))
+		if info.Has(bth.Last) {
+			rs.inMsg = false
+			if info.Has(bth.Imm) {
+				q.pushWC(q.recvCQ, WC{ID: rw.id, Opcode: WCRecvRDMAImm, ByteLen: rs.dmaLen, Imm: p.ImmDt().Imm(),
+					Flags: WCWithImm, QPN: q.num, SrcQP: q.attr.DestQPN})
+			}
+		}
+	}
+	e.Stats.RcvdBytes.Add(uint64(len(payload)))
+}
+
+// GRHLen is the space a UD receive buffer reserves for the GRH.
+const GRHLen = 40
+
+// respondUD delivers a UD datagram into the next receive WQE, after the
+// 40 bytes verbs reserves for the GRH: for RoCEv2 over IPv4 that space
+// holds 20 zero bytes and then the IPv4 header, over IPv6 the IPv6 header.
+func (e *Engine) respondUD(q *QP, in *InPacket) {
+	p := in.Pkt
+	d := p.DETH()
+	if d.QKey() != q.attr.QKey {
+		e.drop(DropBadQKey)
+		return
+	}
+	payload := p.Payload()
+	if len(payload) > q.mtuOrMax() {
+		e.drop(DropBadLength)
+		return
+	}
+	w, ok := q.takeRecv()
+	if !ok {
+		e.drop(DropNoRecvWQE)
+		return
+	}
+	var grh [GRHLen]byte
+	fillGRH(grh[:], in)
+	err := e.scatter(q.pd, w.sgl, 0, grh[:])
+	if err == nil {
+		err = e.scatter(q.pd, w.sgl, GRHLen, payload)
+	}
+	if err != nil {
+		q.pushWC(q.recvCQ, WC{ID: w.id, Status: WCLocLenErr, Opcode: WCRecv, QPN: q.num})
+		return
+	}
+	wc := WC{ID: w.id, Opcode: WCRecv, ByteLen: uint32(GRHLen + len(payload)), QPN: q.num,
+		SrcQP: d.SrcQP(), Flags: WCWithGRH, Src: in.Src}
+	if h := p.ImmDt(); h != nil {
+		wc.Imm, wc.Flags = h.Imm(), wc.Flags|WCWithImm
+	}
+	e.Stats.RcvdBytes.Add(uint64(len(payload)))
+	q.pushWC(q.recvCQ, wc)
+}
+
+// fillGRH synthesizes the IP header a UD receiver finds in its GRH space;
+// a UDP socket does not show the real one, so the fields the kernel would
+// vary (ID, checksum) are left zero.
+func fillGRH(g []byte, in *InPacket) {
+	roceLen := len(in.Pkt.Raw)
+	src, dst := in.Src.Addr(), in.Dest
+	if src.Is4() || src.Is4In6() {
+		ip := g[20:40]
+		ip[0] = 0x45
+		ip[1] = in.TOS
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+8+roceLen))
+		ip[6] = 0x40
+		ip[8] = 64
+		ip[9] = 17
+		s4 := src.Unmap().As4()
+		copy(ip[12:16], s4[:])
+		if dst.IsValid() {
+			d4 := dst.Unmap().As4()
+			copy(ip[16:20], d4[:])
+		}
+		return
+	}
+	g[0] = 0x60 | in.TOS>>4
+	g[1] = in.TOS << 4
+	binary.BigEndian.PutUint16(g[4:], uint16(8+roceLen))
+	g[6] = 17
+	g[7] = 64
+	s16 := src.As16()
+	copy(g[8:24], s16[:])
+	if dst.IsValid() {
+		d16 := dst.As16()
+		copy(g[24:40], d16[:])
+	}
+}

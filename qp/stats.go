@@ -1,0 +1,80 @@
+package qp
+
+import "sync/atomic"
+
+// Counters are an engine's counters. The first group has the names and
+// meanings of rdma_rxe's hw_counters, so numbers from both sides of an
+// interop run can be compared directly.
+type Counters struct {
+	SentPkts              atomic.Uint64 // sent_pkts
+	RcvdPkts              atomic.Uint64 // rcvd_pkts
+	DuplicateRequest      atomic.Uint64 // duplicate_request
+	OutOfSeqRequest       atomic.Uint64 // out_of_seq_request
+	RcvdRNRErr            atomic.Uint64 // rcvd_rnr_err: RNR NAKs received
+	SendRNRErr            atomic.Uint64 // send_rnr_err: RNR NAKs sent
+	RcvdSeqErr            atomic.Uint64 // rcvd_seq_err: PSN sequence error NAKs received
+	AckDeferred           atomic.Uint64 // ack_deferred
+	RetryExceededErr      atomic.Uint64 // retry_exceeded_err
+	RetryRNRExceededErr   atomic.Uint64 // retry_rnr_exceeded_err
+	CompleterRetryErr     atomic.Uint64 // completer_retry_err: retries started
+	SendErr               atomic.Uint64 // send_err
+	RDMASends             atomic.Uint64 // rdma_sends: RDMA WRITE/READ/atomic requests sent
+	RDMARecvs             atomic.Uint64 // rdma_recvs: such requests received
+	SentBytes             atomic.Uint64
+	RcvdBytes             atomic.Uint64
+	Retransmits           atomic.Uint64 // packets sent again
+	NAKsSent              atomic.Uint64
+	RemoteAccessNAKs      atomic.Uint64 // remote access error NAKs sent
+	InvalidRequestNAKs    atomic.Uint64 // invalid request NAKs sent
+	Drops                 [numDropReasons]atomic.Uint64
+	CompletionsGenerated  atomic.Uint64
+	FlushedWorkRequests   atomic.Uint64
+	CNPsSent              atomic.Uint64
+	CNPsReceived          atomic.Uint64
+	ECNMarkedPktsReceived atomic.Uint64
+}
+
+// DropReason says why a received packet was discarded.
+type DropReason uint8
+
+// Drop reasons.
+const (
+	DropUnknownQP     DropReason = iota // no QP with that number
+	DropBadState                        // QP not in a state that receives
+	DropWrongOpcode                     // opcode not of the QP's type, or not expected now
+	DropWrongSource                     // connected QP, packet from another address
+	DropBadQKey                         // UD Q_Key mismatch
+	DropBadPKey                         // P_Key not the default
+	DropBadLength                       // payload longer than the path MTU or message
+	DropNoRecvWQE                       // UD/UC message with no receive posted
+	DropDuplicate                       // duplicate the responder need not answer
+	DropOutOfSequence                   // PSN ahead of expected (NAKed once per gap)
+	DropStaleResponse                   // response or ACK for nothing outstanding
+	DropBadAccess                       // rkey, bounds or access check failed (NAKed)
+	DropOther
+	numDropReasons
+)
+
+var dropNames = [numDropReasons]string{
+	"unknown_qp", "bad_state", "wrong_opcode", "wrong_source", "bad_qkey", "bad_pkey", "bad_length",
+	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "other",
+}
+
+// String names the reason as the metrics label does.
+func (r DropReason) String() string {
+	if r < numDropReasons {
+		return dropNames[r]
+	}
+	return "unknown"
+}
+
+// DropReasons lists every reason, for metrics.
+func DropReasons() []DropReason {
+	out := make([]DropReason, numDropReasons)
+	for i := range out {
+		out[i] = DropReason(i)
+	}
+	return out
+}
+
+func (e *Engine) drop(r DropReason) { e.Stats.Drops[r].Add(1) }
