@@ -16,6 +16,7 @@ var (
 	ErrPayload       = errors.New("bth: payload or pad count not allowed for opcode")
 	ErrAtomicWrite   = errors.New("bth: ATOMIC WRITE payload must be 8 bytes")
 	ErrBufferSmall   = errors.New("bth: buffer too small")
+	ErrAlign         = errors.New("bth: payload plus pad is not a multiple of 4 bytes")
 )
 
 // Packet is a parsed RoCEv2 packet: the UDP payload from the BTH through the
@@ -27,7 +28,8 @@ type Packet struct {
 }
 
 // Parse checks b (a UDP payload) against the opcode table and returns the
-// packet. Lengths, opcode, transport version and pad count are checked; the
+// packet. Lengths, opcode, transport version and pad count (payload plus
+// pad must fill whole 4-byte words) are checked; the
 // ICRC is not (see package icrc), and neither is anything that needs QP
 // state.
 func Parse(b []byte) (Packet, error) {
@@ -53,6 +55,10 @@ func Parse(b []byte) (Packet, error) {
 		}
 	} else if pad > body {
 		return Packet{}, ErrPayload
+	} else if body&3 != 0 {
+		// The pad count exists to align the payload; a body it does not
+		// align is truncated or mis-built, and would not re-encode.
+		return Packet{}, ErrAlign
 	}
 	if in.Op == OpAtomicWrite && body-pad != 8 {
 		return Packet{}, ErrAtomicWrite

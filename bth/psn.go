@@ -13,8 +13,9 @@ func (p PSN) Add(n int) PSN { return PSN((int64(p) + int64(n)) & PSNMask) }
 // Next returns p+1 modulo 2^24.
 func (p PSN) Next() PSN { return (p + 1) & PSNMask }
 
-// Diff returns the signed distance p-q in (-2^23, 2^23]: positive when p is
-// after q in sequence space.
+// Diff returns the signed distance p-q in [-2^23, 2^23): positive when p is
+// after q in sequence space. Two PSNs exactly 2^23 apart are each Before
+// the other (distance -2^23 both ways); a window never spans that far.
 func (p PSN) Diff(q PSN) int32 {
 	return int32((uint32(p)-uint32(q))<<8) >> 8
 }
