@@ -1,0 +1,146 @@
+package transport
+
+import (
+	"net/netip"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/icrc"
+)
+
+// endpoint knows what an ICRC covers besides the packet: the local address
+// and port, and the address family. Every Conn implementation fills and
+// checks ICRCs through it, so they agree byte for byte.
+type endpoint struct {
+	local netip.AddrPort
+	v6    bool
+}
+
+func newEndpoint(local netip.AddrPort) endpoint {
+	return endpoint{local: local, v6: local.Addr().Is6()}
+}
+
+// maxPayload is the largest UDP payload: 65535 minus the UDP header and,
+// for IPv4, the IP header (IPv6's payload length excludes its header).
+func (e *endpoint) maxPayload() int {
+	if e.v6 {
+		return 65535 - 8
+	}
+	return 65535 - 20 - 8
+}
+
+// peer returns p in this endpoint's family (IPv4-mapped IPv6 is unmapped
+// for an IPv4 endpoint), or false when it cannot be reached from here.
+func (e *endpoint) peer(p netip.AddrPort) (netip.AddrPort, bool) {
+	a := p.Addr()
+	if !e.v6 && a.Is4In6() {
+		a = a.Unmap()
+		p = netip.AddrPortFrom(a, p.Port())
+	}
+	if !a.IsValid() || a.Is6() != e.v6 || a.IsUnspecified() || p.Port() == 0 {
+		return p, false
+	}
+	return p, true
+}
+
+// v4 describes an IPv4 packet from src to dst as the ICRC sees it. DF is
+// always set: rxe sends DF, and so does every Conn of this package.
+func v4(src, dst netip.AddrPort) icrc.V4 {
+	return icrc.V4{Src: src.Addr().As4(), Dst: dst.Addr().As4(), SrcPort: src.Port(), DstPort: dst.Port(), DF: true}
+}
+
+func v6(src, dst netip.AddrPort) icrc.V6 {
+	return icrc.V6{Src: src.Addr().As16(), Dst: dst.Addr().As16(), SrcPort: src.Port(), DstPort: dst.Port()}
+}
+
+// fill writes the ICRC of pkt, sent from this endpoint to peer with IPv4
+// ID id (ignored for IPv6).
+func (e *endpoint) fill(pkt []byte, peer netip.AddrPort, id uint16) {
+	if e.v6 {
+		v := v6(e.local, peer)
+		icrc.Put(pkt, v.Sum(pkt))
+		return
+	}
+	v := v4(e.local, peer)
+	v.Fill(id, pkt)
+}
+
+// fillRun fills every segment of a Seg run. gso says the run goes out as
+// one GSO datagram, whose segments the kernel numbers id, id+1, ...; sent
+// as separate datagrams every one carries id.
+func (e *endpoint) fillRun(buf []byte, seg int, peer netip.AddrPort, id uint16, gso bool) {
+	for off := 0; off < len(buf); off += seg {
+		e.fill(buf[off:min(off+seg, len(buf))], peer, id)
+		if gso {
+			id++
+		}
+	}
+}
+
+// runSegments validates a Seg run of n bytes and returns its packet count.
+func (e *endpoint) runSegments(n, seg int) (int, error) {
+	if n < minPacket || n > e.maxPayload() {
+		return 0, ErrPacketSize
+	}
+	if seg <= 0 || seg >= n {
+		return 1, nil
+	}
+	k := (n + seg - 1) / seg
+	if seg < minPacket || k > MaxSegments || n-(k-1)*seg < minPacket {
+		return 0, ErrSegments
+	}
+	return k, nil
+}
+
+// classify runs the checks that need no ICRC: length and the opcode table.
+func classify(pkt []byte) (DropReason, bool) {
+	if len(pkt) < minPacket {
+		return DropShort, false
+	}
+	if _, err := bth.Parse(pkt); err != nil {
+		if err == bth.ErrTruncated {
+			return DropShort, false
+		}
+		return DropNotRoCE, false
+	}
+	return 0, true
+}
+
+// recover checks a packet that came through a UDP socket, where the IPv4
+// ID is not visible: IPv4 recovers the ID that makes the ICRC match, IPv6
+// checks in full.
+func (e *endpoint) recover(pkt []byte, peer netip.AddrPort) (id uint16, reason DropReason, ok bool) {
+	if reason, ok = classify(pkt); !ok {
+		return 0, reason, false
+	}
+	if e.v6 {
+		v := v6(peer, e.local)
+		if v.Sum(pkt) != icrc.Get(pkt) {
+			return 0, DropBadICRC, false
+		}
+		return 0, 0, true
+	}
+	v := v4(peer, e.local)
+	if id, ok = v.Recover(pkt); !ok {
+		return 0, DropBadICRC, false
+	}
+	return id, 0, true
+}
+
+// check checks a packet whose IPv4 ID is known (raw mode, pipes).
+func (e *endpoint) check(pkt []byte, peer netip.AddrPort, id uint16) (DropReason, bool) {
+	if reason, ok := classify(pkt); !ok {
+		return reason, false
+	}
+	var good bool
+	if e.v6 {
+		v := v6(peer, e.local)
+		good = v.Sum(pkt) == icrc.Get(pkt)
+	} else {
+		v := v4(peer, e.local)
+		good = v.Check(id, pkt)
+	}
+	if !good {
+		return DropBadICRC, false
+	}
+	return 0, true
+}

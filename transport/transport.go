@@ -1,0 +1,186 @@
+package transport
+
+import (
+	"errors"
+	"net/netip"
+	"strconv"
+	"time"
+)
+
+// Port is the IANA UDP port of RoCEv2.
+const Port = 4791
+
+// MaxSegments is the most packets one GSO send (one [Message] with Seg set)
+// may carry. The kernel's limit is higher on recent kernels; 64 is what
+// every kernel with UDP GSO accepts and what GRO coalesces at most.
+const MaxSegments = 64
+
+// minPacket is the shortest RoCE packet: a BTH and an ICRC.
+const minPacket = 12 + 4
+
+// Message is one RoCE packet (or, with Seg, a run of packets for one GSO
+// send) in a batch.
+type Message struct {
+	// Buf is, on send, the packet from the BTH through the ICRC, with the
+	// four ICRC bytes present: Send computes and writes them. On receive it
+	// is a view into the Conn's buffers, valid until the next Recv call.
+	Buf []byte
+	// Peer is the destination on send and the source on receive.
+	Peer netip.AddrPort
+	// TOS is the IPv4 TOS or IPv6 traffic class (DSCP<<2 | ECN). On send, 0
+	// means the Conn's default (Options.TOS); on receive it is what arrived.
+	TOS uint8
+	// Seg, on send, when > 0, says Buf holds consecutive complete packets of
+	// Seg bytes each (the last may be shorter), sent as one UDP GSO datagram
+	// where the kernel supports it and as separate datagrams otherwise.
+	// Ignored on receive (set to 0).
+	Seg int
+	// IPID is, on receive, the IPv4 Identification the packet carried: read
+	// from the IP header in raw mode, recovered from the ICRC in socket mode.
+	// 0 for IPv6. Ignored on send.
+	IPID uint16
+}
+
+// Conn moves RoCE packets over UDP. One goroutine may call Send while
+// another calls Recv; Stats, SetTap, LocalAddr and Close are safe from any
+// goroutine.
+type Conn interface {
+	// Send computes the ICRC of every packet in msgs (for the IP ID each one
+	// will carry on the wire) and sends them in as few system calls as it
+	// can. It returns how many messages were sent completely; when that is
+	// less than len(msgs), err says why msgs[n] was not sent (a malformed
+	// message is rejected before anything of it is sent). Send does not keep
+	// msgs or their buffers after it returns.
+	Send(msgs []Message) (n int, err error)
+	// Recv blocks until at least one packet that passed the ICRC check has
+	// arrived, fills msgs[:n] with packets and returns n. Packets that fail a
+	// check are dropped and counted in Stats. After Close it returns
+	// net.ErrClosed.
+	Recv(msgs []Message) (n int, err error)
+	// LocalAddr returns the address and port the Conn is bound to.
+	LocalAddr() netip.AddrPort
+	// Stats returns a snapshot of the Conn's counters.
+	Stats() Stats
+	// SetTap installs an observer of every packet sent, received and
+	// dropped; nil removes it.
+	SetTap(Tap)
+	// Close releases the Conn's sockets and unblocks Recv.
+	Close() error
+}
+
+// RecvMode selects how received IPv4 packets are read and checked.
+type RecvMode uint8
+
+const (
+	// RecvSocket reads through the UDP socket, which hides the IPv4 ID:
+	// the ICRC is checked by recovering the one ID that makes it match
+	// (icrc.V4.Recover), which misses a random corruption with probability
+	// 2^-16. IPv6 packets are always checked in full. Needs no privileges.
+	RecvSocket RecvMode = iota
+	// RecvRaw reads IPv4 packets with their IP header through a raw socket
+	// and checks the full ICRC with the real ID. Needs CAP_NET_RAW. IPv4
+	// only: IPv6 has no ID, so socket mode already checks it in full.
+	RecvRaw
+)
+
+// String returns "socket" or "raw".
+func (m RecvMode) String() string {
+	switch m {
+	case RecvSocket:
+		return "socket"
+	case RecvRaw:
+		return "raw"
+	}
+	return "RecvMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Options configure Listen. The zero value is the default everywhere.
+type Options struct {
+	// NoGSO turns UDP segmentation offload off for sends. GSO is on by
+	// default where the kernel supports it (probed at Listen).
+	NoGSO bool
+	// NoGRO turns UDP receive coalescing off. GRO is on by default where
+	// the kernel supports it. Raw mode never uses it.
+	NoGRO bool
+	// BatchSize is the number of datagrams per sendmmsg/recvmmsg call;
+	// default 64.
+	BatchSize int
+	// RecvBufSize is the size of each receive slot in bytes: the largest
+	// datagram (or GRO batch) accepted. Default 65535 with GRO, 9216
+	// without (jumbo frames); longer datagrams are dropped and counted.
+	RecvBufSize int
+	// SocketRecvBuffer and SocketSendBuffer are the kernel socket buffer
+	// sizes in bytes; default 4 MiB each. SO_RCVBUFFORCE / SO_SNDBUFFORCE
+	// are tried first (they need CAP_NET_ADMIN and pass the sysctl limits),
+	// then SO_RCVBUF / SO_SNDBUF, which the kernel caps at
+	// net.core.rmem_max / wmem_max.
+	SocketRecvBuffer, SocketSendBuffer int
+	// Mode selects how received packets are checked; see RecvMode.
+	Mode RecvMode
+	// TOS is the TOS / traffic class of messages sent with TOS 0.
+	TOS uint8
+}
+
+// Errors returned by Listen and Send. Listen wraps system errors (address
+// in use, permission) with what it was doing.
+var (
+	ErrAddress    = errors.New("transport: local address must be a specific IPv4 or IPv6 unicast address")
+	ErrFamily     = errors.New("transport: peer address family differs from the local address")
+	ErrPacketSize = errors.New("transport: packet shorter than BTH+ICRC or longer than a UDP datagram")
+	ErrSegments   = errors.New("transport: Seg run invalid (segment shorter than BTH+ICRC, over MaxSegments or over 64 KiB)")
+	ErrRawIPv6    = errors.New("transport: raw receive mode is IPv4 only (IPv6 ICRCs are checked in full in socket mode)")
+)
+
+// Dir is the direction of a packet seen by a Tap.
+type Dir uint8
+
+// Directions.
+const (
+	Out Dir = iota // sent
+	In             // received and verified
+)
+
+// String returns "out" or "in".
+func (d Dir) String() string {
+	if d == Out {
+		return "out"
+	}
+	return "in"
+}
+
+// DropReason says why a received datagram or packet was dropped.
+type DropReason uint8
+
+// Drop reasons, indexes into Stats.Drops.
+const (
+	DropShort     DropReason = iota // shorter than BTH+ICRC, or headers cut short
+	DropNotRoCE                     // bth.Parse rejects it: unknown opcode, TVer, payload rules
+	DropBadICRC                     // ICRC does not match
+	DropTruncated                   // datagram longer than the receive slot
+	DropOverflow                    // receive queue full (kernel socket buffer or pipe queue); no packet to show
+	NumDropReasons
+)
+
+var dropNames = [NumDropReasons]string{"short", "not-roce", "bad-icrc", "truncated", "overflow"}
+
+// String returns a short lower-case name.
+func (r DropReason) String() string {
+	if r < NumDropReasons {
+		return dropNames[r]
+	}
+	return "DropReason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// Tap observes a Conn's traffic: for pcap writing, live tracing and
+// metrics. Its methods are called from the goroutine calling Send or Recv,
+// after the Conn's locks are released, with a timestamp taken once per
+// batch; pkt is only valid during the call. Keep them fast.
+type Tap interface {
+	// Packet is called for every packet sent (after its ICRC is filled in,
+	// once per GSO segment, with the IP ID it will carry) and every packet
+	// received that passed the checks.
+	Packet(dir Dir, at time.Time, local, remote netip.AddrPort, tos uint8, ipID uint16, pkt []byte)
+	// Drop is called for every received packet that was dropped, except
+	// for DropOverflow, which has no packet.
+	Drop(reason DropReason, at time.Time, local, remote netip.AddrPort, tos uint8, pkt []byte)
+}

@@ -1,0 +1,514 @@
+package transport
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/rxego/rxego/icrc"
+	"golang.org/x/sys/unix"
+)
+
+// maxEINTR bounds the retries of a system call interrupted by a signal.
+const maxEINTR = 64
+
+// maxDropRecs bounds the dropped packets kept for the Tap per Recv call.
+const maxDropRecs = 256
+
+var (
+	sendCtrlSpace = unix.CmsgSpace(4) + unix.CmsgSpace(2) // TOS, UDP_SEGMENT
+	recvCtrlSpace = 4 * unix.CmsgSpace(4)                 // TOS, UDP_GRO, SO_RXQ_OVFL, spare
+)
+
+// udpConn is the Conn of Listen: a UDP socket bound to the local address,
+// plus, in raw mode, a raw socket that does the reading.
+type udpConn struct {
+	ep     endpoint
+	scope  uint32 // IPv6 scope ID for link-local peers
+	mode   RecvMode
+	tos    uint8 // default TOS, for the Tap
+	gro    bool
+	gso    atomic.Bool
+	closed atomic.Bool
+	file   *os.File
+	rc     syscall.RawConn
+	raw    *os.File
+	rrc    syscall.RawConn
+	tap    tapSlot
+	ctr    counters
+
+	smu sync.Mutex
+	s   sendState
+	rmu sync.Mutex
+	r   recvState
+}
+
+func (c *udpConn) LocalAddr() netip.AddrPort { return c.ep.local }
+
+func (c *udpConn) SetTap(t Tap) { c.tap.set(t) }
+
+func (c *udpConn) Stats() Stats {
+	s := c.ctr.snapshot()
+	s.GSO, s.GRO, s.Mode = c.gso.Load(), c.gro, c.mode
+	return s
+}
+
+func (c *udpConn) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return net.ErrClosed
+	}
+	err := c.file.Close()
+	if c.raw != nil {
+		if e := c.raw.Close(); err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// sendState is the preallocated sendmmsg machinery. A slot is one datagram:
+// one packet, or one GSO run.
+type sendState struct {
+	hdrs  []mmsghdr
+	iovs  []unix.Iovec
+	names []sockaddr
+	ctrl  []byte
+	msg   []int32 // index in msgs of each slot's message
+	pkts  []int32 // packets in each slot
+	win   []mmsghdr
+	n     int
+	errno unix.Errno
+	fn    func(fd uintptr) bool // made once: a closure per call would allocate
+}
+
+func (s *sendState) init(slots int) {
+	s.hdrs = make([]mmsghdr, slots)
+	s.iovs = make([]unix.Iovec, slots)
+	s.names = make([]sockaddr, slots)
+	s.ctrl = make([]byte, slots*sendCtrlSpace)
+	s.msg = make([]int32, slots)
+	s.pkts = make([]int32, slots)
+	for i := range s.hdrs {
+		h := &s.hdrs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&s.names[i]))
+		h.Iov = &s.iovs[i]
+		h.SetIovlen(1)
+	}
+	s.fn = func(fd uintptr) bool {
+		for range maxEINTR {
+			n, e := mmsgSyscall(unix.SYS_SENDMMSG, fd, s.win)
+			switch {
+			case e == unix.EINTR:
+				continue
+			case e == unix.EAGAIN:
+				return false // wait until writable
+			case e == 0 && n == 0:
+				e = unix.EIO // cannot happen; never spin on it
+			}
+			s.n, s.errno = n, e
+			return true
+		}
+		s.n, s.errno = 0, unix.EINTR
+		return true
+	}
+}
+
+// Send implements Conn.
+func (c *udpConn) Send(msgs []Message) (int, error) {
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	c.smu.Lock()
+	sent, gso, fallbackAt, err := c.send(msgs)
+	c.smu.Unlock()
+	if tap, at := c.tap.get(); tap != nil {
+		c.tapSent(tap, at, msgs[:sent], gso, fallbackAt)
+	}
+	return sent, err
+}
+
+// send places messages into slots, a batch at a time, and sends them. gso
+// is whether GSO was on at the start, and fallbackAt the first message sent
+// after the kernel made us turn it off (for the Tap to know the IDs).
+func (c *udpConn) send(msgs []Message) (sent int, gso bool, fallbackAt int, err error) {
+	s := &c.s
+	gso = c.gso.Load()
+	useGSO := gso
+	fallbackAt = len(msgs)
+	for i := 0; i < len(msgs); {
+		slots, j, verr := c.build(msgs, i, useGSO)
+		if slots > 0 {
+			done, err := c.flush(slots)
+			if err != nil {
+				k := int(s.msg[done])
+				if useGSO && s.pkts[done] > 1 && errors.Is(err, unix.EIO) {
+					// The route cannot do GSO (no checksum offload, xfrm):
+					// go on without it, as wireguard-go does.
+					useGSO = false
+					c.gso.Store(false)
+					c.ctr.gsoFallbacks.Add(1)
+					_ = c.rc.Control(func(fd uintptr) { noChecksum(int(fd), c.ep.v6) })
+					fallbackAt, i = k, k
+					continue
+				}
+				return k, gso, fallbackAt, err
+			}
+		}
+		if verr != nil {
+			return j, gso, fallbackAt, verr
+		}
+		i = j
+	}
+	return len(msgs), gso, fallbackAt, nil
+}
+
+// build fills slots from msgs[i:], computing ICRCs, until the slots or the
+// messages run out or a message is invalid. It returns the slots used, the
+// index of the first message not placed, and that message's error if it
+// was rejected.
+func (c *udpConn) build(msgs []Message, i int, gso bool) (slots, j int, err error) {
+	s := &c.s
+	for j = i; j < len(msgs); j++ {
+		m := &msgs[j]
+		peer, ok := c.ep.peer(m.Peer)
+		if !ok {
+			return slots, j, &net.AddrError{Err: ErrFamily.Error(), Addr: m.Peer.String()}
+		}
+		k, err := c.ep.runSegments(len(m.Buf), m.Seg)
+		if err != nil {
+			return slots, j, err
+		}
+		seg := m.Seg
+		if k == 1 {
+			seg = len(m.Buf)
+		}
+		whole := gso && k > 1
+		need := k
+		if whole {
+			need = 1
+		}
+		if slots+need > len(s.hdrs) {
+			return slots, j, nil
+		}
+		c.ep.fillRun(m.Buf, seg, peer, 0, whole)
+		if whole {
+			c.place(slots, int32(j), k, m.Buf, peer, m.TOS, seg)
+			slots++
+			continue
+		}
+		for off := 0; off < len(m.Buf); off += seg {
+			c.place(slots, int32(j), 1, m.Buf[off:min(off+seg, len(m.Buf))], peer, m.TOS, 0)
+			slots++
+		}
+	}
+	return slots, j, nil
+}
+
+// place fills one slot: address, data, and control messages for the TOS
+// (when not the socket default) and the GSO segment size.
+func (c *udpConn) place(slot int, msg int32, pkts int, buf []byte, peer netip.AddrPort, tos uint8, gsoSize int) {
+	s := &c.s
+	h := &s.hdrs[slot].hdr
+	h.Namelen = putSockaddr(&s.names[slot], peer, c.scope)
+	s.iovs[slot].Base = &buf[0]
+	s.iovs[slot].SetLen(len(buf))
+	ctrl := s.ctrl[slot*sendCtrlSpace : (slot+1)*sendCtrlSpace]
+	n := 0
+	if tos != 0 {
+		if c.ep.v6 {
+			n += putCmsg(ctrl[n:], unix.IPPROTO_IPV6, unix.IPV6_TCLASS, uint32(tos), 4)
+		} else {
+			n += putCmsg(ctrl[n:], unix.IPPROTO_IP, unix.IP_TOS, uint32(tos), 4)
+		}
+	}
+	if gsoSize > 0 {
+		n += putCmsg(ctrl[n:], unix.SOL_UDP, unix.UDP_SEGMENT, uint32(gsoSize), 2)
+	}
+	if n > 0 {
+		h.Control = &ctrl[0]
+	} else {
+		h.Control = nil
+	}
+	h.SetControllen(n)
+	s.msg[slot], s.pkts[slot] = msg, int32(pkts)
+}
+
+// flush sends slots [0, slots) and returns the index of the first slot not
+// sent when an error stopped it.
+func (c *udpConn) flush(slots int) (int, error) {
+	s := &c.s
+	defer func() {
+		for q := range slots {
+			s.iovs[q].Base = nil // do not keep the caller's buffers alive
+		}
+		s.win = nil
+	}()
+	var pkts, bytes, gsoSends, gsoSegs, calls uint64
+	defer func() {
+		c.ctr.sentPackets.Add(pkts)
+		c.ctr.sentBytes.Add(bytes)
+		c.ctr.sendCalls.Add(calls)
+		if gsoSends > 0 {
+			c.ctr.gsoSends.Add(gsoSends)
+			c.ctr.gsoSegments.Add(gsoSegs)
+		}
+	}()
+	for off := 0; off < slots; {
+		s.win = s.hdrs[off:slots]
+		if err := c.rc.Write(s.fn); err != nil {
+			return off, c.mapClosed(err)
+		}
+		calls++
+		if s.errno != 0 {
+			return off, os.NewSyscallError("sendmmsg", s.errno)
+		}
+		for q := off; q < off+s.n; q++ {
+			pkts += uint64(s.pkts[q])
+			bytes += uint64(s.iovs[q].Len)
+			if s.pkts[q] > 1 {
+				gsoSends++
+				gsoSegs += uint64(s.pkts[q])
+			}
+		}
+		off += s.n
+	}
+	return slots, nil
+}
+
+// tapSent shows the Tap every packet of msgs with the IP ID it carried.
+func (c *udpConn) tapSent(tap Tap, at time.Time, msgs []Message, gso bool, fallbackAt int) {
+	for i := range msgs {
+		m := &msgs[i]
+		peer, _ := c.ep.peer(m.Peer)
+		tos := m.TOS
+		if tos == 0 {
+			tos = c.tos
+		}
+		seg := m.Seg
+		if seg <= 0 || seg >= len(m.Buf) {
+			seg = len(m.Buf)
+		}
+		var id uint16
+		for off := 0; off < len(m.Buf); off += seg {
+			tap.Packet(Out, at, c.ep.local, peer, tos, id, m.Buf[off:min(off+seg, len(m.Buf))])
+			if gso && i < fallbackAt && !c.ep.v6 {
+				id++
+			}
+		}
+	}
+}
+
+// recvState is the preallocated recvmmsg machinery and the walk through
+// the datagrams of the last call.
+type recvState struct {
+	hdrs  []mmsghdr
+	iovs  []unix.Iovec
+	names []sockaddr
+	ctrl  []byte
+	buf   []byte
+	slot  int
+	n     int // datagrams read by the last call
+	errno unix.Errno
+	fn    func(fd uintptr) bool
+
+	next  int    // next datagram to start
+	data  []byte // packets of the current datagram not yet delivered
+	seg   int    // their size (GRO or GSO segment size), 0 for one packet
+	peer  netip.AddrPort
+	tos   uint8
+	id    uint16  // raw mode: IP ID of the next segment
+	v4    icrc.V4 // raw mode: the current datagram's ICRC description
+	first bool    // raw mode: the first segment's ICRC is already known good
+	ovfl  uint32  // last SO_RXQ_OVFL count seen
+	drops []dropRec
+}
+
+func (r *recvState) init(batch, slot int) {
+	r.hdrs = make([]mmsghdr, batch)
+	r.iovs = make([]unix.Iovec, batch)
+	r.names = make([]sockaddr, batch)
+	r.ctrl = make([]byte, batch*recvCtrlSpace)
+	r.buf = make([]byte, batch*slot)
+	r.slot = slot
+	r.drops = make([]dropRec, 0, maxDropRecs)
+	for i := range r.hdrs {
+		h := &r.hdrs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&r.names[i]))
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		h.Control = &r.ctrl[i*recvCtrlSpace]
+		r.iovs[i].Base = &r.buf[i*slot]
+		r.iovs[i].SetLen(slot)
+	}
+	r.fn = func(fd uintptr) bool {
+		for range maxEINTR {
+			n, e := mmsgSyscall(unix.SYS_RECVMMSG, fd, r.hdrs)
+			switch {
+			case e == unix.EINTR:
+				continue
+			case e == unix.EAGAIN:
+				return false // wait until readable
+			case e == 0 && n == 0:
+				return false
+			}
+			r.n, r.errno = n, e
+			return true
+		}
+		r.n, r.errno = 0, unix.EINTR
+		return true
+	}
+}
+
+// Recv implements Conn.
+func (c *udpConn) Recv(msgs []Message) (int, error) {
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	for {
+		c.rmu.Lock()
+		n, err := c.fill(msgs)
+		drops := c.r.drops
+		c.r.drops = c.r.drops[:0]
+		c.rmu.Unlock()
+		if tap, at := c.tap.get(); tap != nil {
+			for i := range msgs[:n] {
+				m := &msgs[i]
+				tap.Packet(In, at, c.ep.local, m.Peer, m.TOS, m.IPID, m.Buf)
+			}
+			for i := range drops {
+				d := &drops[i]
+				tap.Drop(d.reason, at, c.ep.local, d.peer, d.tos, d.pkt)
+			}
+		}
+		clear(drops) // drop references into the buffers
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
+}
+
+// fill delivers packets from the datagrams read so far, reading a new batch
+// (blocking) only when nothing has been delivered or dropped yet.
+func (c *udpConn) fill(msgs []Message) (int, error) {
+	r := &c.r
+	n := 0
+	var bytes uint64
+	var drops [NumDropReasons]uint64
+	defer func() {
+		c.ctr.recvPackets.Add(uint64(n))
+		c.ctr.recvBytes.Add(bytes)
+		for i, d := range drops {
+			if d > 0 {
+				c.ctr.drops[i].Add(d)
+			}
+		}
+	}()
+	for n < len(msgs) && len(r.drops) < cap(r.drops) {
+		if len(r.data) == 0 {
+			if r.next < r.n {
+				if reason, pkt, bad := c.startDatagram(); bad {
+					drops[reason]++
+					r.drops = append(r.drops, dropRec{reason: reason, peer: r.peer, tos: r.tos, pkt: pkt})
+				}
+				continue
+			}
+			if n > 0 || len(r.drops) > 0 {
+				break
+			}
+			if err := c.readBatch(); err != nil {
+				return n, err
+			}
+			continue
+		}
+		seg := r.seg
+		if seg <= 0 || seg > len(r.data) {
+			seg = len(r.data)
+		}
+		pkt := r.data[:seg:seg]
+		r.data = r.data[seg:]
+		id, reason, ok := c.verify(pkt)
+		if !ok {
+			drops[reason]++
+			r.drops = append(r.drops, dropRec{reason: reason, peer: r.peer, tos: r.tos, pkt: pkt})
+			continue
+		}
+		msgs[n] = Message{Buf: pkt, Peer: r.peer, TOS: r.tos, IPID: id}
+		n++
+		bytes += uint64(len(pkt))
+	}
+	return n, nil
+}
+
+// readBatch blocks until recvmmsg returns at least one datagram.
+func (c *udpConn) readBatch() error {
+	r := &c.r
+	for i := range r.hdrs {
+		h := &r.hdrs[i]
+		h.n = 0
+		h.hdr.Namelen = unix.SizeofSockaddrInet6
+		h.hdr.SetControllen(recvCtrlSpace)
+		h.hdr.Flags = 0
+	}
+	r.n, r.next = 0, 0
+	rc := c.rc
+	if c.raw != nil {
+		rc = c.rrc
+	}
+	if err := rc.Read(r.fn); err != nil {
+		return c.mapClosed(err)
+	}
+	c.ctr.recvCalls.Add(1)
+	if r.errno != 0 {
+		r.n = 0
+		return c.mapClosed(os.NewSyscallError("recvmmsg", r.errno))
+	}
+	c.ctr.recvDatagrams.Add(uint64(r.n))
+	return nil
+}
+
+// startDatagram sets up the walk through datagram r.next. bad reports a
+// datagram dropped whole (truncated, or headers cut short).
+func (c *udpConn) startDatagram() (reason DropReason, pkt []byte, bad bool) {
+	r := &c.r
+	i := r.next
+	r.next++
+	h := &r.hdrs[i]
+	b := r.buf[i*r.slot : i*r.slot+min(int(h.n), r.slot)]
+	ri := parseCmsgs(r.ctrl[i*recvCtrlSpace : i*recvCtrlSpace+min(int(h.hdr.Controllen), recvCtrlSpace)])
+	if ri.hasDrops {
+		if d := ri.drops - r.ovfl; d > 0 && d < 1<<31 {
+			c.ctr.drops[DropOverflow].Add(uint64(d))
+		}
+		r.ovfl = ri.drops
+	}
+	r.peer, r.tos, r.seg, r.data = getSockaddr(&r.names[i]), ri.tos, 0, nil
+	if h.hdr.Flags&unix.MSG_TRUNC != 0 {
+		return DropTruncated, b, true
+	}
+	if c.raw != nil {
+		return c.startRaw(b)
+	}
+	if len(b) == 0 {
+		return DropShort, b, true
+	}
+	r.data, r.seg = b, ri.gso
+	if ri.gso > 0 && len(b) > ri.gso {
+		c.ctr.groBatches.Add(1)
+		c.ctr.groSegments.Add(uint64((len(b) + ri.gso - 1) / ri.gso))
+	}
+	return 0, nil, false
+}
+
+// verify checks one packet of the current datagram.
+func (c *udpConn) verify(pkt []byte) (uint16, DropReason, bool) {
+	if c.raw == nil {
+		return c.ep.recover(pkt, c.r.peer)
+	}
+	return c.verifyRaw(pkt)
+}
