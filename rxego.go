@@ -1,0 +1,343 @@
+// Package rxego is a user-space RoCEv2 stack with a verbs-like API: it
+// speaks the InfiniBand transport inside UDP datagrams on port 4791,
+// wire-compatible with RDMA NICs and with Linux Soft-RoCE (rdma_rxe).
+//
+// The shapes follow libibverbs: Open a Device on a local address, allocate
+// a protection domain, register memory, create completion queues and queue
+// pairs, move the QPs through INIT, RTR and RTS, post work requests and
+// poll (or wait for) completions.
+//
+//	dev, _ := rxego.Open("127.0.0.1", nil)
+//	pd, _ := dev.AllocPD()
+//	mr, _ := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite)
+//	cq, _ := dev.CreateCQ(64)
+//	qp, _ := pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cq, RecvCQ: cq, Caps: ...})
+//	_ = rxego.ConnectRC(qp, rxego.RemoteQP{...}, nil)
+//	_ = qp.PostSend(rxego.SendWR{Opcode: rxego.WRWrite, ...})
+//
+// Work requests, completions, QP attributes and their numeric values are
+// those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
+// code and intuition carry over. The engine behind them lives in package
+// qp; memory registration in package mr; the UDP transport in package
+// transport.
+package rxego
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
+)
+
+// Types shared with the engine, re-exported so applications need only this
+// package.
+type (
+	// QP is a queue pair.
+	QP = qp.QP
+	// CQ is a completion queue.
+	CQ = qp.CQ
+	// SRQ is a shared receive queue.
+	SRQ = qp.SRQ
+	// MR is a registered memory region.
+	MR = mr.MR
+	// Access is a set of memory access rights (ibv_access_flags).
+	Access = mr.Access
+	// SendWR is a send work request (ibv_send_wr).
+	SendWR = qp.SendWR
+	// RecvWR is a receive work request (ibv_recv_wr).
+	RecvWR = qp.RecvWR
+	// SGE is a scatter/gather element (ibv_sge).
+	SGE = qp.SGE
+	// WC is a work completion (ibv_wc).
+	WC = qp.WC
+	// WCStatus is a completion status (ibv_wc_status).
+	WCStatus = qp.WCStatus
+	// QPAttr is the modifiable state of a QP (ibv_qp_attr).
+	QPAttr = qp.Attr
+	// AttrMask selects QPAttr fields (ibv_qp_attr_mask).
+	AttrMask = qp.AttrMask
+	// Caps are a QP's queue sizes (ibv_qp_cap).
+	Caps = qp.Caps
+	// AH is an address handle for UD sends.
+	AH = qp.AH
+	// MTU is a path MTU in ibv_mtu encoding.
+	MTU = qp.MTU
+	// QPType is RC, UC or UD.
+	QPType = qp.Type
+	// QPState is a QP state.
+	QPState = qp.State
+)
+
+// Access flags (ibv_access_flags).
+const (
+	AccessLocalWrite   = mr.LocalWrite
+	AccessRemoteWrite  = mr.RemoteWrite
+	AccessRemoteRead   = mr.RemoteRead
+	AccessRemoteAtomic = mr.RemoteAtomic
+	AccessZeroBased    = mr.ZeroBased
+)
+
+// QP types.
+const (
+	RC = qp.RC
+	UC = qp.UC
+	UD = qp.UD
+)
+
+// Work request opcodes.
+const (
+	WRWrite       = qp.WRWrite
+	WRWriteImm    = qp.WRWriteImm
+	WRSend        = qp.WRSend
+	WRSendImm     = qp.WRSendImm
+	WRRead        = qp.WRRead
+	WRCompareSwap = qp.WRCompareSwap
+	WRFetchAdd    = qp.WRFetchAdd
+	WRLocalInv    = qp.WRLocalInv
+	WRSendInv     = qp.WRSendInv
+	WRFlush       = qp.WRFlush
+	WRAtomicWrite = qp.WRAtomicWrite
+)
+
+// Send flags.
+const (
+	SendFence     = qp.SendFence
+	SendSignaled  = qp.SendSignaled
+	SendSolicited = qp.SendSolicited
+	SendInline    = qp.SendInline
+)
+
+// DefaultPort is RoCEv2's UDP port.
+const DefaultPort = transport.Port
+
+// Options configure a Device. The zero value is fine.
+type Options struct {
+	// Transport options for the UDP socket (GSO/GRO, receive mode, ...).
+	Transport transport.Options
+	// Conn, when set, is used instead of opening a socket: for tests and
+	// for impairment shims.
+	Conn transport.Conn
+	// Window is the most unacknowledged PSNs per QP (default 256).
+	Window int
+	// DataTOS is the IP TOS of data packets: DSCP<<2 | ECN bits.
+	DataTOS uint8
+}
+
+// Device is one RoCEv2 port: a UDP endpoint on one local address and the
+// engine serving its QPs. Methods are safe for concurrent use.
+type Device struct {
+	conn  transport.Conn
+	eng   *qp.Engine
+	mrs   *mr.Table
+	local netip.AddrPort
+
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+
+	sendMu sync.Mutex
+	msgs   []transport.Message
+}
+
+// ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
+// to 4791.
+func ParseAddr(s string) (netip.AddrPort, error) {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap, nil
+	}
+	a, err := netip.ParseAddr(strings.Trim(s, "[]"))
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("rxego: %q is not an IP address or IP:port", s)
+	}
+	return netip.AddrPortFrom(a, DefaultPort), nil
+}
+
+// Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
+// UDP port 4791 (or the given one) on that address and starts the
+// engine's receive loop and timers.
+func Open(addr string, opts *Options) (*Device, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	local, err := ParseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	conn := o.Conn
+	if conn == nil {
+		conn, err = transport.Listen(local, o.Transport)
+		if err != nil {
+			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
+		}
+	} else {
+		local = conn.LocalAddr()
+	}
+	d := &Device{conn: conn, mrs: mr.NewTable(), local: local, stop: make(chan struct{})}
+	clock := qp.NewMonoClock()
+	d.eng, err = qp.NewEngine(qp.Config{
+		Local: local.Addr(), Port: local.Port(), Clock: clock, Out: (*deviceOut)(d), MRs: d.mrs,
+		Window: o.Window, DataTOS: o.DataTOS,
+	})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	d.wg.Add(2)
+	go func() { defer d.wg.Done(); d.receiveLoop() }()
+	go func() { defer d.wg.Done(); d.eng.RunTimers(d.stop) }()
+	return d, nil
+}
+
+// deviceOut adapts the device's Conn to the engine's Output.
+type deviceOut Device
+
+// Emit sends the engine's packets in one batch.
+func (o *deviceOut) Emit(pkts []qp.OutPacket) {
+	d := (*Device)(o)
+	d.sendMu.Lock()
+	defer d.sendMu.Unlock()
+	msgs := d.msgs[:0]
+	for _, p := range pkts {
+		msgs = append(msgs, transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
+	}
+	for len(msgs) > 0 {
+		n, err := d.conn.Send(msgs)
+		if err != nil {
+			// The packet is lost as if the network dropped it; the
+			// transport's retransmission recovers, as on a real link.
+			d.eng.Stats.SendErr.Add(1)
+			n++
+		}
+		msgs = msgs[min(n, len(msgs)):]
+	}
+	d.msgs = msgs[:0]
+}
+
+func (d *Device) receiveLoop() {
+	msgs := make([]transport.Message, 64)
+	in := make([]qp.InPacket, 0, 64)
+	for {
+		n, err := d.conn.Recv(msgs)
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			select {
+			case <-d.stop:
+				return
+			default:
+				continue
+			}
+		}
+		in = in[:0]
+		for i := range msgs[:n] {
+			p, err := bth.Parse(msgs[i].Buf)
+			if err != nil {
+				continue // the transport already counted and dropped these
+			}
+			in = append(in, qp.InPacket{Pkt: p, Src: msgs[i].Peer, TOS: msgs[i].TOS, Dest: d.local.Addr()})
+		}
+		d.eng.Input(in)
+	}
+}
+
+// Close stops the device. QPs stop working; their memory stays the
+// application's.
+func (d *Device) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		close(d.stop)
+		err = d.conn.Close()
+		d.wg.Wait()
+	})
+	return err
+}
+
+// Addr returns the device's address and UDP port: its GID, as an IP
+// address, is Addr().Addr().
+func (d *Device) Addr() netip.AddrPort { return d.local }
+
+// GID returns the device's GID: the IPv4-mapped (::ffff:a.b.c.d) or IPv6
+// address, as rxe shows it in its GID table.
+func (d *Device) GID() [16]byte { return d.local.Addr().As16() }
+
+// Engine returns the device's engine, for statistics and advanced use.
+func (d *Device) Engine() *qp.Engine { return d.eng }
+
+// Transport returns the device's UDP transport, for statistics and taps.
+func (d *Device) Transport() transport.Conn { return d.conn }
+
+// Sync waits until the engine has finished what it was doing, so memory
+// peers wrote through this device is visible under Go's memory model
+// (needed only when the application learned of the write by a path the
+// race detector cannot see, such as the peer's own completion).
+func (d *Device) Sync() { d.eng.Sync() }
+
+// CreateCQ makes a completion queue of the given depth.
+func (d *Device) CreateCQ(depth int) (*CQ, error) { return qp.NewCQ(depth) }
+
+// PD is a protection domain.
+type PD struct {
+	dev *Device
+	pd  *mr.PD
+}
+
+// AllocPD allocates a protection domain.
+func (d *Device) AllocPD() (*PD, error) {
+	return &PD{dev: d, pd: d.mrs.AllocPD()}, nil
+}
+
+// Dealloc frees the PD; it fails while MRs are registered in it.
+func (p *PD) Dealloc() error { return p.pd.Dealloc() }
+
+// RegMR registers buf for access: its lkey and rkey name it in work
+// requests and in peers' RDMA operations. The MR's IOVA (the address peers
+// use) is the buffer's real address unless AccessZeroBased is given.
+func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	return p.pd.Register(buf, access)
+}
+
+// RegMRInvalidatable registers buf so that SEND with Invalidate and
+// LOCAL_INV may invalidate it.
+func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
+	return p.pd.Register(buf, access, mr.WithInvalidate())
+}
+
+// QPInitAttr describes a QP to create.
+type QPInitAttr struct {
+	Type   QPType
+	SendCQ *CQ
+	RecvCQ *CQ
+	SRQ    *SRQ
+	Caps   Caps
+	SigAll bool
+}
+
+// CreateQP makes a QP in the RESET state.
+func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
+	return p.dev.eng.Create(qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SRQ: a.SRQ, Caps: a.Caps, SigAll: a.SigAll})
+}
+
+// CreateSRQ makes a shared receive queue.
+func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
+	return p.dev.eng.NewSRQ(p.pd, depth, maxSGE)
+}
+
+// CreateAH makes an address handle for UD sends to dest (port 4791 when 0).
+func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
+	if !dest.Addr().IsValid() {
+		return nil, errors.New("rxego: address handle needs a destination address")
+	}
+	if dest.Port() == 0 {
+		dest = netip.AddrPortFrom(dest.Addr(), DefaultPort)
+	}
+	return &AH{Dest: dest}, nil
+}
