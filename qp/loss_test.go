@@ -114,4 +114,3 @@ func pollAllCheck(t *testing.T, cq *CQ) []WC {
 	}
 	return wcs
 }
-
