@@ -125,7 +125,7 @@ type Options struct {
 // in use, permission) with what it was doing.
 var (
 	ErrAddress    = errors.New("transport: local address must be a specific IPv4 or IPv6 unicast address")
-	ErrFamily     = errors.New("transport: peer address family differs from the local address")
+	ErrPeer       = errors.New("transport: peer must be a unicast address of the local family with a nonzero port")
 	ErrPacketSize = errors.New("transport: packet shorter than BTH+ICRC or longer than a UDP datagram")
 	ErrSegments   = errors.New("transport: Seg run invalid (segment shorter than BTH+ICRC, over MaxSegments or over 64 KiB)")
 	ErrRawIPv6    = errors.New("transport: raw receive mode is IPv4 only (IPv6 ICRCs are checked in full in socket mode)")

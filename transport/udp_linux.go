@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -178,7 +179,7 @@ func (c *udpConn) build(msgs []Message, i int, gso bool) (slots, j int, err erro
 		m := &msgs[j]
 		peer, ok := c.ep.peer(m.Peer)
 		if !ok {
-			return slots, j, &net.AddrError{Err: ErrFamily.Error(), Addr: m.Peer.String()}
+			return slots, j, fmt.Errorf("%w: %v", ErrPeer, m.Peer)
 		}
 		k, err := c.ep.runSegments(len(m.Buf), m.Seg)
 		if err != nil {
