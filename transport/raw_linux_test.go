@@ -1,0 +1,107 @@
+package transport
+
+import (
+	"errors"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/icrc"
+)
+
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CAP_NET_RAW / CAP_NET_ADMIN)")
+	}
+}
+
+// TestRawMode receives through the raw socket: packets carry their real
+// IP ID and are checked in full, a GSO run that reaches it whole over lo
+// is split, and a packet whose ICRC was computed for a different ID than
+// the one the kernel wrote is rejected (socket mode cannot tell).
+func TestRawMode(t *testing.T) {
+	needRoot(t)
+	b := listenAny(t, "127.0.0.2", Options{Mode: RecvRaw})
+	sock := listenAny(t, "127.0.0.4", Options{NoGRO: true})
+	a := listenAny(t, "127.0.0.1", Options{})
+	if s := b.Stats(); s.Mode != RecvRaw || s.GRO {
+		t.Fatalf("stats %+v", s)
+	}
+	var run []byte
+	for i := range 5 {
+		run = append(run, rocePacket(200, uint32(10+i))...)
+	}
+	msgs := []Message{
+		{Buf: rocePacket(100, 1), Peer: b.LocalAddr(), TOS: 0x03},
+		{Buf: run, Peer: b.LocalAddr(), Seg: 200},
+		{Buf: rocePacket(100, 2), Peer: b.LocalAddr()},
+	}
+	if n, err := a.Send(msgs); n != 3 || err != nil {
+		t.Fatal(n, err)
+	}
+	got := recvN(t, b, 7, 5*time.Second)
+	wantID := map[uint32]uint16{1: 0, 10: 0, 11: 1, 12: 2, 13: 3, 14: 4, 2: 0}
+	for _, m := range got {
+		id, ok := wantID[psnOf(m.Buf)]
+		if !ok || m.IPID != id || m.Peer != a.LocalAddr() || len(m.Buf) != map[bool]int{true: 100, false: 200}[psnOf(m.Buf) < 10] {
+			t.Errorf("PSN %d: id %d peer %v len %d", psnOf(m.Buf), m.IPID, m.Peer, len(m.Buf))
+		}
+		if psnOf(m.Buf) == 1 && m.TOS != 0x03 {
+			t.Errorf("TOS %#x", m.TOS)
+		}
+	}
+	if s := b.Stats(); s.GROBatches != 1 || s.GROSegments != 5 || s.RecvPackets != 7 {
+		t.Errorf("stats %+v", s)
+	}
+
+	// A plain socket in the default PMTU mode: the kernel picks the ID.
+	u, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	from := u.LocalAddr().(*net.UDPAddr).AddrPort()
+	for _, c := range []Conn{b, sock} {
+		v := icrc.V4{Src: from.Addr().As4(), Dst: c.LocalAddr().Addr().As4(), SrcPort: from.Port(), DstPort: c.LocalAddr().Port(), DF: true}
+		p := rocePacket(64, 5)
+		v.Fill(0, p)
+		bad := rocePacket(64, 6)
+		v.Fill(0, bad)
+		bad[20] ^= 1
+		for _, d := range [][]byte{p, bad} {
+			if _, err := u.WriteToUDPAddrPort(d, c.LocalAddr()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Socket mode recovers some ID and accepts the first; raw mode sees
+	// the real, non-zero ID and rejects it. Both reject the corrupted one.
+	// A last good packet from a marks the end.
+	for _, c := range []Conn{b, sock} {
+		if n, err := a.Send([]Message{{Buf: rocePacket(32, 7), Peer: c.LocalAddr()}}); n != 1 {
+			t.Fatal(err)
+		}
+	}
+	got = recvN(t, sock, 2, 5*time.Second)
+	if psnOf(got[0].Buf) != 5 || psnOf(got[1].Buf) != 7 || sock.Stats().Drops[DropBadICRC] != 1 {
+		t.Errorf("socket mode: stats %+v", sock.Stats())
+	}
+	got = recvN(t, b, 1, 5*time.Second)
+	if s := b.Stats(); psnOf(got[0].Buf) != 7 || s.Drops[DropBadICRC] != 2 || s.RecvPackets != 8 {
+		t.Errorf("raw mode: PSN %d stats %+v", psnOf(got[0].Buf), s)
+	}
+}
+
+// TestRawModeNeedsPrivilege checks the error when CAP_NET_RAW is missing.
+func TestRawModeNeedsPrivilege(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("running as root")
+	}
+	_, err := Listen(netipMust("127.0.0.1:4791"), Options{Mode: RecvRaw})
+	if !errors.Is(err, syscall.EPERM) {
+		t.Errorf("raw Listen unprivileged: %v", err)
+	}
+}
