@@ -113,10 +113,6 @@ func (l *Lab) startGuest(kernel, ip string, opts BootOptions) (*Guest, error) {
 	if !knownKernel(kernel) {
 		return nil, fmt.Errorf("kernel %q: want one of %v", kernel, Kernels)
 	}
-	info, err := Kernel(kernel)
-	if err != nil {
-		return nil, err
-	}
 	addr, err := netip.ParseAddr(ip)
 	if err != nil || !addr.Is4() {
 		return nil, fmt.Errorf("guest address %q: not an IPv4 address", ip)
@@ -147,6 +143,10 @@ func (l *Lab) startGuest(kernel, ip string, opts BootOptions) (*Guest, error) {
 		return nil, fmt.Errorf("guest MTU %d: want 576 to 9000", mtu)
 	}
 
+	info, err := Kernel(kernel)
+	if err != nil {
+		return nil, err
+	}
 	g := &Guest{lab: l, kernel: info, ip: addr, ip6: ip6,
 		tap:     fmt.Sprintf("tap%d", last),
 		console: filepath.Join(l.runDir, fmt.Sprintf("console-%d.log", last)),
