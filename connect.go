@@ -87,10 +87,27 @@ func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 		steps[1].mask |= qp.AttrMaxDestRdAtomic | qp.AttrMinRNRTimer
 		steps[2].mask |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRdAtomic
 	}
+	if q.State() == qp.Init {
+		steps = steps[1:] // already initialised, e.g. to post receives early
+	}
 	for i := range steps {
 		if err := q.Modify(&steps[i].attr, steps[i].mask); err != nil {
 			return fmt.Errorf("rxego: connect QP %d: %w", q.Num(), err)
 		}
+	}
+	return nil
+}
+
+// InitQP moves a fresh RC or UC QP to INIT with the given remote access
+// (all of it when 0), so receives can be posted before the connection is
+// made, as the rdma-core examples do.
+func InitQP(q *QP, access Access) error {
+	if access == 0 {
+		access = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	}
+	a := qp.Attr{State: qp.Init, Port: 1, AccessFlags: access}
+	if err := q.Modify(&a, qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags); err != nil {
+		return fmt.Errorf("rxego: init QP %d: %w", q.Num(), err)
 	}
 	return nil
 }

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/rxego/rxego/internal/pingpong"
+)
+
+func init() {
+	register("pingpong", "peer for ibv_rc/uc/ud/srq_pingpong (same TCP exchange and flags)", runPingpong)
+}
+
+func runPingpong(args []string) error {
+	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: rxego pingpong [flags] [server]
+
+Talks to rdma-core's ibv_rc_pingpong (and uc/ud/srq) over their TCP
+exchange. Without a server name it waits for a client, like the C tools.
+
+  rxego pingpong -g 198.18.0.1                 # server, RC
+  ibv_rc_pingpong -d rxe0 -g 1 198.18.0.1      # the peer, elsewhere
+
+flags:
+`)
+		fs.PrintDefaults()
+	}
+	kind := fs.String("t", "rc", "which tool to mimic: rc, uc, ud or srq")
+	port := fs.Int("p", 18515, "TCP port of the exchange")
+	size := fs.Int("s", 0, "message size (default 4096; ud 2048)")
+	iters := fs.Int("n", 1000, "number of exchanges")
+	mtu := fs.Int("m", 1024, "path MTU: 256, 512, 1024, 2048 or 4096")
+	rx := fs.Int("r", 500, "receive queue depth")
+	numQP := fs.Int("q", 16, "srq: number of QPs")
+	events := fs.Bool("e", false, "sleep on CQ events instead of busy polling")
+	gid := fs.String("g", "", "local RoCE address (the GID as an IP address); a bare GID index needs --addr")
+	addr := fs.String("addr", "", "local RoCE address (same as -g ADDRESS)")
+	_ = fs.String("d", "", "device name (accepted for compatibility; the device is the local address)")
+	_ = fs.Int("l", 0, "service level (accepted for compatibility)")
+	_ = fs.Int("i", 1, "IB port (accepted for compatibility; rxego has port 1)")
+	verify := fs.Bool("c", false, "verify every received message (fill byte, echo, or rxego's self-checking pattern)")
+	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	local := *addr
+	if local == "" {
+		if _, err := strconv.Atoi(*gid); err == nil || *gid == "" {
+			return fmt.Errorf("give the local RoCE address with -g ADDRESS or --addr ADDRESS")
+		}
+		local = *gid
+	}
+	la, err := netip.ParseAddr(local)
+	if err != nil {
+		return fmt.Errorf("local address %q: %v", local, err)
+	}
+	cfg := pingpong.Config{Kind: pingpong.Kind(*kind), Local: la, TCPPort: *port, Size: *size, Iters: *iters,
+		MTU: *mtu, RxDepth: *rx, NumQP: *numQP, Events: *events, Verify: *verify, Timeout: *timeout, Out: os.Stdout}
+	if fs.NArg() > 0 {
+		cfg.Server = fs.Arg(0)
+	}
+	_, err = pingpong.Run(context.Background(), cfg)
+	return err
+}

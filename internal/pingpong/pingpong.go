@@ -1,0 +1,538 @@
+package pingpong
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/qp"
+)
+
+// Kind is which of the four tools to mimic.
+type Kind string
+
+// Kinds.
+const (
+	RC  Kind = "rc"
+	UC  Kind = "uc"
+	UD  Kind = "ud"
+	SRQ Kind = "srq"
+)
+
+// Config mirrors the tools' flags.
+type Config struct {
+	Kind     Kind
+	Local    netip.Addr // local RoCE address (the GID); required
+	Server   string     // peer host name or address; empty means act as server
+	TCPPort  int        // -p, default 18515
+	Size     int        // -s, default 4096 (ud: 2048)
+	Iters    int        // -n, default 1000
+	MTU      int        // -m, default 1024
+	RxDepth  int        // -r, default 500
+	Events   bool       // -e: sleep on the CQ instead of busy polling
+	NumQP    int        // -q (srq), default 16
+	SL       int        // -l, accepted for compatibility
+	Verify   bool       // rxego's own check: every message is a known pattern or an echo of ours
+	Timeout  time.Duration
+	Out      io.Writer // where results go (stdout)
+	Listener net.Listener
+	// Device, when set, is used instead of opening one on Local.
+	Device *rxego.Device
+}
+
+// ibv_ud_pingpong's Q_Key.
+const udQKey = 0x11111111
+
+// Work request IDs of the C tools.
+const (
+	recvWRID = 1
+	sendWRID = 2
+)
+
+// fillByte is what the C tools memset their buffer to.
+const fillByte = 0x7b
+
+// Result is what a run measured.
+type Result struct {
+	Bytes      int64
+	Iters      int
+	Elapsed    time.Duration
+	Mismatches int
+}
+
+func (c *Config) defaults() error {
+	if c.Kind == "" {
+		c.Kind = RC
+	}
+	switch c.Kind {
+	case RC, UC, UD, SRQ:
+	default:
+		return fmt.Errorf("pingpong: unknown kind %q", c.Kind)
+	}
+	if c.TCPPort == 0 {
+		c.TCPPort = 18515
+	}
+	if c.Size == 0 {
+		c.Size = 4096
+		if c.Kind == UD {
+			c.Size = 2048
+		}
+	}
+	if c.Iters == 0 {
+		c.Iters = 1000
+	}
+	if c.MTU == 0 {
+		c.MTU = 1024
+	}
+	if c.RxDepth == 0 {
+		c.RxDepth = 500
+	}
+	if c.NumQP == 0 {
+		c.NumQP = 16
+	}
+	if c.Kind != SRQ {
+		c.NumQP = 1
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 60 * time.Second
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	if c.Size <= 0 || c.Iters <= 0 || c.RxDepth <= 0 || c.NumQP <= 0 || c.NumQP > srqRecords {
+		return errors.New("pingpong: size, iterations, rx depth and QP count must be positive (QPs at most 256)")
+	}
+	if _, ok := qp.MTUFromBytes(c.MTU); !ok {
+		return fmt.Errorf("pingpong: MTU %d is not 256, 512, 1024, 2048 or 4096", c.MTU)
+	}
+	if c.Kind == UD && c.Size > c.MTU {
+		return fmt.Errorf("pingpong: UD message size %d exceeds the MTU %d", c.Size, c.MTU)
+	}
+	if !c.Local.IsValid() && c.Device == nil {
+		return errors.New("pingpong: a local RoCE address is needed (-g ADDRESS)")
+	}
+	return nil
+}
+
+type conn struct {
+	cfg    *Config
+	dev    *rxego.Device
+	pd     *rxego.PD
+	cq     *rxego.CQ
+	srq    *rxego.SRQ
+	qps    []*rxego.QP
+	mr     *rxego.MR
+	buf    []byte // receive slots then the send buffer
+	send   []byte
+	slot   int
+	psn    uint32
+	remote []Dest
+	ah     *rxego.AH
+	// verification
+	history  [][]byte // what we sent recently, for echo checks
+	histNext int
+	seq      uint64
+	mismatch int
+	posted   int // receives posted so far, for slot rotation
+	recvDone int // receives completed so far
+}
+
+// Run performs one pingpong run as server or client.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if err := cfg.defaults(); err != nil {
+		return Result{}, err
+	}
+	c := &conn{cfg: &cfg}
+	err := c.setup()
+	if cfg.Device == nil && c.dev != nil {
+		defer c.dev.Close()
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	if err := c.exchange(ctx); err != nil {
+		return Result{}, err
+	}
+	return c.loop(ctx)
+}
+
+func (c *conn) setup() error {
+	cfg := c.cfg
+	var err error
+	c.dev = cfg.Device
+	if c.dev == nil {
+		if c.dev, err = rxego.Open(netip.AddrPortFrom(cfg.Local, rxego.DefaultPort).String(), nil); err != nil {
+			return err
+		}
+	}
+	c.pd, _ = c.dev.AllocPD()
+	c.slot = cfg.Size
+	if cfg.Kind == UD {
+		c.slot = cfg.Size + qp.GRHLen
+	}
+	c.buf = make([]byte, c.slot*cfg.RxDepth+cfg.Size)
+	for i := range c.buf {
+		c.buf[i] = fillByte
+	}
+	c.send = c.buf[c.slot*cfg.RxDepth:]
+	if c.mr, err = c.pd.RegMR(c.buf, rxego.AccessLocalWrite); err != nil {
+		return err
+	}
+	if c.cq, err = c.dev.CreateCQ(cfg.RxDepth + cfg.NumQP + 16); err != nil {
+		return err
+	}
+	typ := rxego.RC
+	switch cfg.Kind {
+	case UC:
+		typ = rxego.UC
+	case UD:
+		typ = rxego.UD
+	}
+	if cfg.Kind == SRQ {
+		if c.srq, err = c.pd.CreateSRQ(cfg.RxDepth, 1); err != nil {
+			return err
+		}
+	}
+	for i := 0; i < cfg.NumQP; i++ {
+		recvWR := cfg.RxDepth
+		if c.srq != nil {
+			recvWR = 0
+		}
+		q, err := c.pd.CreateQP(rxego.QPInitAttr{Type: typ, SendCQ: c.cq, RecvCQ: c.cq, SRQ: c.srq,
+			Caps: rxego.Caps{MaxSendWR: 1, MaxRecvWR: recvWR, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			return err
+		}
+		c.qps = append(c.qps, q)
+	}
+	// The C tools send from the buffer they receive into, so what comes
+	// back is the fill byte or an echo of one of our recent messages.
+	c.history = make([][]byte, 4*cfg.NumQP+4)
+	c.psn = rand.Uint32() & 0xffffff
+	for _, q := range c.qps {
+		if cfg.Kind == UD {
+			err = rxego.ActivateUD(q, udQKey, c.psn)
+		} else {
+			err = rxego.InitQP(q, 0)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	// Receives are posted before the exchange, as the C tools do.
+	for i := 0; i < cfg.RxDepth; i++ {
+		if err := c.postRecv(i % max(1, len(c.qps))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *conn) postRecv(qi int) error {
+	i := c.posted % c.cfg.RxDepth
+	c.posted++
+	wr := rxego.RecvWR{ID: recvWRID, SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(i*c.slot), Length: uint32(c.slot), LKey: c.mr.LKey()}}}
+	if c.srq != nil {
+		return c.srq.PostRecv(wr)
+	}
+	return c.qps[qi].PostRecv(wr)
+}
+
+func (c *conn) localDests() []Dest {
+	out := make([]Dest, len(c.qps))
+	for i, q := range c.qps {
+		out[i] = Dest{QPN: q.Num(), PSN: c.psn, GID: c.dev.GID()}
+	}
+	return out
+}
+
+func (c *conn) exchange(ctx context.Context) error {
+	cfg := c.cfg
+	n := 1
+	if cfg.Kind == SRQ {
+		n = srqRecords
+	}
+	local := c.localDests()
+	for _, d := range local {
+		fmt.Fprintf(cfg.Out, "  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", d.LID, d.QPN, d.PSN, GIDString(d.GID))
+	}
+	var tc net.Conn
+	var err error
+	if cfg.Server != "" {
+		var d net.Dialer
+		addr := net.JoinHostPort(cfg.Server, strconv.Itoa(cfg.TCPPort))
+		deadline := time.Now().Add(cfg.Timeout)
+		for {
+			tc, err = d.DialContext(ctx, "tcp", addr)
+			if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			return fmt.Errorf("pingpong: couldn't connect to %s: %w", addr, err)
+		}
+		defer tc.Close()
+		if err := writeDests(tc, local, n); err != nil {
+			return err
+		}
+		if c.remote, err = readDests(tc, n, len(c.qps)); err != nil {
+			return err
+		}
+		if err := c.connect(); err != nil {
+			return err
+		}
+		if _, err := tc.Write([]byte("done\x00")); err != nil {
+			return err
+		}
+	} else {
+		ln := cfg.Listener
+		if ln == nil {
+			if ln, err = net.Listen("tcp", ":"+strconv.Itoa(cfg.TCPPort)); err != nil {
+				return fmt.Errorf("pingpong: couldn't listen to port %d: %w", cfg.TCPPort, err)
+			}
+			defer ln.Close()
+		}
+		type acc struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan acc, 1)
+		go func() { a, err := ln.Accept(); ch <- acc{a, err} }()
+		select {
+		case a := <-ch:
+			if a.err != nil {
+				return a.err
+			}
+			tc = a.c
+		case <-ctx.Done():
+			ln.Close()
+			return ctx.Err()
+		case <-time.After(cfg.Timeout):
+			ln.Close()
+			return errors.New("pingpong: no client connected")
+		}
+		defer tc.Close()
+		if c.remote, err = readDests(tc, n, len(c.qps)); err != nil {
+			return err
+		}
+		if err := c.connect(); err != nil {
+			return err
+		}
+		if err := writeDests(tc, local, n); err != nil {
+			return err
+		}
+		done := make([]byte, 5)
+		if _, err := io.ReadFull(tc, done); err != nil {
+			return fmt.Errorf("pingpong: waiting for the client's done: %w", err)
+		}
+	}
+	for _, d := range c.remote {
+		fmt.Fprintf(cfg.Out, "  remote address: LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s\n", d.LID, d.QPN, d.PSN, GIDString(d.GID))
+	}
+	return nil
+}
+
+func (c *conn) connect() error {
+	mtu, _ := qp.MTUFromBytes(c.cfg.MTU)
+	if c.cfg.Kind == UD {
+		var err error
+		c.ah, err = c.pd.CreateAH(netip.AddrPortFrom(c.remote[0].Addr(), rxego.DefaultPort))
+		return err
+	}
+	for i, q := range c.qps {
+		r := rxego.RemoteQP{Addr: netip.AddrPortFrom(c.remote[i].Addr(), rxego.DefaultPort), QPN: c.remote[i].QPN, PSN: c.remote[i].PSN}
+		if err := rxego.ConnectRC(q, r, &rxego.ConnectOptions{MTU: mtu, LocalPSN: c.psn, MinRNRTimer: 12}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pattern fills b with a self-describing pattern: the first 8 bytes hold
+// seq, the rest are derived from it, so any receiver can check a message
+// whether it is an echo (from the C tools) or rxego's own.
+func pattern(b []byte, seq uint64) {
+	var hdr [8]byte
+	binary.LittleEndian.PutUint64(hdr[:], seq)
+	n := copy(b, hdr[:])
+	x := seq*0x9e3779b97f4a7c15 + 1
+	for i := n; i < len(b); i++ {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b[i] = byte(x)
+	}
+}
+
+// consistent reports whether b carries an intact pattern.
+func consistent(b []byte) bool {
+	if len(b) < 8 {
+		return false
+	}
+	want := make([]byte, len(b))
+	pattern(want, binary.LittleEndian.Uint64(b))
+	return bytes.Equal(want, b)
+}
+
+func (c *conn) postSend(qi int) error {
+	cfg := c.cfg
+	msg := c.send[:cfg.Size]
+	if cfg.Verify {
+		c.seq++
+		pattern(msg, c.seq)
+		c.history[c.histNext] = append(c.history[c.histNext][:0], msg...)
+		c.histNext = (c.histNext + 1) % len(c.history)
+	}
+	wr := rxego.SendWR{ID: sendWRID, Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
+		SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(len(c.buf)-len(c.send)), Length: uint32(cfg.Size), LKey: c.mr.LKey()}}}
+	if cfg.Kind == UD {
+		wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah, c.remote[0].QPN, udQKey
+	}
+	return c.qps[qi].PostSend(wr)
+}
+
+// check accepts a received message that is either the tools' fill byte
+// throughout (the peer's first send) or an echo of something we sent.
+func (c *conn) check(got []byte) {
+	if !c.cfg.Verify {
+		return
+	}
+	if bytes.Count(got, []byte{fillByte}) == len(got) || consistent(got) {
+		return
+	}
+	for _, h := range c.history {
+		if bytes.Equal(got, h) {
+			return
+		}
+	}
+	c.mismatch++
+}
+
+func (c *conn) qpIndex(num uint32) int {
+	for i, q := range c.qps {
+		if q.Num() == num {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *conn) loop(ctx context.Context) (Result, error) {
+	cfg := c.cfg
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	pending := make([]int, len(c.qps))
+	start := time.Now()
+	if cfg.Server != "" {
+		for i := range c.qps {
+			if err := c.postSend(i); err != nil {
+				return Result{}, err
+			}
+			pending[i] = sendWRID | recvWRID
+		}
+	} else {
+		for i := range pending {
+			pending[i] = recvWRID
+		}
+	}
+	var scnt, rcnt int
+	routs := cfg.RxDepth
+	wcs := make([]rxego.WC, 16)
+	for rcnt < cfg.Iters || scnt < cfg.Iters {
+		var n int
+		if cfg.Events {
+			var err error
+			if n, err = c.cq.PollWait(ctx, wcs); err != nil {
+				return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
+			}
+		} else {
+			n = c.cq.Poll(wcs)
+			if n == 0 {
+				if ctx.Err() != nil {
+					return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, ctx.Err())
+				}
+				// rxego's engine runs on goroutines of this process: a
+				// busy poll must leave it the CPU, unlike with a NIC.
+				runtime.Gosched()
+				continue
+			}
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != 0 {
+				return Result{}, fmt.Errorf("pingpong: failed status %s (%d) for wr_id %d", wc.Status, wc.Status, wc.ID)
+			}
+			qi := c.qpIndex(wc.QPN)
+			if qi < 0 {
+				return Result{}, fmt.Errorf("pingpong: completion for unknown QP %d", wc.QPN)
+			}
+			switch wc.ID {
+			case sendWRID:
+				scnt++
+			case recvWRID:
+				c.checkRecv(wc)
+				routs--
+				if routs <= len(c.qps) {
+					for routs < cfg.RxDepth {
+						if err := c.postRecv(qi); err != nil {
+							return Result{}, err
+						}
+						routs++
+					}
+				}
+				rcnt++
+			default:
+				return Result{}, fmt.Errorf("pingpong: completion for unknown wr_id %d", wc.ID)
+			}
+			pending[qi] &^= int(wc.ID)
+			if scnt < cfg.Iters && pending[qi] == 0 {
+				if err := c.postSend(qi); err != nil {
+					return Result{}, err
+				}
+				pending[qi] = recvWRID | sendWRID
+			}
+		}
+	}
+	el := time.Since(start)
+	bytesMoved := int64(cfg.Size) * int64(cfg.Iters) * 2
+	fmt.Fprintf(cfg.Out, "%d bytes in %.2f seconds = %.2f Mbit/sec\n", bytesMoved, el.Seconds(), float64(bytesMoved)*8/el.Seconds()/1e6)
+	fmt.Fprintf(cfg.Out, "%d iters in %.2f seconds = %.2f usec/iter\n", cfg.Iters, el.Seconds(), float64(el.Microseconds())/float64(cfg.Iters))
+	res := Result{Bytes: bytesMoved, Iters: cfg.Iters, Elapsed: el, Mismatches: c.mismatch}
+	if cfg.Verify {
+		fmt.Fprintf(cfg.Out, "verify: %d of %d received messages matched\n", rcnt-c.mismatch, rcnt)
+		if c.mismatch > 0 {
+			return res, fmt.Errorf("pingpong: %d received messages had unexpected contents", c.mismatch)
+		}
+	}
+	return res, nil
+}
+
+// checkRecv finds the slot a completion filled. Receives complete in the
+// order they were posted, so the slot is the oldest outstanding one.
+func (c *conn) checkRecv(wc rxego.WC) {
+	i := c.recvDone % c.cfg.RxDepth
+	c.recvDone++
+	slot := c.buf[i*c.slot : (i+1)*c.slot]
+	if c.cfg.Kind == UD {
+		slot = slot[qp.GRHLen:]
+	}
+	n := int(wc.ByteLen)
+	if c.cfg.Kind == UD {
+		n -= qp.GRHLen
+	}
+	if n < 0 || n > len(slot) {
+		c.mismatch++
+		return
+	}
+	c.check(slot[:n])
+}
