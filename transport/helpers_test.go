@@ -142,5 +142,3 @@ func (r *tapRec) snapshot() ([]tapPkt, []tapDrop) {
 	defer r.mu.Unlock()
 	return append([]tapPkt(nil), r.pkts...), append([]tapDrop(nil), r.drops...)
 }
-
-func netipMust(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -58,6 +58,12 @@ type testNet struct {
 
 var netSeq atomic.Int32
 
+// The veth ends' MAC addresses (locally administered).
+const (
+	macA = "02:00:c6:12:00:01"
+	macB = "02:00:c6:12:00:02"
+)
+
 func newTestNet(t testing.TB) *testNet {
 	t.Helper()
 	needCaps(t, capSysAdmin, capNetAdmin, capNetRaw)
@@ -73,7 +79,13 @@ func newTestNet(t testing.TB) *testNet {
 	for _, args := range [][]string{
 		{"netns", "add", n.nsA},
 		{"netns", "add", n.nsB},
-		{"-n", n.nsA, "link", "add", n.vethA, "type", "veth", "peer", "name", n.vethB, "netns", n.nsB},
+		{"-n", n.nsA, "link", "add", n.vethA, "address", macA, "type", "veth", "peer", "name", n.vethB, "address", macB, "netns", n.nsB},
+		// Static neighbours: no ARP or neighbour discovery delays (IPv6's
+		// would wait about a second for the link-local address).
+		{"-n", n.nsA, "neigh", "add", "198.18.0.2", "lladdr", macB, "dev", n.vethA, "nud", "permanent"},
+		{"-n", n.nsB, "neigh", "add", "198.18.0.1", "lladdr", macA, "dev", n.vethB, "nud", "permanent"},
+		{"-n", n.nsA, "neigh", "add", "2001:2::2", "lladdr", macB, "dev", n.vethA, "nud", "permanent"},
+		{"-n", n.nsB, "neigh", "add", "2001:2::1", "lladdr", macA, "dev", n.vethB, "nud", "permanent"},
 		{"-n", n.nsA, "addr", "add", "198.18.0.1/24", "dev", n.vethA},
 		{"-n", n.nsB, "addr", "add", "198.18.0.2/24", "dev", n.vethB},
 		{"-n", n.nsA, "addr", "add", "2001:2::1/64", "dev", n.vethA, "nodad"},

@@ -3,7 +3,10 @@ package transport
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -11,19 +14,12 @@ import (
 	"github.com/rxego/rxego/icrc"
 )
 
-func needRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_NET_RAW / CAP_NET_ADMIN)")
-	}
-}
-
 // TestRawMode receives through the raw socket: packets carry their real
 // IP ID and are checked in full, a GSO run that reaches it whole over lo
 // is split, and a packet whose ICRC was computed for a different ID than
 // the one the kernel wrote is rejected (socket mode cannot tell).
 func TestRawMode(t *testing.T) {
-	needRoot(t)
+	needCaps(t, capNetRaw)
 	b := listenAny(t, "127.0.0.2", Options{Mode: RecvRaw})
 	sock := listenAny(t, "127.0.0.4", Options{NoGRO: true})
 	a := listenAny(t, "127.0.0.1", Options{})
@@ -95,13 +91,36 @@ func TestRawMode(t *testing.T) {
 	}
 }
 
-// TestRawModeNeedsPrivilege checks the error when CAP_NET_RAW is missing.
-func TestRawModeNeedsPrivilege(t *testing.T) {
-	if os.Geteuid() == 0 {
-		t.Skip("running as root")
+// TestUnprivileged checks what works without privileges: everything but
+// raw mode, which fails with EPERM and says why. Run as root, it runs
+// itself again under setpriv with the capabilities dropped.
+func TestUnprivileged(t *testing.T) {
+	if hasCap(capNetRaw) {
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			t.Skip("needs setpriv to drop capabilities")
+		}
+		cmd := exec.Command(setpriv, "--bounding-set=-net_raw,-net_admin,-sys_admin", os.Args[0],
+			"-test.run=^TestUnprivileged$", "-test.count=1", "-test.v")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestUnprivileged") {
+			t.Fatalf("unprivileged run: %v\n%s", err, out)
+		}
+		return
 	}
-	_, err := Listen(netipMust("127.0.0.1:4791"), Options{Mode: RecvRaw})
-	if !errors.Is(err, syscall.EPERM) {
+	_, err := Listen(netip.MustParseAddrPort("127.0.0.1:4791"), Options{Mode: RecvRaw})
+	if !errors.Is(err, syscall.EPERM) || !strings.Contains(err.Error(), "CAP_NET_RAW") {
 		t.Errorf("raw Listen unprivileged: %v", err)
+	}
+	// Buffer sizes fall back to SO_RCVBUF; GSO and GRO need no privilege.
+	a := listenAny(t, "127.0.0.1", Options{})
+	b := listenAny(t, "127.0.0.2", Options{})
+	run := append(rocePacket(64, 1), rocePacket(64, 2)...)
+	if n, err := a.Send([]Message{{Buf: run, Peer: b.LocalAddr(), Seg: 64}}); n != 1 {
+		t.Fatal(err)
+	}
+	got := recvN(t, b, 2, 5*time.Second)
+	if got[1].IPID != 1 || !a.Stats().GSO || !b.Stats().GRO {
+		t.Errorf("unprivileged GSO/GRO: id %d stats %+v %+v", got[1].IPID, a.Stats(), b.Stats())
 	}
 }

@@ -45,14 +45,24 @@ func wirePackets(t *testing.T, frames []capFrame, seg int) []wirePkt {
 			out = append(out, wirePkt{id, psnOf(f.payload), len(f.payload), false, csum, df})
 			continue
 		}
-		v := icrc.V4{Src: [4]byte(f.ip[12:16]), Dst: [4]byte(f.ip[16:20]), SrcPort: binary.BigEndian.Uint16(f.udp[0:]), DstPort: binary.BigEndian.Uint16(f.udp[2:]), DF: df}
+		sport, dport := binary.BigEndian.Uint16(f.udp[0:]), binary.BigEndian.Uint16(f.udp[2:])
+		check := func(id uint16, p []byte) bool {
+			if ipv4 {
+				v := icrc.V4{Src: [4]byte(f.ip[12:16]), Dst: [4]byte(f.ip[16:20]), SrcPort: sport, DstPort: dport, DF: df}
+				return v.Check(id, p)
+			}
+			v := icrc.V6{Src: [16]byte(f.ip[8:24]), Dst: [16]byte(f.ip[24:40]), SrcPort: sport, DstPort: dport}
+			return v.Sum(p) == icrc.Get(p)
+		}
 		for off := 0; off < len(f.payload); off += seg {
 			p := f.payload[off:min(off+seg, len(f.payload))]
-			if !v.Check(id, p) {
+			if !check(id, p) {
 				t.Errorf("segment PSN %d of a whole GSO datagram: ICRC wrong for ID %d", psnOf(p), id)
 			}
 			out = append(out, wirePkt{id, psnOf(p), len(p), true, csum, df})
-			id++
+			if ipv4 {
+				id++
+			}
 		}
 	}
 	return out
