@@ -158,7 +158,8 @@ type transitionRule struct {
 }
 
 // rules is the QP state transition table of IBTA 11.2.4.2 as the kernel's
-// ib_modify_qp_is_ok encodes it (for RC, UC and UD; no XRC, no RD).
+// ib_modify_qp_is_ok encodes it (for RC, UC and UD; no XRC, no RD). The
+// moves to RESET and ERR, which take no attribute, are in ruleFor.
 var rules = map[transition]transitionRule{
 	{Reset, Init}: {
 		required: map[Type]AttrMask{
@@ -214,10 +215,10 @@ var rules = map[transition]transitionRule{
 	},
 	{SQD, SQD}: {
 		optional: map[Type]AttrMask{
-			RC: AttrPKeyIndex | AttrQKey | AttrAV | AttrMaxQPRdAtomic | AttrMaxDestRdAtomic | AttrCurState |
-				AttrAltPath | AttrAccessFlags | AttrMinRNRTimer | AttrPathMigState | AttrTimeout |
-				AttrRetryCnt | AttrRNRRetry,
-			UC: AttrPKeyIndex | AttrAV | AttrCurState | AttrAltPath | AttrAccessFlags | AttrPathMigState,
+			RC: AttrPort | AttrAV | AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrMaxQPRdAtomic |
+				AttrMaxDestRdAtomic | AttrAltPath | AttrAccessFlags | AttrPKeyIndex | AttrMinRNRTimer |
+				AttrPathMigState,
+			UC: AttrAV | AttrAltPath | AttrAccessFlags | AttrPKeyIndex | AttrPathMigState,
 			UD: AttrPKeyIndex | AttrQKey,
 		},
 	},
@@ -227,7 +228,8 @@ var rules = map[transition]transitionRule{
 }
 
 // checkModify applies ibv_modify_qp's rules for a QP of type t in state
-// cur, and the value ranges of each attribute set in mask.
+// cur, and the value ranges of each attribute set in mask. A cur_qp_state
+// must name the QP's actual state: the kernel would take it on trust.
 func checkModify(t Type, cur State, a *Attr, mask AttrMask) error {
 	if mask&AttrCurState != 0 && a.CurState != cur {
 		return fmt.Errorf("%w: cur_qp_state %v but QP is %v", ErrInvalidModify, a.CurState, cur)
@@ -239,15 +241,7 @@ func checkModify(t Type, cur State, a *Attr, mask AttrMask) error {
 	if next > Err {
 		return fmt.Errorf("%w: unknown state %d", ErrInvalidModify, next)
 	}
-	if next == Reset || next == Err {
-		// Any state may move to RESET or ERR with no other attribute
-		// (the kernel allows only STATE and CUR_STATE here).
-		if extra := mask &^ (AttrState | AttrCurState); extra != 0 {
-			return fmt.Errorf("%w: %v -> %v takes no attributes (mask %#x)", ErrInvalidModify, cur, next, extra)
-		}
-		return nil
-	}
-	r, ok := rules[transition{cur, next}]
+	r, ok := ruleFor(cur, next)
 	if !ok {
 		return fmt.Errorf("%w: no transition %v -> %v", ErrInvalidModify, cur, next)
 	}
@@ -260,6 +254,17 @@ func checkModify(t Type, cur State, a *Attr, mask AttrMask) error {
 		return fmt.Errorf("%w: %v %v -> %v does not take attribute mask %#x", ErrInvalidModify, t, cur, next, extra)
 	}
 	return checkValues(t, a, mask)
+}
+
+// ruleFor returns the rule for cur -> next. Every state may move to RESET,
+// and every state but RESET to ERR, with no attribute but the state (not
+// even cur_qp_state): that is the kernel's table, which has no RESET -> ERR.
+func ruleFor(cur, next State) (transitionRule, bool) {
+	if next == Reset || next == Err && cur != Reset {
+		return transitionRule{}, true
+	}
+	r, ok := rules[transition{cur, next}]
+	return r, ok
 }
 
 func checkValues(t Type, a *Attr, mask AttrMask) error {

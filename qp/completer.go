@@ -50,7 +50,7 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 	case reth.KindRNR:
 		e.Stats.RcvdRNRErr.Add(1)
 		e.acknowledge(q, psn.Add(-1), now)
-		if q.state != RTS {
+		if q.state != RTS && q.state != SQD {
 			return
 		}
 		if r.rnrLeft == 0 {
@@ -67,7 +67,7 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		e.schedule(q, timerRNR, now+time.Duration(RNRTimerMicros(syn.Value()))*time.Microsecond)
 	case reth.KindNAK:
 		e.acknowledge(q, psn.Add(-1), now)
-		if q.state != RTS {
+		if q.state != RTS && q.state != SQD {
 			return
 		}
 		switch syn.Value() {

@@ -38,6 +38,11 @@ type fabric struct {
 	delivered int
 	dropped   int
 	trace     bool
+	// tap, if set, sees every packet the fabric delivers (duplicates
+	// included), just before the destination engine does.
+	tap func(p wirePkt, pkt bth.Packet)
+	// dupIf, if set, picks packets to deliver twice.
+	dupIf func(p wirePkt) bool
 }
 
 type node struct {
@@ -95,7 +100,7 @@ func (f *fabric) run(limit time.Duration) {
 					continue
 				}
 				f.deliver(p)
-				if f.dup > 0 && f.rng.Float64() < f.dup {
+				if f.dup > 0 && f.rng.Float64() < f.dup || f.dupIf != nil && f.dupIf(p) {
 					f.deliver(p)
 				}
 			}
@@ -134,6 +139,9 @@ func (f *fabric) deliver(p wirePkt) {
 		fmt.Printf("%v %v -> %v %v psn=%d\n", f.clock.now, p.src, p.dst, pkt.Info.Name, pkt.BTH().PSN())
 	}
 	f.delivered++
+	if f.tap != nil {
+		f.tap(p, pkt)
+	}
 	n.e.Input([]InPacket{{Pkt: pkt, Src: p.src, TOS: p.tos, Dest: p.dst.Addr()}})
 }
 
@@ -163,6 +171,8 @@ type connOpts struct {
 	apsn, bpsn                 uint32
 	timeout, retry, rnr, minRN uint8
 	rdAtomic                   uint8
+	// noAccess are remote access flags the QPs' responders do not allow.
+	noAccess mr.Access
 }
 
 func defaultConn() connOpts {
@@ -176,7 +186,7 @@ func connect(t *testing.T, a, b *endpoint, o connOpts) {
 	t.Helper()
 	bring := func(x, y *endpoint, sq, rq uint32) {
 		typ := x.qp.Type()
-		if err := x.qp.Modify(&Attr{State: Init, AccessFlags: allAccess, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags); err != nil {
+		if err := x.qp.Modify(&Attr{State: Init, AccessFlags: allAccess &^ o.noAccess, Port: 1}, AttrState|AttrPKeyIndex|AttrPort|AttrAccessFlags); err != nil {
 			t.Fatal(err)
 		}
 		rtr := &Attr{State: RTR, PathMTU: o.mtu, DestQPN: y.qp.Num(), RQPSN: rq, Dest: y.n.addr, MaxDestRdAtomic: o.rdAtomic, MinRNRTimer: o.minRN}
@@ -231,4 +241,14 @@ func fill(b []byte, seed uint64) {
 	for i := range b {
 		b[i] = byte(r.Uint32())
 	}
+}
+
+// parse decodes a packet on the fabric; the engine only emits parsable ones.
+func parse(t *testing.T, p wirePkt) bth.Packet {
+	t.Helper()
+	pkt, err := bth.Parse(append([]byte(nil), p.data...))
+	if err != nil {
+		t.Fatalf("unparsable packet on the fabric: %v", err)
+	}
+	return pkt
 }

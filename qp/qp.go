@@ -200,10 +200,12 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 		q.enterError()
 	case next == RTR && prev == Init:
 		q.resp.init(q)
-	case next == RTS && (prev == RTR || prev == SQE):
+	case next == RTS && prev == RTR:
 		q.req.init(q)
 		e.kick(q)
-	case next == RTS && prev == SQD:
+	case next == RTS && (prev == SQD || prev == SQE):
+		// The requester resumes where it stopped: sq_psn only seeds a QP
+		// leaving RTR.
 		e.kick(q)
 	}
 	e.flush()

@@ -36,13 +36,17 @@ func (r *requester) init(q *QP) {
 	r.rnrLeft = q.attr.RNRRetry
 }
 
-// kick runs the requester of q until it cannot send more.
+// kick runs the requester of q until it cannot send more. In SQD it
+// finishes (and retransmits) the messages it had started, and starts none.
 func (e *Engine) kick(q *QP) {
-	if q.state != RTS || q.req.rnrWait {
+	if q.state != RTS && q.state != SQD || q.req.rnrWait {
 		return
 	}
 	now := e.cfg.Clock.Now()
 	for q.sqSend != q.sqTail {
+		if q.state == SQD && !q.wqe(q.sqSend).started {
+			break
+		}
 		if !e.sendNext(q, now) {
 			break
 		}
