@@ -275,10 +275,14 @@ func (d *Device) Engine() *qp.Engine { return d.eng }
 // Transport returns the device's UDP transport, for statistics and taps.
 func (d *Device) Transport() transport.Conn { return d.conn }
 
-// Sync waits until the engine has finished what it was doing, so memory
-// peers wrote through this device is visible under Go's memory model
-// (needed only when the application learned of the write by a path the
-// race detector cannot see, such as the peer's own completion).
+// Sync waits until the engine has finished what it was doing. It orders
+// registered memory between the application and the engine under Go's
+// memory model, in both directions: after Sync, the application sees
+// what peers wrote through this device; bytes the application wrote before
+// Sync are what peers will read. It is needed only where the application
+// learns of a peer's access by a path Go cannot see (the peer's own
+// completion, a message over another socket); a completion polled from
+// this device's CQs already orders memory.
 func (d *Device) Sync() { d.eng.Sync() }
 
 // CreateCQ makes a completion queue of the given depth.

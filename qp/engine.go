@@ -146,9 +146,11 @@ func (e *Engine) SetWake(f func(at time.Duration)) {
 	e.mu.Unlock()
 }
 
-// Sync waits until the engine has finished whatever it was doing. After it
-// returns, everything peers have written into registered memory through
-// this engine is visible to the caller under Go's memory model.
+// Sync waits until the engine has finished whatever it was doing. It
+// orders registered memory between the caller and the engine in both
+// directions: after it returns, everything peers wrote through this engine
+// is visible to the caller, and everything the caller wrote before it is
+// what the engine will read for peers.
 func (e *Engine) Sync() {
 	e.mu.Lock()
 	//lint:ignore SA2001 the empty critical section is the point
