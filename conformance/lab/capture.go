@@ -12,6 +12,9 @@ import (
 	"time"
 )
 
+// stopSettle is how long Stop lets in-flight frames reach tcpdump.
+const stopSettle = 100 * time.Millisecond
+
 // Capture is a running tcpdump on the lab bridge.
 type Capture struct {
 	path string
@@ -27,7 +30,9 @@ type Capture struct {
 // guests are seen as well as those to and from the host. Stop it with
 // Stop; Close stops it too.
 func (l *Lab) Capture(path string) (*Capture, error) {
-	cmd := l.Command("tcpdump", "-i", bridgeName, "-n", "-s", "0", "-U", "-w", path)
+	// --immediate-mode: without it frames wait in the kernel ring for a
+	// block to fill or time out, and the last ones are lost at Stop.
+	cmd := l.Command("tcpdump", "-i", bridgeName, "-n", "-s", "0", "-U", "--immediate-mode", "-w", path)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
@@ -93,6 +98,9 @@ func (c *Capture) Path() string { return c.path }
 // more than once.
 func (c *Capture) Stop() error {
 	c.once.Do(func() {
+		// Frames the caller's last action put on the wire may still be
+		// on their way through the bridge.
+		time.Sleep(stopSettle)
 		c.cmd.Process.Signal(syscall.SIGINT)
 		select {
 		case <-c.done:

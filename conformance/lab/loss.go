@@ -114,7 +114,7 @@ func (l *Lab) lossRules() []string {
 		var m strings.Builder
 		if !k.from.IsValid() && !k.to.IsValid() {
 			// Any address: IPv4 and IPv6 alike.
-			rules = append(rules, fmt.Sprintf("udp dport 4791 numgen random mod 100 < %d counter drop", pct))
+			rules = append(rules, "udp dport 4791 "+lossVerdict(pct))
 			continue
 		}
 		if k.from.IsValid() {
@@ -123,7 +123,8 @@ func (l *Lab) lossRules() []string {
 		if k.to.IsValid() {
 			fmt.Fprintf(&m, "%s daddr %s ", fam, k.to)
 		}
-		fmt.Fprintf(&m, "udp dport 4791 numgen random mod 100 < %d counter drop", pct)
+		m.WriteString("udp dport 4791 ")
+		m.WriteString(lossVerdict(pct))
 		rules = append(rules, m.String())
 	}
 	slices.Sort(rules)
@@ -138,4 +139,13 @@ func (l *Lab) LossRuleset() (string, error) {
 		return "", fmt.Errorf("nft list ruleset: %v: %s", err, out)
 	}
 	return string(out), nil
+}
+
+// lossVerdict is the tail of a rule dropping pct % at random; numgen's
+// values are 0 to 99, so 100 % is a plain drop.
+func lossVerdict(pct int) string {
+	if pct >= 100 {
+		return "counter drop"
+	}
+	return fmt.Sprintf("numgen random mod 100 < %d counter drop", pct)
 }
