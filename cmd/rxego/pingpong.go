@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/pingpong"
 )
 
@@ -46,6 +48,7 @@ flags:
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility; rxego has port 1)")
 	verify := fs.Bool("c", false, "verify every received message (fill byte, echo, or rxego's self-checking pattern)")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
+	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,6 +68,16 @@ flags:
 	if fs.NArg() > 0 {
 		cfg.Server = fs.Arg(0)
 	}
+	if !*stats {
+		_, err = pingpong.Run(context.Background(), cfg)
+		return err
+	}
+	// The device is opened here so its counters outlive the run; they are
+	// printed whether or not the run succeeded.
+	if cfg.Device, err = rxego.Open(netip.AddrPortFrom(la, rxego.DefaultPort).String(), nil); err != nil {
+		return err
+	}
+	defer cfg.Device.Close()
 	_, err = pingpong.Run(context.Background(), cfg)
-	return err
+	return errors.Join(err, printStats(os.Stdout, cfg.Device))
 }
