@@ -77,6 +77,8 @@ type Config struct {
 	// AckEvery makes the requester set AckReq at least every this many
 	// packets inside long messages, as rxe does every 64 (0: that default).
 	AckEvery int
+	// Congestion configures DCQCN; nil means on, with NVIDIA's defaults.
+	Congestion *CongestionConfig
 }
 
 // DefaultWindow is the default number of unacknowledged PSNs per QP.
@@ -99,6 +101,7 @@ type Engine struct {
 	outq []OutPacket
 	free [][]byte
 
+	cc       CongestionConfig
 	timers   timerHeap
 	ackList  []*QP
 	wakeFunc func(at time.Duration)
@@ -131,7 +134,14 @@ func NewEngine(cfg Config) (*Engine, error) {
 	if cfg.AckEvery <= 0 {
 		cfg.AckEvery = 64
 	}
-	return &Engine{cfg: cfg, qps: map[uint32]*QP{}, nextQPN: 17}, nil
+	cc, err := cfg.Congestion.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if !cc.Off && cfg.DataTOS&3 == 0 {
+		cfg.DataTOS |= ECT0 // DCQCN needs switches to mark, so data is ECN-capable
+	}
+	return &Engine{cfg: cfg, cc: cc, qps: map[uint32]*QP{}, nextQPN: 17}, nil
 }
 
 // Local returns the engine's local address.
@@ -238,6 +248,8 @@ type timerKind uint8
 const (
 	timerRetransmit timerKind = iota
 	timerRNR
+	timerPace // the pacer allows the next packet
+	timerCC   // the congestion controller's rate-increase and alpha timers
 	numTimers
 )
 
@@ -287,6 +299,10 @@ func (e *Engine) runTimers(now time.Duration) {
 			e.retransmitTimeout(q, now)
 		case timerRNR:
 			e.rnrTimerExpired(q, now)
+		case timerPace:
+			e.kick(q)
+		case timerCC:
+			e.ccTimer(q, now)
 		}
 	}
 }

@@ -33,6 +33,8 @@ type fabric struct {
 	// drop decides whether a packet is lost (nil: none).
 	drop func(p wirePkt) bool
 	dup  float64 // duplication probability
+	// mark decides whether a packet arrives marked Congestion Experienced.
+	mark func(p wirePkt) bool
 	// reorder swaps adjacent packets with this probability.
 	reorder   float64
 	delivered int
@@ -127,6 +129,9 @@ func (f *fabric) run(limit time.Duration) {
 }
 
 func (f *fabric) deliver(p wirePkt) {
+	if f.mark != nil && f.mark(p) {
+		p.tos |= 3
+	}
 	n, ok := f.nodes[p.dst.Addr()]
 	if !ok {
 		return

@@ -67,6 +67,7 @@ type QP struct {
 	req      requester
 	resp     responder
 	flushing bool
+	cc       *qpCC
 }
 
 // Create makes a QP in the RESET state.
@@ -119,6 +120,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 			}
 		}
 	}
+	q.cc = e.newCC()
 	e.qps[q.num] = q
 	return q, nil
 }

@@ -97,6 +97,10 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	if q.typ == UD {
 		mtu = q.mtuOrMax()
 	}
+	wire := min(mtu, int(w.length-min(r.off, w.length))) + wireOverhead
+	if !e.ccAdmit(q, now, wire) {
+		return false
+	}
 	if !w.started {
 		w.started = true
 		w.firstPSN = r.psn
@@ -133,11 +137,16 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	if r.psn.After(r.maxSent) {
 		r.maxSent = r.psn
 	}
+	e.ccSent(q, now, wire)
 	if q.typ == RC && q.deadline[timerRetransmit] == 0 && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	}
 	return true
 }
+
+// wireOverhead approximates a packet's bytes beyond its payload on the
+// wire (Ethernet, IP, UDP, BTH and ICRC), for pacing and byte counting.
+const wireOverhead = 14 + 20 + 8 + 12 + 16 + 4
 
 // ackTimeout converts the QP timeout attribute: 4.096 us * 2^t.
 func ackTimeout(t uint8) time.Duration {

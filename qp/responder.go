@@ -87,12 +87,16 @@ func (e *Engine) receive(in *InPacket, now time.Duration) {
 		e.drop(DropUnknownQP)
 		return
 	}
-	if in.TOS&3 == 3 {
-		e.Stats.ECNMarkedPktsReceived.Add(1)
-	}
 	if p.Info.Class == bth.CNP {
-		e.Stats.CNPsReceived.Add(1)
+		e.ccCNP(q, now)
 		return
+	}
+	if in.TOS&3 == 3 {
+		src := q.attr.DestQPN
+		if d := p.DETH(); d != nil {
+			src = d.SrcQP()
+		}
+		e.ccMarked(q, in, src, now)
 	}
 	if !classMatches(q.typ, p.Info.Class) {
 		e.drop(DropWrongOpcode)
@@ -183,9 +187,14 @@ func (e *Engine) classCError(q *QP, code uint8, psn bth.PSN) {
 	}
 	e.sendAck(q, reth.NAKSyndrome(code), psn)
 	if q.resp.haveRecv {
-		// the WQE a failed SEND had taken completes with the error
+		// The WQE a failed SEND or WRITE with immediate had taken
+		// completes with the error, as in rxe.
+		st := WCRemInvReqErr
+		if code == reth.NAKRemoteAccess {
+			st = WCRemAccessErr
+		}
 		q.resp.haveRecv = false
-		q.pushWC(q.recvCQ, WC{ID: q.resp.recv.id, Status: WCRemInvReqErr, Opcode: WCRecv, QPN: q.num})
+		q.pushWC(q.recvCQ, WC{ID: q.resp.recv.id, Status: st, Opcode: WCRecv, QPN: q.num})
 	}
 	q.enterError()
 }
@@ -320,6 +329,20 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 	rs := &q.resp
 	in := p.Info
 	payload := p.Payload()
+	if in.Has(bth.Imm) {
+		// WRITE with immediate consumes a receive WQE at its last packet.
+		// Without one the packet is refused before anything changes (as
+		// rxe checks resources before the rkey), so its retry finds the
+		// responder as it was.
+		w, ok := q.takeRecv()
+		if !ok {
+			e.Stats.SendRNRErr.Add(1)
+			e.drop(DropNoRecvWQE)
+			e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
+			return
+		}
+		rs.recv, rs.haveRecv = w, true
+	}
 	if in.Has(bth.First) {
 		h := p.RETH()
 		rs.dmaLen, rs.woff, rs.wbuf = h.DMALen(), 0, nil
@@ -339,18 +362,6 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 		e.classCError(q, reth.NAKInvalidRequest, psn)
 		return
 	}
-	var rw recvWQE
-	if in.Has(bth.Imm) {
-		// WRITE with immediate consumes a receive WQE at its last packet.
-		w, ok := q.takeRecv()
-		if !ok {
-			e.Stats.SendRNRErr.Add(1)
-			e.drop(DropNoRecvWQE)
-			e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
-			return
-		}
-		rw = w
-	}
 	copy(rs.wbuf[rs.woff:], payload)
 	rs.woff += uint32(len(payload))
 	e.Stats.RcvdBytes.Add(uint64(len(payload)))
@@ -358,7 +369,8 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 		rs.inMsg = false
 		rs.msn++
 		if in.Has(bth.Imm) {
-			q.pushWC(q.recvCQ, WC{ID: rw.id, Opcode: WCRecvRDMAImm, ByteLen: rs.dmaLen, Imm: p.ImmDt().Imm(),
+			rs.haveRecv = false
+			q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Opcode: WCRecvRDMAImm, ByteLen: rs.dmaLen, Imm: p.ImmDt().Imm(),
 				Flags: WCWithImm, QPN: q.num, SrcQP: q.attr.DestQPN})
 		}
 		rs.wbuf = nil
