@@ -184,3 +184,9 @@ type Tap interface {
 	// for DropOverflow, which has no packet.
 	Drop(reason DropReason, at time.Time, local, remote netip.AddrPort, tos uint8, pkt []byte)
 }
+
+// filledSender is implemented by this package's Conns: Send without
+// computing ICRCs, for the impairment shim to send corrupted packets.
+type filledSender interface {
+	sendFilled(msgs []Message) (int, error)
+}

@@ -121,12 +121,17 @@ func (s *sendState) init(slots int) {
 }
 
 // Send implements Conn.
-func (c *udpConn) Send(msgs []Message) (int, error) {
+func (c *udpConn) Send(msgs []Message) (int, error) { return c.sendMsgs(msgs, true) }
+
+// sendFilled implements filledSender.
+func (c *udpConn) sendFilled(msgs []Message) (int, error) { return c.sendMsgs(msgs, false) }
+
+func (c *udpConn) sendMsgs(msgs []Message, fill bool) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
 	c.smu.Lock()
-	sent, gso, fallbackAt, err := c.send(msgs)
+	sent, gso, fallbackAt, err := c.send(msgs, fill)
 	c.smu.Unlock()
 	if tap, at := c.tap.get(); tap != nil {
 		c.tapSent(tap, at, msgs[:sent], gso, fallbackAt)
@@ -137,13 +142,13 @@ func (c *udpConn) Send(msgs []Message) (int, error) {
 // send places messages into slots, a batch at a time, and sends them. gso
 // is whether GSO was on at the start, and fallbackAt the first message sent
 // after the kernel made us turn it off (for the Tap to know the IDs).
-func (c *udpConn) send(msgs []Message) (sent int, gso bool, fallbackAt int, err error) {
+func (c *udpConn) send(msgs []Message, fill bool) (sent int, gso bool, fallbackAt int, err error) {
 	s := &c.s
 	gso = c.gso.Load()
 	useGSO := gso
 	fallbackAt = len(msgs)
 	for i := 0; i < len(msgs); {
-		slots, j, verr := c.build(msgs, i, useGSO)
+		slots, j, verr := c.build(msgs, i, useGSO, fill)
 		if slots > 0 {
 			done, err := c.flush(slots)
 			if err != nil {
@@ -169,11 +174,11 @@ func (c *udpConn) send(msgs []Message) (sent int, gso bool, fallbackAt int, err 
 	return len(msgs), gso, fallbackAt, nil
 }
 
-// build fills slots from msgs[i:], computing ICRCs, until the slots or the
-// messages run out or a message is invalid. It returns the slots used, the
-// index of the first message not placed, and that message's error if it
-// was rejected.
-func (c *udpConn) build(msgs []Message, i int, gso bool) (slots, j int, err error) {
+// build fills slots from msgs[i:], computing ICRCs if fill is set, until
+// the slots or the messages run out or a message is invalid. It returns the
+// slots used, the index of the first message not placed, and that
+// message's error if it was rejected.
+func (c *udpConn) build(msgs []Message, i int, gso, fill bool) (slots, j int, err error) {
 	s := &c.s
 	for j = i; j < len(msgs); j++ {
 		m := &msgs[j]
@@ -197,7 +202,9 @@ func (c *udpConn) build(msgs []Message, i int, gso bool) (slots, j int, err erro
 		if slots+need > len(s.hdrs) {
 			return slots, j, nil
 		}
-		c.ep.fillRun(m.Buf, seg, peer, 0, whole)
+		if fill {
+			c.ep.fillRun(m.Buf, seg, peer, 0, whole)
+		}
 		if whole {
 			c.place(slots, int32(j), k, m.Buf, peer, m.TOS, seg)
 			slots++
