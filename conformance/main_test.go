@@ -1,0 +1,552 @@
+// Package conformance runs rdma-core's tools with Linux Soft-RoCE
+// (rdma_rxe) in QEMU guests (package lab) against rxego running on the host
+// side of the lab's bridge, and writes a markdown report of every case.
+//
+// Shared infrastructure (this file), for every test file of the package:
+//
+//   - TestMain builds the rxego binary once (rxegoBin) when the lab can run,
+//     and at the end closes the shared lab and writes the shared report
+//     (report) to $RXEGO_REPORT or conformance/report.md.
+//   - requireLab(t) skips the test when the lab cannot run here (naming
+//     lab.SetupCommand), or fails it when CI=true; -short skips too.
+//   - forEachKernel(t, fn) runs fn(t, p) as one parallel subtest per kernel
+//     (lab.Kernels, or the comma-separated $RXEGO_KERNELS), with p a *Peer
+//     leased for the subtest. Kernels run in parallel; cases on one kernel
+//     run one after another.
+//   - lease(t, kernel) *Peer gives the test exclusive use of that kernel's
+//     guest (booted on first use, shared by all tests, killed at the end)
+//     until the test ends. A Peer carries the Lab, the Guest, and the host
+//     end rxego uses for it: HostIP, HostIP6 (addresses on the lab bridge
+//     reserved for this kernel, so kernels can run in parallel) and Port
+//     (a TCP port for the tools' exchange, reserved likewise).
+//   - p.Case(t, Case{...}, body) runs body as a subtest and one report row:
+//     it reads the guest's rxe hw_counters before and after, asserts that
+//     the error counters not named in Case.Expect stayed 0, and, when body
+//     returns rxego's own counters (Outcome.Rxego, e.g. from parseStats),
+//     that the packet counts of both sides agree (rxe's rcvd_pkts counts
+//     only packets whose headers and ICRC it accepted).
+//   - p.startRxego(t, ctx, args...) runs the rxego binary in the lab
+//     namespace; hostProc.waitListen waits for its TCP listener and
+//     hostProc.wait for its exit. parseStats reads the line `--stats`
+//     prints.
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/conformance/lab"
+)
+
+// rxegoBin is the rxego binary TestMain built; empty when the lab is not
+// available (buildErr then says why, if the build itself failed).
+var (
+	rxegoBin string
+	buildErr error
+)
+
+// report collects every case's row; TestMain writes it at the end.
+var report = lab.NewReport("rxego conformance against rdma_rxe")
+
+// defaultReport is where the report goes without $RXEGO_REPORT, relative
+// to the package directory the test runs in.
+const defaultReport = "report.md"
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	if lab.Available() == nil {
+		dir, err := os.MkdirTemp("", "rxego-conformance-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		t0 := time.Now()
+		bin := filepath.Join(dir, "rxego")
+		out, err := exec.Command("go", "build", "-o", bin, "github.com/rxego/rxego/cmd/rxego").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("building rxego: %v\n%s", err, out)
+		} else {
+			rxegoBin = bin
+			fmt.Fprintf(os.Stderr, "conformance: built rxego in %v\n", time.Since(t0).Round(time.Millisecond))
+		}
+	}
+	code := m.Run()
+	closeShared()
+	if rows := report.Rows(); len(rows) > 0 {
+		path := lab.ReportPath(defaultReport)
+		if err := os.WriteFile(path, []byte(reportMarkdown()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "conformance: writing report:", err)
+			code = 1
+		} else {
+			fmt.Fprintf(os.Stderr, "conformance: report with %d rows in %s\n", len(rows), path)
+		}
+	}
+	return code
+}
+
+// requireLab skips the test when the lab cannot run here (or -short), and
+// fails it under CI=true, where a missing lab is a broken set-up.
+func requireLab(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the rxe lab boots QEMU guests")
+	}
+	err := lab.Available()
+	if err == nil && buildErr != nil {
+		err = buildErr
+	}
+	if err == nil && rxegoBin == "" {
+		err = errors.New("rxego binary not built")
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skipf("%v (set up with: %s)", err, lab.SetupCommand)
+	}
+}
+
+// kernels returns the kernel series to test: $RXEGO_KERNELS
+// (comma-separated) or all of lab.Kernels.
+func kernels() []string {
+	env := os.Getenv("RXEGO_KERNELS")
+	if env == "" {
+		return lab.Kernels
+	}
+	var ks []string
+	for _, k := range strings.Split(env, ",") {
+		if k = strings.TrimSpace(k); slices.Contains(lab.Kernels, k) {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// forEachKernel runs fn as a parallel subtest named after each kernel,
+// with that kernel's guest leased for the subtest.
+func forEachKernel(t *testing.T, fn func(t *testing.T, p *Peer)) {
+	t.Helper()
+	requireLab(t)
+	for _, k := range kernels() {
+		t.Run(k, func(t *testing.T) {
+			t.Parallel()
+			fn(t, lease(t, k))
+		})
+	}
+}
+
+// shared is the lab every test uses, created on first use.
+var shared struct {
+	once   sync.Once
+	lab    *lab.Lab
+	err    error
+	mu     sync.Mutex
+	guests map[string]*guestSlot
+}
+
+// guestSlot is one kernel's guest: booted once, leased to one test at a
+// time through the token channel.
+type guestSlot struct {
+	once  sync.Once
+	peer  *Peer
+	err   error
+	token chan struct{}
+}
+
+// Peer is one kernel's guest and the host end rxego uses to face it.
+type Peer struct {
+	Lab     *lab.Lab
+	Guest   *lab.Guest
+	Kernel  string // series, e.g. "6.12"
+	HostIP  string // IPv4 address on the bridge for rxego's device
+	HostIP6 string // IPv6 address on the bridge for rxego's device
+	Port    int    // TCP port for the tools' exchange
+}
+
+// Per-kernel addresses: kernel i of lab.Kernels gets guest 198.18.0.(11+i),
+// host end 198.18.0.(101+i) and 2001:2::(101+i), TCP port 18515+i.
+const (
+	guestBase = 11
+	hostBase  = 101
+	portBase  = 18515
+)
+
+// sharedLab returns the shared lab, creating it on first use.
+func sharedLab(t *testing.T) *lab.Lab {
+	t.Helper()
+	shared.once.Do(func() {
+		l, err := lab.New(lab.Options{Logf: logf, Keep: os.Getenv("RXEGO_KEEP") == "1"})
+		if err != nil {
+			shared.err = err
+			return
+		}
+		// Host ends per kernel: each kernel's rxego binds its own address,
+		// so kernels' cases can run at once.
+		for i := range lab.Kernels {
+			for _, a := range []string{fmt.Sprintf("198.18.0.%d/24", hostBase+i), fmt.Sprintf("2001:2::%d/64", hostBase+i)} {
+				args := []string{"-n", l.Name(), "addr", "add", a, "dev", l.Bridge()}
+				if strings.Contains(a, ":") {
+					args = append(args, "nodad")
+				}
+				if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+					l.Close()
+					shared.err = fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+					return
+				}
+			}
+		}
+		shared.lab = l
+	})
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.lab
+}
+
+// logf prints lab progress (boot times) to stderr, which go test shows.
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "conformance: "+format+"\n", args...)
+}
+
+// lease returns kernel's peer for t's exclusive use until t ends, booting
+// the guest on first use.
+func lease(t *testing.T, kernel string) *Peer {
+	t.Helper()
+	idx := slices.Index(lab.Kernels, kernel)
+	if idx < 0 {
+		t.Fatalf("unknown kernel %q", kernel)
+	}
+	l := sharedLab(t)
+	shared.mu.Lock()
+	if shared.guests == nil {
+		shared.guests = make(map[string]*guestSlot)
+	}
+	s := shared.guests[kernel]
+	if s == nil {
+		s = &guestSlot{token: make(chan struct{}, 1)}
+		s.token <- struct{}{}
+		shared.guests[kernel] = s
+	}
+	shared.mu.Unlock()
+
+	// Bounded: a test holding the guest longer than this is itself stuck.
+	select {
+	case <-s.token:
+	case <-time.After(30 * time.Minute):
+		t.Fatalf("kernel %s: guest still leased after 30 minutes", kernel)
+	}
+	t.Cleanup(func() { s.token <- struct{}{} })
+
+	s.once.Do(func() {
+		g, err := l.Boot(kernel, fmt.Sprintf("198.18.0.%d", guestBase+idx), lab.BootOptions{})
+		if err != nil {
+			s.err = err
+			return
+		}
+		s.peer = &Peer{Lab: l, Guest: g, Kernel: kernel,
+			HostIP:  fmt.Sprintf("198.18.0.%d", hostBase+idx),
+			HostIP6: fmt.Sprintf("2001:2::%d", hostBase+idx),
+			Port:    portBase + idx}
+	})
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if s.peer.Guest.Exited() {
+		t.Fatalf("kernel %s: guest has exited; console:\n%s", kernel, s.peer.Guest.ConsoleTail(40))
+	}
+	return s.peer
+}
+
+// closeShared kills the guests and removes the lab.
+func closeShared() {
+	if shared.lab == nil {
+		return
+	}
+	if err := shared.lab.Close(); err != nil {
+		logf("lab close: %v", err)
+	}
+}
+
+// Case describes one report row.
+type Case struct {
+	Name string // e.g. "rc_pingpong s=1025"
+	Role string // e.g. "rxego server", "rxego client"
+	// Expect names counters (rxe hw_counters or rxego's --stats names)
+	// that may move in this case, e.g. retries under loss; every other
+	// error counter must stay 0.
+	Expect []string
+	// Lossy says packets are dropped on purpose: the two sides' packet
+	// counts then differ by the drops (see Outcome.Dropped).
+	Lossy bool
+}
+
+// Outcome is what a case's body hands back for its row.
+type Outcome struct {
+	Note string
+	// Rxego is rxego's counters over the case (parseStats), or nil.
+	Rxego map[string]uint64
+	// Dropped, when known, is how many RoCE packets the lab dropped toward
+	// the guest and from it; packet counts then must balance exactly.
+	Dropped *Drops
+}
+
+// Drops counts RoCE packets the lab's loss rules dropped.
+type Drops struct {
+	ToGuest, FromGuest uint64
+}
+
+// benign are the rxe counters (and rxego's) that count normal traffic;
+// every other counter is an error or retry counter and must stay 0 unless
+// the case expects it.
+var benign = map[string]bool{
+	"sent_pkts": true, "rcvd_pkts": true, "rdma_sends": true, "rdma_recvs": true,
+	"sent_bytes": true, "rcvd_bytes": true, "completions_generated": true,
+	"udp_sent_packets": true, "udp_sent_bytes": true, "udp_recv_packets": true,
+	"udp_recv_bytes": true, "udp_gso_segments": true, "udp_gro_segments": true,
+	// rxe counts an ACK it coalesced; rxego an ACK it deferred: both normal.
+	"ack_deferred": true,
+}
+
+// Case runs body as the subtest c.Name/c.Role on p's guest and records
+// one report row with rxe's counter delta, whether body passed or not.
+func (p *Peer) Case(t *testing.T, c Case, body func(t *testing.T) Outcome) {
+	t.Helper()
+	t.Run(strings.ReplaceAll(c.Name+"/"+c.Role, " ", "_"), func(t *testing.T) {
+		before, err := p.Guest.HWCounters()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out Outcome
+		t0 := time.Now()
+		defer func() {
+			d := time.Since(t0)
+			after, err := p.Guest.HWCounters()
+			if err != nil {
+				t.Error(err)
+			}
+			delta := lab.CounterDelta(before, after)
+			if !t.Failed() {
+				checkCounters(t, c, delta, out)
+			}
+			result := "pass"
+			if t.Failed() {
+				result = "FAIL"
+			} else if t.Skipped() {
+				result = "skip"
+			}
+			note := out.Note
+			if out.Rxego != nil {
+				note = strings.TrimSpace(note + " rxego: " + formatCounters(out.Rxego))
+			}
+			report.Add(lab.Row{Case: c.Name, Kernel: p.Kernel, Role: c.Role, Result: result,
+				Duration: d, Counters: delta, Note: note})
+		}()
+		out = body(t)
+	})
+}
+
+// checkCounters asserts rxe's delta and rxego's counters show no error the
+// case does not expect, and that packet counts balance.
+func checkCounters(t *testing.T, c Case, rxe map[string]uint64, out Outcome) {
+	t.Helper()
+	bad := func(side string, m map[string]uint64) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			if m[k] != 0 && !benign[k] && !slices.Contains(c.Expect, k) {
+				t.Errorf("%s counter %s = %d, want 0 (all: %s)", side, k, m[k], formatCounters(m))
+			}
+		}
+	}
+	bad("rxe", rxe)
+	if out.Rxego == nil {
+		return
+	}
+	bad("rxego", out.Rxego)
+	var drop Drops
+	if out.Dropped != nil {
+		drop = *out.Dropped
+	} else if c.Lossy {
+		// Unknown drops: each side can only have received fewer.
+		if rxe["rcvd_pkts"] > out.Rxego["udp_sent_packets"] || out.Rxego["udp_recv_packets"] > rxe["sent_pkts"] {
+			t.Errorf("packet counts: rxe rcvd %d of rxego's %d sent, rxego received %d of rxe's %d sent",
+				rxe["rcvd_pkts"], out.Rxego["udp_sent_packets"], out.Rxego["udp_recv_packets"], rxe["sent_pkts"])
+		}
+		return
+	}
+	// rxe counts rcvd_pkts after its header and ICRC checks: every packet
+	// rxego sent that was not dropped must have passed them.
+	if got, want := rxe["rcvd_pkts"], out.Rxego["udp_sent_packets"]-drop.ToGuest; got != want {
+		t.Errorf("rxe accepted %d packets, rxego sent %d minus %d dropped = %d", got, out.Rxego["udp_sent_packets"], drop.ToGuest, want)
+	}
+	if got, want := out.Rxego["udp_recv_packets"], rxe["sent_pkts"]-drop.FromGuest; got != want {
+		t.Errorf("rxego accepted %d packets, rxe sent %d minus %d dropped = %d", got, rxe["sent_pkts"], drop.FromGuest, want)
+	}
+}
+
+// formatCounters renders the non-zero counters as "name=value", sorted.
+func formatCounters(m map[string]uint64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if m[k] != 0 {
+			parts = append(parts, k+"="+strconv.FormatUint(m[k], 10))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// statsPrefix starts the line `rxego ... --stats` prints.
+const statsPrefix = "rxego-stats "
+
+// parseStats finds the --stats line in a tool's output and returns its
+// counters.
+func parseStats(out []byte) (map[string]uint64, error) {
+	for line := range strings.Lines(string(out)) {
+		if rest, ok := strings.CutPrefix(line, statsPrefix); ok {
+			m := make(map[string]uint64)
+			if err := json.Unmarshal([]byte(rest), &m); err != nil {
+				return nil, fmt.Errorf("rxego stats %q: %w", rest, err)
+			}
+			return m, nil
+		}
+	}
+	return nil, errors.New("no rxego-stats line in the output")
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// Bytes returns a copy of what was written so far.
+func (s *syncBuffer) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return bytes.Clone(s.b.Bytes())
+}
+
+// hostProc is the rxego binary (or another host program) running in the
+// lab namespace.
+type hostProc struct {
+	cmd            *exec.Cmd
+	stdout, stderr syncBuffer
+	done           chan struct{}
+	err            error // valid after done
+}
+
+// startRxego starts the rxego binary with args in the lab namespace. ctx
+// kills it; so does the end of the test.
+func (p *Peer) startRxego(t *testing.T, ctx context.Context, args ...string) *hostProc {
+	t.Helper()
+	h := &hostProc{cmd: p.Lab.CommandContext(ctx, rxegoBin, args...), done: make(chan struct{})}
+	h.cmd.Stdout, h.cmd.Stderr = &h.stdout, &h.stderr
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		h.err = h.cmd.Wait()
+		close(h.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-h.done:
+		default:
+			h.cmd.Process.Kill()
+			<-h.done
+		}
+	})
+	return h
+}
+
+// wait waits for the process to exit (bounded by ctx) and returns its
+// error; output is in stdout and stderr.
+func (h *hostProc) wait(ctx context.Context) error {
+	select {
+	case <-h.done:
+		return h.err
+	case <-ctx.Done():
+		h.cmd.Process.Kill()
+		<-h.done
+		return fmt.Errorf("killed: %w", ctx.Err())
+	}
+}
+
+// output returns stdout and stderr for messages.
+func (h *hostProc) output() string {
+	return fmt.Sprintf("stdout:\n%s\nstderr:\n%s", h.stdout.Bytes(), h.stderr.Bytes())
+}
+
+// waitListen waits until the process listens on TCP port (read from its
+// own /proc/PID/net/tcp{,6}, which shows its namespace), so that a client
+// started next does not race it.
+func (h *hostProc) waitListen(ctx context.Context, port int) error {
+	want := fmt.Sprintf(":%04X", port)
+	for {
+		for _, f := range []string{"tcp", "tcp6"} {
+			data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", h.cmd.Process.Pid, f))
+			for line := range strings.Lines(string(data)) {
+				fs := strings.Fields(line)
+				if len(fs) > 3 && strings.HasSuffix(fs[1], want) && fs[3] == "0A" {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-h.done:
+			return fmt.Errorf("exited before listening on %d: %v", port, h.err)
+		case <-ctx.Done():
+			return fmt.Errorf("not listening on %d: %w", port, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// reportMarkdown is the report with a header naming the kernels and how
+// to read it.
+func reportMarkdown() string {
+	var b strings.Builder
+	b.WriteString(report.Markdown())
+	b.WriteString("\n## Kernels\n\n")
+	for _, k := range lab.Kernels {
+		if info, err := lab.Kernel(k); err == nil {
+			fmt.Fprintf(&b, "- %s: %s (%s)\n", k, info.Release, info.Package)
+		}
+	}
+	b.WriteString(`
+## Reading this report
+
+Each row is one case: the rdma-core tool in the guest (rdma_rxe) facing
+rxego on the host side of the lab bridge. "rxe counters" is the delta of
+the guest's /sys/class/infiniband/rxe0/ports/1/hw_counters over the case;
+the note carries rxego's own counters (same names for the engine; udp_*
+for the socket layer). In a case without injected loss every error and
+retry counter on both sides is 0, and rxe's rcvd_pkts equals rxego's
+udp_sent_packets (rxe counts a packet only after its header and ICRC
+checks), and rxego's udp_recv_packets equals rxe's sent_pkts. Under loss,
+retries (rcvd_seq_err, completer_retry_err, duplicate_request, ...) are
+expected and the data is still verified byte for byte.
+`)
+	return b.String()
+}

@@ -1,0 +1,183 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/conformance/lab"
+)
+
+// ppRun is one run of an ibv_*_pingpong tool in the guest against
+// `rxego pingpong` on the host end.
+type ppRun struct {
+	Tool        string // rc, uc, ud or srq
+	Size        int
+	Iters       int
+	RxegoServer bool // rxego listens, the C tool connects; else the reverse
+	IPv6        bool // use the IPv6 GIDs (TCP stays on IPv4)
+	RxDepth     int  // -r on both sides; 0 for the tools' default
+	// Timeout bounds the whole run; default 2 minutes.
+	Timeout time.Duration
+}
+
+// role names who listens, for report rows.
+func (r ppRun) role() string {
+	if r.RxegoServer {
+		return "rxego server"
+	}
+	return "rxego client"
+}
+
+// name is the case name for report rows.
+func (r ppRun) name() string {
+	n := fmt.Sprintf("%s_pingpong s=%d n=%d", r.Tool, r.Size, r.Iters)
+	if r.IPv6 {
+		n += " ipv6"
+	}
+	return n
+}
+
+// verifyLine is what `rxego pingpong -c` prints after a clean run.
+var verifyLine = regexp.MustCompile(`verify: (\d+) of (\d+) received messages matched`)
+
+// pingpong runs r on p and returns rxego's counters. Both sides must exit
+// 0, report r.Iters iterations, and rxego must have checked every message
+// it received (the C tools echo what they receive, so this also proves
+// rxego's bytes reached the guest intact).
+func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
+	t.Helper()
+	timeout := r.Timeout
+	if timeout == 0 {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+
+	gidIdx, hostAddr := "1", p.HostIP
+	if r.IPv6 {
+		gidIdx, hostAddr = strconv.Itoa(p.gid6Index(t)), p.HostIP6
+	}
+	common := []string{"-p", strconv.Itoa(p.Port), "-s", strconv.Itoa(r.Size), "-n", strconv.Itoa(r.Iters)}
+	if r.RxDepth > 0 {
+		common = append(common, "-r", strconv.Itoa(r.RxDepth))
+	}
+	cTool := append([]string{"ibv_" + r.Tool + "_pingpong", "-d", "rxe0", "-g", gidIdx}, common...)
+	rxego := append([]string{"pingpong", "-t", r.Tool, "-g", hostAddr, "-c", "--stats",
+		"-timeout", (timeout - 5*time.Second).String()}, common...)
+
+	var h *hostProc
+	var cRes lab.Result
+	if r.RxegoServer {
+		h = p.startRxego(t, ctx, rxego...)
+		if err := h.waitListen(ctx, p.Port); err != nil {
+			t.Fatalf("rxego server: %v\n%s", err, h.output())
+		}
+		var err error
+		if cRes, err = p.Guest.Run(ctx, append(cTool, p.HostIP)...); err != nil {
+			h.wait(ctx)
+			t.Fatalf("%v\nC client stdout: %s\nrxego server %s", err, cRes.Stdout, h.output())
+		}
+		if err := h.wait(ctx); err != nil {
+			t.Fatalf("rxego server: %v\n%s\nC client stdout: %s", err, h.output(), cRes.Stdout)
+		}
+	} else {
+		proc, err := p.Guest.Start(cTool...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
+			t.Fatal(err)
+		}
+		h = p.startRxego(t, ctx, append(rxego, p.Guest.IP())...)
+		rerr := h.wait(ctx)
+		if rerr != nil {
+			proc.Kill()
+		}
+		cRes, err = proc.Wait(ctx)
+		if rerr != nil || err != nil {
+			t.Fatalf("rxego client: %v\n%s\nC server: %v\nC server stdout: %s", rerr, h.output(), err, cRes.Stdout)
+		}
+	}
+	out := h.stdout.Bytes()
+	want := fmt.Sprintf("%d iters in", r.Iters)
+	if !regexp.MustCompile(regexp.QuoteMeta(want)).Match(cRes.Stdout) {
+		t.Errorf("C tool: no %q in its output:\n%s", want, cRes.Stdout)
+	}
+	m := verifyLine.FindSubmatch(out)
+	if m == nil || string(m[1]) != string(m[2]) || string(m[2]) == "0" {
+		t.Errorf("rxego did not verify every message:\n%s", out)
+	}
+	stats, err := parseStats(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	note := ""
+	if m != nil {
+		note = fmt.Sprintf("%s messages verified", m[1])
+	}
+	return Outcome{Note: note, Rxego: stats}
+}
+
+// gid6Index returns the index of the guest's RoCEv2 GID for its global
+// IPv6 address (rxe adds it after the link-local and IPv4 ones).
+func (p *Peer) gid6Index(t *testing.T) int {
+	t.Helper()
+	for i := range 16 {
+		gid, err := p.Guest.GID(i)
+		if err == nil && gid.String() == p.Guest.IP6() {
+			return i
+		}
+	}
+	t.Fatalf("guest %s: no GID for %s", p.Guest.IP(), p.Guest.IP6())
+	return -1
+}
+
+// udMaxSize is the largest ud_pingpong message: the port's active MTU
+// (1024 with the guests' 1500-byte Ethernet MTU); the tool refuses more.
+const udMaxSize = 1024
+
+// TestPingpong runs every pingpong tool in both roles at sizes 1, one more
+// than the path MTU (two packets) and 64 KiB (64 packets), UD at 1 and the
+// MTU, over the IPv4 GIDs, on every kernel.
+func TestPingpong(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, tool := range []string{"rc", "uc", "ud", "srq"} {
+			sizes := []int{1, 1025, 65536}
+			if tool == "ud" {
+				sizes = []int{1, udMaxSize}
+			}
+			for _, size := range sizes {
+				for _, server := range []bool{true, false} {
+					r := ppRun{Tool: tool, Size: size, Iters: 20, RxegoServer: server}
+					p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome {
+						return p.pingpong(t, r)
+					})
+				}
+			}
+		}
+	})
+}
+
+// TestPingpongIPv6 is a smoke set over the IPv6 GIDs: each tool once per
+// role at a multi-packet size (UD at the MTU).
+func TestPingpongIPv6(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, tool := range []string{"rc", "uc", "ud", "srq"} {
+			size := 4096
+			if tool == "ud" {
+				size = udMaxSize
+			}
+			for _, server := range []bool{true, false} {
+				r := ppRun{Tool: tool, Size: size, Iters: 10, RxegoServer: server, IPv6: true}
+				p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome {
+					return p.pingpong(t, r)
+				})
+			}
+		}
+	})
+}
