@@ -63,7 +63,7 @@ var kernelTable = map[transition]kernelRule{
 		UC: AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState,
 		RC: AttrCurState | AttrAccessFlags | AttrAltPath | AttrPathMigState | AttrMinRNRTimer,
 	}},
-	{RTS, SQD}: {opt: map[Type]AttrMask{UD: AttrEnSQDAsyncNotif, UC: AttrEnSQDAsyncNotif, RC: AttrEnSQDAsyncNotif}},
+	{RTS, SQD}:   {opt: map[Type]AttrMask{UD: AttrEnSQDAsyncNotif, UC: AttrEnSQDAsyncNotif, RC: AttrEnSQDAsyncNotif}},
 	{SQD, Reset}: {},
 	{SQD, Err}:   {},
 	{SQD, RTS}: {opt: map[Type]AttrMask{
@@ -79,7 +79,7 @@ var kernelTable = map[transition]kernelRule{
 	}},
 	{SQE, Reset}: {},
 	{SQE, Err}:   {},
-	{SQE, RTS}: {opt: map[Type]AttrMask{UD: AttrCurState | AttrQKey, UC: AttrCurState | AttrAccessFlags}},
+	{SQE, RTS}:   {opt: map[Type]AttrMask{UD: AttrCurState | AttrQKey, UC: AttrCurState | AttrAccessFlags}},
 	{Err, Reset}: {},
 	{Err, Err}:   {},
 }

@@ -1,0 +1,94 @@
+package qp
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
+)
+
+// aligned8 returns the first offset at or after off where the MR's IOVA
+// (and so the Go memory behind it) is 8-byte aligned.
+func aligned8(m *mr.MR, off int) int {
+	return off + int((8-(m.IOVA()+uint64(off))%8)%8)
+}
+
+// post posts wrs on ep's send queue or fails the test.
+func (ep *endpoint) post(t *testing.T, wrs ...SendWR) {
+	t.Helper()
+	if err := ep.qp.PostSend(wrs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recv posts one receive of the given MR range or fails the test.
+func (ep *endpoint) recv(t *testing.T, id uint64, m *mr.MR, off, n int) {
+	t.Helper()
+	if err := ep.qp.PostRecv(RecvWR{ID: id, SGL: sge(m, off, n)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// want describes an expected completion: ID, status and opcode.
+type want struct {
+	id uint64
+	st WCStatus
+	op WCOpcode
+}
+
+// check compares completions with the expected ones, in order.
+func check(t *testing.T, what string, got []WC, exp ...want) {
+	t.Helper()
+	ok := len(got) == len(exp)
+	for i := 0; ok && i < len(got); i++ {
+		ok = got[i].ID == exp[i].id && got[i].Status == exp[i].st && got[i].Opcode == exp[i].op
+	}
+	if !ok {
+		t.Fatalf("%s: completions\n got  %s\n want %s", what, fmtWCs(got), fmtWants(exp))
+	}
+}
+
+func fmtWCs(wcs []WC) string {
+	var b strings.Builder
+	for _, w := range wcs {
+		fmt.Fprintf(&b, "{%d %v %v len=%d} ", w.ID, w.Status, w.Opcode, w.ByteLen)
+	}
+	return b.String()
+}
+
+func fmtWants(ws []want) string {
+	var b strings.Builder
+	for _, w := range ws {
+		fmt.Fprintf(&b, "{%d %v %v} ", w.id, w.st, w.op)
+	}
+	return b.String()
+}
+
+// isNAK reports whether pkt is an ACKNOWLEDGE carrying a NAK with code.
+func isNAK(pkt bth.Packet, code uint8) bool {
+	if pkt.Info.Op != bth.OpAck {
+		return false
+	}
+	s := pkt.AETH().Syndrome()
+	return s.Kind() == reth.KindNAK && s.Value() == code
+}
+
+// isRNR reports whether pkt is an RNR NAK.
+func isRNR(pkt bth.Packet) bool {
+	return pkt.Info.Op == bth.OpAck && pkt.AETH().Syndrome().Kind() == reth.KindRNR
+}
+
+// unchanged fails the test if b differs from the copy before.
+func unchanged(t *testing.T, what string, before, b []byte) {
+	t.Helper()
+	if string(before) != string(b) {
+		t.Fatalf("%s: memory was written", what)
+	}
+}
+
+// addrOf returns the address of b's first byte.
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

@@ -1,0 +1,544 @@
+package qp
+
+import (
+	"bytes"
+	"errors"
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
+)
+
+// dropOnce returns a fabric drop function losing, once, the first packet
+// pick selects.
+func dropOnce(t *testing.T, pick func(bth.Packet) bool) func(wirePkt) bool {
+	done := false
+	return func(p wirePkt) bool {
+		if !done && pick(parse(t, p)) {
+			done = true
+			return true
+		}
+		return false
+	}
+}
+
+// TestOneNAKPerGap: a packet lost in a 20-packet message makes the
+// responder send exactly one PSN sequence error NAK however many packets
+// follow the gap; a later gap gets its own NAK.
+func TestOneNAKPerGap(t *testing.T) {
+	o := defaultConn()
+	f, a, b := pair(t, RC, o)
+	const mtu, npk = 1024, 20
+	smr, sbuf := a.n.reg(t, 2*npk*mtu, allAccess)
+	rmr, rbuf := b.n.reg(t, 2*npk*mtu, allAccess)
+	fill(sbuf, 1)
+	naks := 0
+	f.tap = func(p wirePkt, pkt bth.Packet) {
+		if isNAK(pkt, reth.NAKPSNSeqError) {
+			naks++
+		}
+	}
+	first := bth.PSN(o.apsn)
+	f.drop = dropOnce(t, func(pkt bth.Packet) bool { return pkt.BTH().PSN() == first.Add(5) })
+	b.recv(t, 1, rmr, 0, npk*mtu)
+	a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, npk*mtu)})
+	f.run(time.Second)
+	if naks != 1 || b.n.e.Stats.NAKsSent.Load() != 1 {
+		t.Fatalf("%d NAKs seen, %d counted, want 1", naks, b.n.e.Stats.NAKsSent.Load())
+	}
+	if got := b.n.e.Stats.OutOfSeqRequest.Load(); got != npk-6 {
+		t.Fatalf("out_of_seq_request %d, want %d (every packet after the gap)", got, npk-6)
+	}
+	check(t, "sender", pollAll(a.scq), want{1, WCSuccess, WCSend})
+	check(t, "receiver", pollAll(b.rcq), want{1, WCSuccess, WCRecv})
+	// A second message with its own gap: one more NAK.
+	second := first.Add(npk)
+	f.drop = dropOnce(t, func(pkt bth.Packet) bool { return pkt.BTH().PSN() == second.Add(11) })
+	b.recv(t, 2, rmr, npk*mtu, npk*mtu)
+	a.post(t, SendWR{ID: 2, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, npk*mtu, npk*mtu)})
+	f.run(time.Second)
+	if naks != 2 {
+		t.Fatalf("%d NAKs after a second gap, want 2", naks)
+	}
+	check(t, "sender", pollAll(a.scq), want{2, WCSuccess, WCSend})
+	check(t, "receiver", pollAll(b.rcq), want{2, WCSuccess, WCRecv})
+	b.n.e.Sync()
+	if !bytes.Equal(rbuf, sbuf) {
+		t.Fatal("data differs")
+	}
+	if a.n.e.Stats.RcvdSeqErr.Load() != 2 {
+		t.Fatalf("requester counted %d sequence NAKs, want 2", a.n.e.Stats.RcvdSeqErr.Load())
+	}
+}
+
+// TestDuplicateSendWriteReACKed: a duplicated SEND or WRITE is
+// acknowledged again, not executed again.
+func TestDuplicateSendWriteReACKed(t *testing.T) {
+	f, a, b := pair(t, RC, defaultConn())
+	smr, sbuf := a.n.reg(t, 4096, allAccess)
+	rmr, rbuf := b.n.reg(t, 4096, allAccess)
+	fill(sbuf, 2)
+	acks := 0
+	f.tap = func(p wirePkt, pkt bth.Packet) {
+		if pkt.Info.Op == bth.OpAck && pkt.AETH().Syndrome().Kind() == reth.KindACK {
+			acks++
+		}
+	}
+	f.dupIf = func(p wirePkt) bool { return parse(t, p).Info.Flags&bth.Request != 0 }
+	b.recv(t, 1, rmr, 0, 1000)
+	b.recv(t, 2, rmr, 1000, 1000)
+	a.post(t,
+		SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, 1000)},
+		SendWR{ID: 2, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 1000, 1000), RemoteAddr: rmr.IOVA() + 2000, RKey: rmr.RKey()},
+	)
+	f.run(time.Second)
+	check(t, "sender", pollAll(a.scq), want{1, WCSuccess, WCSend}, want{2, WCSuccess, WCWrite})
+	check(t, "receiver", pollAll(b.rcq), want{1, WCSuccess, WCRecv}) // receive 2 stays posted
+	if got := b.n.e.Stats.DuplicateRequest.Load(); got != 2 {
+		t.Fatalf("duplicate_request %d, want 2", got)
+	}
+	if acks != 4 {
+		t.Fatalf("%d ACKs, want 4 (each request and each duplicate)", acks)
+	}
+	b.n.e.Sync()
+	if !bytes.Equal(rbuf[:1000], sbuf[:1000]) || !bytes.Equal(rbuf[2000:3000], sbuf[1000:2000]) {
+		t.Fatal("data differs")
+	}
+}
+
+// TestReadRetryFromFirstMissingByte: when a READ response is lost mid
+// stream, the requester asks again for exactly the bytes not yet
+// received, with the PSN of the first missing response, and the responder
+// replays them from memory.
+func TestReadRetryFromFirstMissingByte(t *testing.T) {
+	o := defaultConn()
+	f, a, b := pair(t, RC, o)
+	const mtu, size = 1024, 20*1024 - 100
+	lmr, lbuf := a.n.reg(t, size, allAccess)
+	rmr, rbuf := b.n.reg(t, size, allAccess)
+	fill(rbuf, 3)
+	type req struct {
+		psn bth.PSN
+		va  uint64
+		n   uint32
+	}
+	var reqs []req
+	f.tap = func(p wirePkt, pkt bth.Packet) {
+		if pkt.Info.Op == bth.OpReadRequest {
+			reqs = append(reqs, req{pkt.BTH().PSN(), pkt.RETH().VA(), pkt.RETH().DMALen()})
+		}
+	}
+	first := bth.PSN(o.apsn)
+	f.drop = dropOnce(t, func(pkt bth.Packet) bool {
+		return pkt.Info.Op == bth.OpReadResponse && pkt.BTH().PSN() == first.Add(7)
+	})
+	a.post(t, SendWR{ID: 5, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()})
+	f.run(time.Second)
+	wcs := pollAll(a.scq)
+	check(t, "requester", wcs, want{5, WCSuccess, WCRead})
+	if wcs[0].ByteLen != size {
+		t.Fatalf("READ byte_len %d, want %d", wcs[0].ByteLen, size)
+	}
+	wantReqs := []req{{first, rmr.IOVA(), size}, {first.Add(7), rmr.IOVA() + 7*mtu, size - 7*mtu}}
+	if len(reqs) != 2 || reqs[0] != wantReqs[0] || reqs[1] != wantReqs[1] {
+		t.Fatalf("READ requests %+v, want %+v", reqs, wantReqs)
+	}
+	if !bytes.Equal(lbuf, rbuf) {
+		t.Fatal("READ data differs")
+	}
+	if b.n.e.Stats.DuplicateRequest.Load() != 1 {
+		t.Fatalf("duplicate_request %d, want 1", b.n.e.Stats.DuplicateRequest.Load())
+	}
+}
+
+// TestAtomicReplayNotReexecuted: when an atomic's response is lost the
+// requester retries, and the responder answers from its saved result: the
+// target changes once and the requester gets the original value.
+func TestAtomicReplayNotReexecuted(t *testing.T) {
+	for _, op := range []WROpcode{WRFetchAdd, WRCompareSwap} {
+		o := defaultConn()
+		o.timeout = 8
+		f, a, b := pair(t, RC, o)
+		lmr, lbuf := a.n.reg(t, 64, allAccess)
+		rmr, rbuf := b.n.reg(t, 64, allAccess)
+		lo, ro := aligned8(lmr, 0), aligned8(rmr, 0)
+		binary.LittleEndian.PutUint64(rbuf[ro:], 1000)
+		f.drop = dropOnce(t, func(pkt bth.Packet) bool { return pkt.Info.Op == bth.OpAtomicAck })
+		wr := SendWR{ID: 1, Opcode: op, Flags: SendSignaled, SGL: sge(lmr, lo, 8), RemoteAddr: rmr.IOVA() + uint64(ro),
+			RKey: rmr.RKey(), CompareAdd: 1000, Swap: 7}
+		if op == WRFetchAdd {
+			wr.CompareAdd = 5
+		}
+		a.post(t, wr)
+		f.run(time.Second)
+		wcop := WCFetchAdd
+		wantMem := uint64(1005)
+		if op == WRCompareSwap {
+			wcop, wantMem = WCCompareSwap, 7
+		}
+		wcs := pollAll(a.scq)
+		check(t, op.String(), wcs, want{1, WCSuccess, wcop})
+		if wcs[0].ByteLen != 8 {
+			t.Fatalf("%v byte_len %d", op, wcs[0].ByteLen)
+		}
+		b.n.e.Sync()
+		if got := binary.LittleEndian.Uint64(rbuf[ro:]); got != wantMem {
+			t.Fatalf("%v: target %d, want %d (executed more than once?)", op, got, wantMem)
+		}
+		if got := binary.LittleEndian.Uint64(lbuf[lo:]); got != 1000 {
+			t.Fatalf("%v: requester got %d, want the original 1000", op, got)
+		}
+		if b.n.e.Stats.DuplicateRequest.Load() != 1 || a.n.e.Stats.Retransmits.Load() != 1 {
+			t.Fatalf("%v: duplicate_request %d, retransmits %d, want 1 and 1", op,
+				b.n.e.Stats.DuplicateRequest.Load(), a.n.e.Stats.Retransmits.Load())
+		}
+	}
+}
+
+// TestAtomicWriteAndFlushReplay: a lost response to ATOMIC WRITE or FLUSH
+// is answered again without executing again.
+func TestAtomicWriteAndFlushReplay(t *testing.T) {
+	o := defaultConn()
+	o.timeout = 8
+	f, a, b := pair(t, RC, o)
+	rmr, rbuf := b.n.reg(t, 64, allAccess)
+	ro := aligned8(rmr, 0)
+	drops := 0
+	f.drop = func(p wirePkt) bool {
+		if parse(t, p).Info.Op == bth.OpReadResponse && drops < 2 {
+			drops++
+			return true
+		}
+		return false
+	}
+	val := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+	a.post(t,
+		SendWR{ID: 1, Opcode: WRAtomicWrite, Flags: SendSignaled, RemoteAddr: rmr.IOVA() + uint64(ro), RKey: rmr.RKey(), AtomicValue: val},
+		SendWR{ID: 2, Opcode: WRFlush, Flags: SendSignaled, RemoteAddr: rmr.IOVA(), RKey: rmr.RKey(), FlushLength: 64, FlushType: 1},
+	)
+	// The peer's application overwrites the word after the ATOMIC WRITE
+	// landed; a re-executed duplicate would put the old value back.
+	f.run(ackTimeout(o.timeout) / 2)
+	b.n.e.Sync()
+	if !bytes.Equal(rbuf[ro:ro+8], val[:]) {
+		t.Fatalf("ATOMIC WRITE landed % x, want % x", rbuf[ro:ro+8], val)
+	}
+	copy(rbuf[ro:], "overwrit")
+	f.run(time.Second)
+	check(t, "requester", pollAll(a.scq), want{1, WCSuccess, WCAtomicWrite}, want{2, WCSuccess, WCFlush})
+	b.n.e.Sync()
+	if string(rbuf[ro:ro+8]) != "overwrit" {
+		t.Fatal("the duplicate ATOMIC WRITE executed again")
+	}
+	if b.n.e.Stats.DuplicateRequest.Load() != 2 {
+		t.Fatalf("duplicate_request %d, want 2", b.n.e.Stats.DuplicateRequest.Load())
+	}
+}
+
+// TestRNRThenSuccess: a SEND (or the last packet of a WRITE with
+// immediate) that finds no receive posted gets RNR NAKs and succeeds once
+// one is posted.
+func TestRNRThenSuccess(t *testing.T) {
+	cases := []struct {
+		name string
+		op   WROpcode
+		size int
+	}{
+		{"send-only", WRSend, 100}, {"send-multi", WRSend, 5000},
+		{"write-imm-only", WRWriteImm, 100}, {"write-imm-multi", WRWriteImm, 5000},
+		{"write-imm-zero", WRWriteImm, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := defaultConn()
+			o.minRN = 4 // 40 us
+			f, a, b := pair(t, RC, o)
+			smr, sbuf := a.n.reg(t, 8192, allAccess)
+			rmr, rbuf := b.n.reg(t, 16384, allAccess)
+			fill(sbuf, 4)
+			rnrs := 0
+			f.tap = func(p wirePkt, pkt bth.Packet) {
+				if isRNR(pkt) {
+					rnrs++
+					if v := pkt.AETH().Syndrome().Value(); v != o.minRN {
+						t.Fatalf("RNR NAK timer %d, want the responder's min_rnr_timer %d", v, o.minRN)
+					}
+				}
+			}
+			a.post(t, SendWR{ID: 1, Opcode: c.op, Imm: 0xabcd, Flags: SendSignaled, SGL: sge(smr, 0, c.size),
+				RemoteAddr: rmr.IOVA() + 100, RKey: rmr.RKey()})
+			f.run(5 * time.Duration(RNRTimerMicros(o.minRN)) * time.Microsecond)
+			if rnrs < 3 || len(pollAll(a.scq)) != 0 {
+				t.Fatalf("%d RNR NAKs before a receive was posted", rnrs)
+			}
+			b.recv(t, 9, rmr, 8192, 8192)
+			f.run(time.Second)
+			wcop := WCSend
+			if c.op == WRWriteImm {
+				wcop = WCWrite
+			}
+			check(t, "sender", pollAll(a.scq), want{1, WCSuccess, wcop})
+			rw := pollAll(b.rcq)
+			if c.op == WRSend {
+				check(t, "receiver", rw, want{9, WCSuccess, WCRecv})
+				b.n.e.Sync()
+				if !bytes.Equal(rbuf[8192:8192+c.size], sbuf[:c.size]) {
+					t.Fatal("data differs")
+				}
+			} else {
+				check(t, "receiver", rw, want{9, WCSuccess, WCRecvRDMAImm})
+				b.n.e.Sync()
+				if !bytes.Equal(rbuf[100:100+c.size], sbuf[:c.size]) {
+					t.Fatal("data differs")
+				}
+			}
+			if rw[0].ByteLen != uint32(c.size) || rw[0].Imm != 0xabcd && c.op == WRWriteImm {
+				t.Fatalf("receive completion %+v", rw[0])
+			}
+			if got := b.n.e.Stats.SendRNRErr.Load(); got != uint64(rnrs) {
+				t.Fatalf("send_rnr_err %d, RNR NAKs seen %d", got, rnrs)
+			}
+		})
+	}
+}
+
+// accessCase is a remote operation the responder must refuse.
+type accessCase struct {
+	name string
+	// setup returns the WR to post and the responder memory it must not
+	// touch.
+	setup func(t *testing.T, a, b *endpoint) (SendWR, []byte)
+}
+
+// remoteOps builds, for an rkey/address chosen by target, a WRITE, a
+// WRITE with immediate, a READ, both atomics and an ATOMIC WRITE.
+func remoteOps(target func(b *endpoint) (va uint64, rkey uint32, mem []byte)) []accessCase {
+	var out []accessCase
+	ops := []WROpcode{WRWrite, WRWriteImm, WRRead, WRFetchAdd, WRCompareSwap, WRAtomicWrite, WRFlush}
+	for _, op := range ops {
+		out = append(out, accessCase{op.String(), func(t *testing.T, a, b *endpoint) (SendWR, []byte) {
+			lmr, lbuf := a.n.reg(t, 256, allAccess)
+			fill(lbuf, 9)
+			va, rkey, mem := target(b)
+			wr := SendWR{ID: 1, Opcode: op, Flags: SendSignaled, RemoteAddr: va, RKey: rkey, AtomicValue: [8]byte{9, 9, 9, 9, 9, 9, 9, 9}, FlushLength: 64}
+			switch op {
+			case WRFetchAdd, WRCompareSwap:
+				wr.SGL = sge(lmr, aligned8(lmr, 0), 8)
+				wr.CompareAdd = 1
+			case WRAtomicWrite, WRFlush:
+			default:
+				wr.SGL = sge(lmr, 0, 64)
+			}
+			return wr, mem
+		}})
+	}
+	return out
+}
+
+// runAccessError posts the case's WR and checks: the requester completes
+// it with st, its other WRs flush, the responder moves to ERR and flushes
+// its receives, and the target memory is untouched.
+func runAccessError(t *testing.T, o connOpts, c accessCase, st WCStatus) {
+	f, a, b := pair(t, RC, o)
+	wr, mem := c.setup(t, a, b)
+	before := append([]byte(nil), mem...)
+	rmr, _ := b.n.reg(t, 64, allAccess)
+	b.recv(t, 77, rmr, 0, 64)
+	a.post(t, wr, SendWR{ID: 2, Opcode: WRSend, Flags: SendSignaled})
+	f.run(time.Second)
+	check(t, c.name+" requester", pollAll(a.scq), want{1, st, wcOpcodeOf(wr.Opcode)}, want{2, WCWRFlushErr, WCSend})
+	if a.qp.State() != Err || b.qp.State() != Err {
+		t.Fatalf("%s: states %v/%v, want ERR/ERR", c.name, a.qp.State(), b.qp.State())
+	}
+	// A WRITE with immediate that fails its rkey check had already taken
+	// the receive (rxe checks resources first); it completes with the
+	// error. Otherwise the receive is flushed when the responder fails.
+	recvSt := WCWRFlushErr
+	if wr.Opcode == WRWriteImm && st == WCRemAccessErr {
+		recvSt = WCRemAccessErr
+	}
+	check(t, c.name+" responder", pollAll(b.rcq), want{77, recvSt, WCRecv})
+	b.n.e.Sync()
+	unchanged(t, c.name, before, mem)
+}
+
+// TestRemoteAccessErrors: a bad rkey, an rkey of another PD, a
+// deregistered MR, a range outside the MR or wrapping the address space,
+// or an MR without the needed access each give REM_ACCESS_ERR, move the
+// responder to ERR and write nothing.
+func TestRemoteAccessErrors(t *testing.T) {
+	// Each target returns an 8-byte aligned VA, the rkey to use and the
+	// memory that must stay untouched.
+	type target func(t *testing.T, b *endpoint) (uint64, uint32, []byte)
+	regAligned := func(t *testing.T, b *endpoint, pd *mr.PD, acc mr.Access) (*mr.MR, uint64, []byte) {
+		buf := make([]byte, 72)
+		m, err := pd.Register(buf, acc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m, m.IOVA() + uint64(aligned8(m, 0)), buf
+	}
+	targets := map[string]target{
+		"garbage-rkey": func(t *testing.T, b *endpoint) (uint64, uint32, []byte) {
+			m, va, buf := regAligned(t, b, b.n.pd, allAccess)
+			return va, m.RKey() ^ 0x5a, buf
+		},
+		"other-pd": func(t *testing.T, b *endpoint) (uint64, uint32, []byte) {
+			m, va, buf := regAligned(t, b, b.n.mrs.AllocPD(), allAccess)
+			return va, m.RKey(), buf
+		},
+		"deregistered": func(t *testing.T, b *endpoint) (uint64, uint32, []byte) {
+			m, va, buf := regAligned(t, b, b.n.pd, allAccess)
+			key := m.RKey()
+			if err := m.Deregister(); err != nil {
+				t.Fatal(err)
+			}
+			return va, key, buf
+		},
+		"past-end": func(t *testing.T, b *endpoint) (uint64, uint32, []byte) {
+			m, _, buf := regAligned(t, b, b.n.pd, allAccess)
+			return m.IOVA() + uint64(aligned8(m, len(buf))), m.RKey(), buf
+		},
+		"wraps-address-space": func(t *testing.T, b *endpoint) (uint64, uint32, []byte) {
+			buf := make([]byte, 64)
+			m, err := b.n.pd.Register(buf, allAccess, mr.WithIOVA(1<<64-72))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return 1<<64 - 16, m.RKey(), buf // 8 bytes fit, 64 wrap
+		},
+		"mr-without-access": func(t *testing.T, b *endpoint) (uint64, uint32, []byte) {
+			_, va, buf := regAligned(t, b, b.n.pd, mr.LocalWrite)
+			m, _ := b.n.pd.Register(buf, mr.LocalWrite)
+			return va - m.IOVA() + m.IOVA(), m.RKey(), buf
+		},
+	}
+	for name, target := range targets {
+		t.Run(name, func(t *testing.T) {
+			for _, c := range remoteOps(func(b *endpoint) (uint64, uint32, []byte) { return target(t, b) }) {
+				if name == "wraps-address-space" && (c.name == "ATOMIC_FETCH_AND_ADD" || c.name == "ATOMIC_CMP_AND_SWP" || c.name == "ATOMIC_WRITE") {
+					continue // 8 bytes at 2^64-8 are inside the MR
+				}
+				runAccessError(t, defaultConn(), c, WCRemAccessErr)
+			}
+		})
+	}
+}
+
+// TestQPAccessFlagsRefuse: a responder QP without RemoteWrite, RemoteRead
+// or RemoteAtomic refuses those operations as invalid requests.
+func TestQPAccessFlagsRefuse(t *testing.T) {
+	cases := map[mr.Access][]WROpcode{
+		mr.RemoteWrite:  {WRWrite, WRWriteImm, WRAtomicWrite},
+		mr.RemoteRead:   {WRRead},
+		mr.RemoteAtomic: {WRFetchAdd, WRCompareSwap},
+	}
+	for missing, ops := range cases {
+		for _, c := range remoteOps(func(b *endpoint) (uint64, uint32, []byte) {
+			m, buf := b.n.reg(t, 64, allAccess)
+			return m.IOVA() + uint64(aligned8(m, 0)), m.RKey(), buf
+		}) {
+			hit := false
+			for _, op := range ops {
+				hit = hit || c.name == op.String()
+			}
+			if !hit {
+				continue
+			}
+			o := defaultConn()
+			o.noAccess = missing
+			runAccessError(t, o, c, WCRemInvReqErr)
+		}
+	}
+}
+
+// TestMisalignedAtomicMemory: an atomic whose VA is aligned but whose
+// memory is not (an MR with a chosen IOVA over an odd buffer) is refused
+// as an invalid request.
+func TestMisalignedAtomicMemory(t *testing.T) {
+	c := accessCase{"misaligned", func(t *testing.T, a, b *endpoint) (SendWR, []byte) {
+		lmr, _ := a.n.reg(t, 64, allAccess)
+		raw := make([]byte, 80)
+		off := 0
+		for addrOf(raw[off:])%8 != 1 {
+			off++
+		}
+		buf := raw[off : off+64] // an odd address
+		m, err := b.n.pd.Register(buf, allAccess, mr.WithIOVA(0x10000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return SendWR{ID: 1, Opcode: WRFetchAdd, Flags: SendSignaled, SGL: sge(lmr, aligned8(lmr, 0), 8),
+			RemoteAddr: 0x10008, RKey: m.RKey(), CompareAdd: 1}, buf
+	}}
+	runAccessError(t, defaultConn(), c, WCRemInvReqErr)
+}
+
+// TestRecvTooShort: a SEND longer than the posted receive completes that
+// receive with LOC_LEN_ERR and the requester with REM_INV_REQ_ERR.
+func TestRecvTooShort(t *testing.T) {
+	for _, sizes := range [][2]int{{100, 50}, {3000, 2000}, {1, 0}} {
+		f, a, b := pair(t, RC, defaultConn())
+		smr, _ := a.n.reg(t, 4096, allAccess)
+		rmr, _ := b.n.reg(t, 4096, allAccess)
+		b.recv(t, 1, rmr, 0, sizes[1])
+		b.recv(t, 2, rmr, 0, 4096)
+		a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, sizes[0])})
+		f.run(time.Second)
+		check(t, "requester", pollAll(a.scq), want{1, WCRemInvReqErr, WCSend})
+		check(t, "receiver", pollAll(b.rcq), want{1, WCLocLenErr, WCRecv}, want{2, WCWRFlushErr, WCRecv})
+		if b.qp.State() != Err {
+			t.Fatalf("responder %v, want ERR", b.qp.State())
+		}
+	}
+}
+
+// TestMisalignedAtomicRejectedAtPost: atomics need an 8-byte aligned
+// remote address and one 8-byte SGE; a bad one fails PostSend and nothing
+// is queued.
+func TestMisalignedAtomicRejectedAtPost(t *testing.T) {
+	f, a, b := pair(t, RC, defaultConn())
+	lmr, _ := a.n.reg(t, 64, allAccess)
+	rmr, _ := b.n.reg(t, 64, allAccess)
+	ro := uint64(aligned8(rmr, 0))
+	l8 := sge(lmr, aligned8(lmr, 0), 8)
+	bad := []SendWR{
+		{Opcode: WRFetchAdd, SGL: l8, RemoteAddr: rmr.IOVA() + ro + 4, RKey: rmr.RKey()},
+		{Opcode: WRCompareSwap, SGL: l8, RemoteAddr: rmr.IOVA() + ro + 1, RKey: rmr.RKey()},
+		{Opcode: WRAtomicWrite, RemoteAddr: rmr.IOVA() + ro + 2, RKey: rmr.RKey()},
+		{Opcode: WRFetchAdd, SGL: sge(lmr, 0, 4), RemoteAddr: rmr.IOVA() + ro, RKey: rmr.RKey()},
+	}
+	sent := a.n.e.Stats.SentPkts.Load()
+	for i, wr := range bad {
+		good := SendWR{ID: 100, Opcode: WRSend}
+		if err := a.qp.PostSend(good, wr); !errors.Is(err, ErrInvalidWR) {
+			t.Fatalf("bad WR %d: %v, want ErrInvalidWR", i, err)
+		}
+	}
+	if a.n.e.Stats.SentPkts.Load() != sent {
+		t.Fatal("a refused batch sent packets")
+	}
+	a.post(t, SendWR{ID: 7, Opcode: WRFetchAdd, Flags: SendSignaled, SGL: l8, RemoteAddr: rmr.IOVA() + ro, RKey: rmr.RKey(), CompareAdd: 1})
+	f.run(time.Second)
+	check(t, "requester", pollAll(a.scq), want{7, WCSuccess, WCFetchAdd})
+}
+
+// TestZeroLengthRDMAIgnoresRKey: IBA C9-88 — a zero-length RDMA WRITE or
+// READ checks no rkey.
+func TestZeroLengthRDMAIgnoresRKey(t *testing.T) {
+	f, a, b := pair(t, RC, defaultConn())
+	lmr, _ := a.n.reg(t, 64, allAccess)
+	a.post(t,
+		SendWR{ID: 1, Opcode: WRWrite, Flags: SendSignaled, RemoteAddr: 0xdead0000, RKey: 0xbadbad},
+		SendWR{ID: 2, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, 0), RemoteAddr: 0xdead0000, RKey: 0xbadbad},
+		SendWR{ID: 3, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(lmr, 0, 0), RemoteAddr: 1<<64 - 1, RKey: 0},
+	)
+	f.run(time.Second)
+	check(t, "requester", pollAll(a.scq), want{1, WCSuccess, WCWrite}, want{2, WCSuccess, WCRead}, want{3, WCSuccess, WCWrite})
+	if b.qp.State() != RTS {
+		t.Fatalf("responder %v", b.qp.State())
+	}
+}
