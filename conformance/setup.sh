@@ -45,8 +45,8 @@ fi
 # newest_pkg PATTERN prints the newest package name apt knows matching the
 # extended regex PATTERN (version-sorted), or nothing.
 newest_pkg() {
-	apt-cache search --names-only "$1" 2>/dev/null | awk '{print $1}' |
-		grep -E "$1" | sort -V | tail -n 1
+	{ apt-cache search --names-only "$1" 2>/dev/null || true; } | awk '{print $1}' |
+		{ grep -E "$1" || true; } | sort -V | tail -n 1
 }
 
 # pick_kernel SERIES prints the image package to use for SERIES.
@@ -102,9 +102,12 @@ build_kernel() {
 	tmp=$lab/tmp-$series
 	rm -rf "$tmp"
 	mkdir -p "$tmp/deb" "$tmp/root" "$tmp/initramfs"
-	(cd "$tmp/deb" && apt-get download -qq "$pkg" 2>/dev/null) ||
-		(cd "$tmp/deb" && apt-get download "$pkg") ||
-		die "apt-get download $pkg failed"
+	if ! (cd "$tmp/deb" && apt-get download -qq "$pkg" 2>/dev/null); then
+		# A stale package index names versions the archive no longer has.
+		log "download failed; refreshing the package index"
+		apt-get update -qq
+		(cd "$tmp/deb" && apt-get download "$pkg") || die "apt-get download $pkg failed"
+	fi
 	dpkg-deb -x "$tmp"/deb/*.deb "$tmp/root"
 	kver=$(ls "$tmp/root/lib/modules")
 	[ -n "$kver" ] && [ -f "$tmp/root/boot/vmlinuz-$kver" ] || die "$pkg: no vmlinuz/modules in package"
