@@ -1,9 +1,20 @@
 module github.com/rxego/rxego
 
-go 1.26
+go 1.26.0
 
 require (
-	github.com/gopacket/gopacket v1.7.7 // indirect
-	golang.org/x/net v0.55.0 // indirect
-	golang.org/x/sys v0.45.0 // indirect
+	github.com/gopacket/gopacket v1.7.7
+	github.com/prometheus/client_golang v1.23.2
+	golang.org/x/net v0.59.0
+	golang.org/x/sys v0.48.0
+)
+
+require (
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/prometheus/client_model v0.6.3 // indirect
+	github.com/prometheus/common v0.69.0 // indirect
+	github.com/prometheus/procfs v0.20.1 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )

@@ -209,6 +209,17 @@ func (e *Engine) QP(n uint32) (*QP, bool) {
 	return q, ok
 }
 
+// QPs returns the engine's QPs, in no particular order.
+func (e *Engine) QPs() []*QP {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]*QP, 0, len(e.qps))
+	for _, q := range e.qps {
+		out = append(out, q)
+	}
+	return out
+}
+
 // emit queues a packet built in buf[:n] for sending.
 func (e *Engine) emit(buf []byte, dest netip.AddrPort, tos uint8) {
 	e.outq = append(e.outq, OutPacket{Buf: buf, Dest: dest, TOS: tos})
