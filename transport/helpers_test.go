@@ -142,3 +142,5 @@ func (r *tapRec) snapshot() ([]tapPkt, []tapDrop) {
 	defer r.mu.Unlock()
 	return append([]tapPkt(nil), r.pkts...), append([]tapDrop(nil), r.drops...)
 }
+
+func netipMustAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }

@@ -36,7 +36,7 @@ func (e *endpoint) peer(p netip.AddrPort) (netip.AddrPort, bool) {
 		a = a.Unmap()
 		p = netip.AddrPortFrom(a, p.Port())
 	}
-	if !a.IsValid() || a.Is6() != e.v6 || a.IsUnspecified() || p.Port() == 0 {
+	if !a.IsValid() || a.Is6() != e.v6 || a.Is4In6() || a.IsUnspecified() || p.Port() == 0 {
 		return p, false
 	}
 	return p, true
