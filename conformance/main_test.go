@@ -25,6 +25,8 @@
 //     returns rxego's own counters (Outcome.Rxego, e.g. from parseStats),
 //     that the packet counts of both sides agree (rxe's rcvd_pkts counts
 //     only packets whose headers and ICRC it accepted).
+//   - $RXEGO_CAPTURE=DIR captures the bridge during every case to
+//     DIR/<test name>.pcap (all kernels' traffic: filter by address).
 //   - p.startRxego(t, ctx, args...) runs the rxego binary in the lab
 //     namespace; hostProc.waitListen waits for its TCP listener and
 //     hostProc.wait for its exit. parseStats reads the line `--stats`
@@ -334,9 +336,14 @@ func (p *Peer) Case(t *testing.T, c Case, body func(t *testing.T) Outcome) {
 			t.Fatal(err)
 		}
 		var out Outcome
+		capt := p.capture(t)
 		t0 := time.Now()
 		defer func() {
 			d := time.Since(t0)
+			if capt != nil {
+				capt.Stop()
+				t.Logf("capture: %s", capt.Path())
+			}
 			after, err := p.Guest.HWCounters()
 			if err != nil {
 				t.Error(err)
@@ -360,6 +367,24 @@ func (p *Peer) Case(t *testing.T, c Case, body func(t *testing.T) Outcome) {
 		}()
 		out = body(t)
 	})
+}
+
+// capture starts a bridge capture for the running case when
+// $RXEGO_CAPTURE names a directory; the file is named after the test.
+func (p *Peer) capture(t *testing.T) *lab.Capture {
+	dir := os.Getenv("RXEGO_CAPTURE")
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := strings.NewReplacer("/", "_", "=", "").Replace(t.Name()) + ".pcap"
+	c, err := p.Lab.Capture(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // checkCounters asserts rxe's delta and rxego's counters show no error the

@@ -61,7 +61,10 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 	if r.IPv6 {
 		gidIdx, hostAddr = strconv.Itoa(p.gid6Index(t)), p.HostIP6
 	}
-	common := []string{"-p", strconv.Itoa(p.Port), "-s", strconv.Itoa(r.Size), "-n", strconv.Itoa(r.Iters)}
+	// -e: both sides sleep on completion events rather than spin, which
+	// leaves the host's CPUs to the emulated guests: a starved guest or
+	// rxego stalls long enough to set off rxe's 67 ms retransmit timer.
+	common := []string{"-e", "-p", strconv.Itoa(p.Port), "-s", strconv.Itoa(r.Size), "-n", strconv.Itoa(r.Iters)}
 	if r.RxDepth > 0 {
 		common = append(common, "-r", strconv.Itoa(r.RxDepth))
 	}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"os"
@@ -69,7 +70,7 @@ func (s *server) serve(c net.Conn) {
 	for {
 		var req agentproto.Request
 		if err := dec.Decode(&req); err != nil {
-			if !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "EOF") {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				// A malformed request ends the connection: the stream
 				// cannot be resynchronised.
 				enc.Encode(agentproto.Response{Error: "bad request: " + err.Error()})

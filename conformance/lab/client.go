@@ -331,10 +331,16 @@ func CounterDelta(before, after map[string]uint64) map[string]uint64 {
 
 // WaitTCPListen waits until something in the guest listens on TCP port
 // (IPv4 or IPv6), e.g. a perftest or ibv_*_pingpong server on 18515, so
-// that a client started next does not race it. ctx bounds the wait.
+// that a client started next does not race it. ctx bounds the wait
+// (fileTimeout when it has no deadline).
 func (g *Guest) WaitTCPListen(ctx context.Context, port int) error {
 	if port <= 0 || port > 65535 {
 		return fmt.Errorf("port %d", port)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, fileTimeout)
+		defer cancel()
 	}
 	for {
 		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {

@@ -22,8 +22,9 @@ import (
 type BootOptions struct {
 	// MemoryMB is the guest's RAM; default DefaultMemoryMB.
 	MemoryMB int
-	// MTU of the guest's eth0; default 1500 (RoCE path MTU 1024). The
-	// bridge and tap follow the largest MTU booted.
+	// MTU of the guest's eth0 and its tap; default 1500 (RoCE path MTU
+	// 1024). The bridge, the host's end, takes the smallest MTU of its
+	// ports, as Linux bridges do.
 	MTU int
 	// IP6 is the guest's IPv6 address; default 2001:2::<last octet of the
 	// IPv4 address, as written>, e.g. 2001:2::11 for 198.18.0.11.

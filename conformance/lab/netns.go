@@ -66,6 +66,18 @@ func (l *Lab) ListenPacket(network, address string) (net.PacketConn, error) {
 	return c, err
 }
 
+// Listen opens a stream listener inside the lab namespace, e.g.
+// Listen("tcp4", "198.18.0.1:18515") for a tool's out-of-band exchange.
+func (l *Lab) Listen(network, address string) (net.Listener, error) {
+	var ln net.Listener
+	err := l.InNetns(func() error {
+		var err error
+		ln, err = net.Listen(network, address)
+		return err
+	})
+	return ln, err
+}
+
 // Command returns a command that runs the host program name inside the lab
 // namespace (through `ip netns exec`), e.g. the rxego binary facing the
 // guests from HostIP. The caller starts and waits for it.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -147,6 +149,48 @@ func TestLabTools(t *testing.T) {
 		serverClient(t, ctx, s, c, 18515, "ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-n", "5")
 	})
 
+	t.Run("HostPeer", func(t *testing.T) {
+		// The shape of an rxego interop test: a peer at HostIP inside the
+		// namespace answers ibv_rc_pingpong's TCP exchange and receives
+		// rxe's RoCEv2 packets on its own UDP socket.
+		udp, err := l.ListenPacket("udp4", lab.HostIP+":4791")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer udp.Close()
+		ln, err := l.Listen("tcp4", lab.HostIP+":18515")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		exch := make(chan error, 1)
+		go func() { exch <- pingpongServerExchange(ln, 0x123) }()
+		p, err := c.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-n", "1", lab.HostIP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Kill()
+		if err := <-exch; err != nil {
+			t.Fatal(err)
+		}
+		udp.SetReadDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 2048)
+		n, from, err := udp.ReadFrom(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// BTH: opcode 0x00 (RC SEND First: 4096 bytes at MTU 1024) or
+		// 0x04 (SEND Only), P_Key 0xffff, destination QP 0x123.
+		if n < 12+4 || (buf[0] != 0x00 && buf[0] != 0x04) ||
+			binary.BigEndian.Uint16(buf[2:]) != 0xffff ||
+			binary.BigEndian.Uint32(buf[4:])&0xffffff != 0x123 {
+			t.Fatalf("from %v: % x", from, buf[:min(n, 32)])
+		}
+		if got := netip.MustParseAddrPort(from.String()).Addr().String(); got != c.IP() {
+			t.Fatalf("RoCE packet from %s, want %s", got, c.IP())
+		}
+	})
+
 	t.Run("Close", func(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Fatal(err)
@@ -163,6 +207,34 @@ func TestLabTools(t *testing.T) {
 			t.Error("agent still answers after Close")
 		}
 	})
+}
+
+// pingpongServerExchange plays ibv_rc_pingpong's server side of the TCP
+// exchange: read the client's "LID:QPN:PSN:GID" record, answer with QP qpn
+// at GID ::ffff:HostIP, read "done".
+func pingpongServerExchange(ln net.Listener, qpn uint32) error {
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(60 * time.Second))
+	conn, err := ln.Accept()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	rec := make([]byte, 52) // "%04x:%06x:%06x:%s" with a 32-digit GID, NUL
+	if _, err := io.ReadFull(conn, rec); err != nil {
+		return fmt.Errorf("client record: %w", err)
+	}
+	h4 := netip.MustParseAddr(lab.HostIP).As4()
+	gid := fmt.Sprintf("00000000000000000000ffff%02x%02x%02x%02x", h4[0], h4[1], h4[2], h4[3])
+	reply := fmt.Sprintf("%04x:%06x:%06x:%s\x00", 0, qpn, 0, gid)
+	if _, err := conn.Write([]byte(reply)); err != nil {
+		return err
+	}
+	done := make([]byte, 5)
+	if _, err := io.ReadFull(conn, done); err != nil || string(done) != "done\x00" {
+		return fmt.Errorf("client done: %q %v", done, err)
+	}
+	return nil
 }
 
 // dropped sums the packet counters of an nft ruleset listing.
