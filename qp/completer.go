@@ -177,8 +177,7 @@ func (e *Engine) completeAcked(q *QP) {
 			q.req.rdOut--
 		}
 		w.done = true
-		q.completeSend(w, false)
-		q.sqHead++
+		q.retire(false)
 	}
 }
 

@@ -480,10 +480,18 @@ func (q *QP) flushSQ() {
 		if !w.done {
 			w.status = WCWRFlushErr
 		}
-		q.completeSend(w, true)
-		q.sqHead++
+		q.retire(true)
 	}
 	q.sqSend = q.sqHead
+}
+
+// retire takes the head WQE off the send queue and reports its
+// completion. The head moves first: a completion that overruns the CQ
+// moves the QP to ERR, whose flush must start after this WQE.
+func (q *QP) retire(flushed bool) {
+	w := q.wqe(q.sqHead)
+	q.sqHead++
+	q.completeSend(w, flushed)
 }
 
 func (q *QP) flushRQ() {

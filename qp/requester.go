@@ -43,7 +43,7 @@ func (e *Engine) kick(q *QP) {
 		return
 	}
 	now := e.cfg.Clock.Now()
-	for q.sqSend != q.sqTail {
+	for q.sqSend != q.sqTail && (q.state == RTS || q.state == SQD) {
 		if q.state == SQD && !q.wqe(q.sqSend).started {
 			break
 		}
@@ -80,7 +80,12 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	}
 	op := w.wr.Opcode
 	if op == WRLocalInv {
-		e.localInvalidate(q, w)
+		if !w.started { // a Go-back-N rewind passes it without executing it again
+			e.localInvalidate(q, w)
+			if q.state == Err {
+				return false
+			}
+		}
 		q.sqSend++
 		return true
 	}
@@ -408,10 +413,13 @@ func (e *Engine) sendFlush(q *QP, w *sendWQE) {
 }
 
 // localInvalidate executes a LOCAL_INV work request.
+// It takes no PSN: its empty range [psn, psn-1] matches no response, so
+// ACKs and NAKs pass it by.
 func (e *Engine) localInvalidate(q *QP, w *sendWQE) {
 	w.started, w.acked = true, true
+	w.firstPSN, w.lastPSN = q.req.psn, q.req.psn.Add(-1)
 	if err := e.cfg.MRs.Invalidate(w.wr.InvalidateRKey, q.pd); err != nil {
-		e.failWQE(q, w, WCLocProtErr)
+		e.failWQE(q, w, WCLocQPOpErr) // rxe's status for a failed local operation
 		return
 	}
 	if q.sqHead == q.sqSend {
@@ -425,18 +433,18 @@ func (e *Engine) failWQE(q *QP, w *sendWQE, st WCStatus) {
 	w.done = true
 	e.Stats.SendErr.Add(1)
 	// Everything before w completes first, in order, then w with its error.
+	// Before w, only a local operation can be finished yet not completed
+	// (it waits for an earlier request's response); it keeps its success.
 	for q.sqHead != q.sqTail {
 		x := q.wqe(q.sqHead)
 		if x == w {
-			q.completeSend(x, false)
-			q.sqHead++
+			q.retire(false)
 			break
 		}
-		if !x.done {
+		if !x.done && !x.acked {
 			x.status = WCWRFlushErr
 		}
-		q.completeSend(x, true)
-		q.sqHead++
+		q.retire(true)
 	}
 	q.enterError()
 }

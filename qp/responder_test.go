@@ -2,8 +2,8 @@ package qp
 
 import (
 	"bytes"
-	"errors"
 	"encoding/binary"
+	"errors"
 	"testing"
 	"time"
 

@@ -1,0 +1,119 @@
+package qp
+
+import (
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/mr"
+)
+
+// TestNAKFlushesInOrder: a NAK completes its WR with the matching status,
+// moves the QP to ERR and flushes the rest of the send queue in order —
+// unsignaled WRs included, since errors always complete — and the receive
+// queue too. Unsignaled WRs that succeeded produce nothing.
+func TestNAKFlushesInOrder(t *testing.T) {
+	f, a, b := pair(t, RC, defaultConn())
+	lmr, _ := a.n.reg(t, 4096, allAccess)
+	rmr, _ := b.n.reg(t, 4096, allAccess)
+	b.recv(t, 50, rmr, 0, 4096)
+	b.recv(t, 51, rmr, 0, 4096)
+	a.recv(t, 60, lmr, 0, 100)
+	a.recv(t, 61, lmr, 100, 100)
+	a.post(t,
+		SendWR{ID: 0, Opcode: WRSend, SGL: sge(lmr, 0, 10)}, // unsignaled, succeeds: no completion
+		SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 10)},
+		SendWR{ID: 2, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(lmr, 0, 10), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey() + 1<<8},
+		SendWR{ID: 3, Opcode: WRSend, SGL: sge(lmr, 0, 10)},
+		SendWR{ID: 4, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, 10), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()},
+		SendWR{ID: 5, Opcode: WRFetchAdd, SGL: sge(lmr, aligned8(lmr, 16), 8), RemoteAddr: rmr.IOVA() + uint64(aligned8(rmr, 0)), RKey: rmr.RKey()},
+	)
+	f.run(time.Second)
+	check(t, "requester send CQ", pollAll(a.scq),
+		want{1, WCSuccess, WCSend}, want{2, WCRemAccessErr, WCWrite}, want{3, WCWRFlushErr, WCSend},
+		want{4, WCWRFlushErr, WCRead}, want{5, WCWRFlushErr, WCFetchAdd})
+	check(t, "requester recv CQ", pollAll(a.rcq), want{60, WCWRFlushErr, WCRecv}, want{61, WCWRFlushErr, WCRecv})
+	// Both receives were used before the responder failed: nothing to flush.
+	check(t, "responder recv CQ", pollAll(b.rcq), want{50, WCSuccess, WCRecv}, want{51, WCSuccess, WCRecv})
+	if a.qp.State() != Err || b.qp.State() != Err {
+		t.Fatalf("states %v/%v", a.qp.State(), b.qp.State())
+	}
+	if got := a.n.e.Stats.FlushedWorkRequests.Load(); got != 5 {
+		t.Fatalf("flushed %d WRs, want 5 (3 send, 2 receive)", got)
+	}
+}
+
+// TestNAKStatuses: each NAK code maps to its completion status.
+func TestNAKStatuses(t *testing.T) {
+	cases := []struct {
+		name string
+		mk   func(a, b *endpoint) SendWR
+		st   WCStatus
+	}{
+		{"remote-access", func(a, b *endpoint) SendWR {
+			return SendWR{Opcode: WRRead, SGL: sge(mustReg(t, a, 64), 0, 8), RemoteAddr: 1, RKey: 0x1234}
+		}, WCRemAccessErr},
+		{"invalid-request", func(a, b *endpoint) SendWR {
+			return SendWR{Opcode: WRSend, SGL: sge(mustReg(t, a, 4096), 0, 4096)} // longer than the receive
+		}, WCRemInvReqErr},
+	}
+	for _, c := range cases {
+		f, a, b := pair(t, RC, defaultConn())
+		b.recv(t, 1, mustReg(t, b, 64), 0, 64)
+		wr := c.mk(a, b)
+		wr.ID, wr.Flags = 9, SendSignaled
+		a.post(t, wr)
+		f.run(time.Second)
+		check(t, c.name, pollAll(a.scq), want{9, c.st, wcOpcodeOf(wr.Opcode)})
+	}
+}
+
+func mustReg(t *testing.T, ep *endpoint, n int) *mr.MR {
+	m, _ := ep.n.reg(t, n, allAccess)
+	return m
+}
+
+// TestPostToErrQPFlushes: work posted to a QP in ERR completes at once
+// with WR_FLUSH_ERR, in order, and sends nothing.
+func TestPostToErrQPFlushes(t *testing.T) {
+	f, a, _ := pair(t, RC, defaultConn())
+	lmr, _ := a.n.reg(t, 64, allAccess)
+	if err := a.qp.Modify(&Attr{State: Err}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	sent := a.n.e.Stats.SentPkts.Load()
+	a.post(t, SendWR{ID: 1, Opcode: WRSend, SGL: sge(lmr, 0, 8)}, SendWR{ID: 2, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, 8)})
+	a.recv(t, 3, lmr, 0, 8)
+	// No fabric run: the completions are there as soon as the post returns.
+	check(t, "send CQ", pollAll(a.scq), want{1, WCWRFlushErr, WCSend}, want{2, WCWRFlushErr, WCRead})
+	check(t, "recv CQ", pollAll(a.rcq), want{3, WCWRFlushErr, WCRecv})
+	f.run(time.Second)
+	if a.n.e.Stats.SentPkts.Load() != sent {
+		t.Fatal("a QP in ERR sent packets")
+	}
+}
+
+// TestLocalProtectionError: a send whose SGE names no valid local memory
+// completes with LOC_PROT_ERR and the QP moves to ERR, the data never
+// leaving.
+func TestLocalProtectionError(t *testing.T) {
+	f, a, b := pair(t, RC, defaultConn())
+	lmr, _ := a.n.reg(t, 64, allAccess)
+	rmr, _ := b.n.reg(t, 64, allAccess)
+	b.recv(t, 1, rmr, 0, 64)
+	sent := 0
+	f.tap = func(p wirePkt, pkt bth.Packet) {
+		if pkt.Info.Op == bth.OpSend {
+			sent++
+		}
+	}
+	a.post(t,
+		SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: []SGE{{Addr: lmr.IOVA(), Length: 8, LKey: lmr.LKey() ^ 1}}},
+		SendWR{ID: 2, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 8)},
+	)
+	f.run(time.Second)
+	check(t, "send CQ", pollAll(a.scq), want{1, WCLocProtErr, WCSend}, want{2, WCWRFlushErr, WCSend})
+	if sent != 0 || a.qp.State() != Err {
+		t.Fatalf("%d SEND packets, state %v", sent, a.qp.State())
+	}
+}
