@@ -73,6 +73,10 @@ func openRaw(local netip.AddrPort, opts *Options) (int, error) {
 	return fd, nil
 }
 
+// maxRoCEPacket is the longest RoCE packet: the largest IB MTU (4096)
+// of payload plus generous room for headers, pad and ICRC.
+const maxRoCEPacket = 4096 + 128
+
 // maxSplitTries bounds the ICRC checks spent looking for the segment size
 // of a GSO batch read whole through the raw socket.
 const maxSplitTries = 8
@@ -107,9 +111,13 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 		return DropShort, p, true
 	}
 	r.data = p
-	if _, ok := classify(p); ok && r.v4.Check(r.id, p) {
-		r.first = true
-		return 0, nil, false
+	// A datagram longer than any one RoCE packet must be a GSO batch: skip
+	// the whole-datagram check, which could only fail.
+	if len(p) <= maxRoCEPacket {
+		if _, ok := classify(p); ok && r.v4.Check(r.id, p) {
+			r.first = true
+			return 0, nil, false
+		}
 	}
 	// A GSO batch from a sender on this host arrives unsegmented (lo and
 	// veth pass GSO packets through) and the raw socket sees it whole, with

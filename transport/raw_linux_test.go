@@ -30,26 +30,35 @@ func TestRawMode(t *testing.T) {
 	for i := range 5 {
 		run = append(run, rocePacket(200, uint32(10+i))...)
 	}
+	var big []byte // longer than any one RoCE packet
+	for i := range 4 {
+		big = append(big, rocePacket(4096, uint32(20+i))...)
+	}
 	msgs := []Message{
 		{Buf: rocePacket(100, 1), Peer: b.LocalAddr(), TOS: 0x03},
 		{Buf: run, Peer: b.LocalAddr(), Seg: 200},
 		{Buf: rocePacket(100, 2), Peer: b.LocalAddr()},
+		{Buf: big, Peer: b.LocalAddr(), Seg: 4096},
 	}
-	if n, err := a.Send(msgs); n != 3 || err != nil {
+	if n, err := a.Send(msgs); n != 4 || err != nil {
 		t.Fatal(n, err)
 	}
-	got := recvN(t, b, 7, 5*time.Second)
-	wantID := map[uint32]uint16{1: 0, 10: 0, 11: 1, 12: 2, 13: 3, 14: 4, 2: 0}
+	got := recvN(t, b, 11, 5*time.Second)
+	wantID := map[uint32]uint16{1: 0, 10: 0, 11: 1, 12: 2, 13: 3, 14: 4, 2: 0, 20: 0, 21: 1, 22: 2, 23: 3}
 	for _, m := range got {
-		id, ok := wantID[psnOf(m.Buf)]
-		if !ok || m.IPID != id || m.Peer != a.LocalAddr() || len(m.Buf) != map[bool]int{true: 100, false: 200}[psnOf(m.Buf) < 10] {
-			t.Errorf("PSN %d: id %d peer %v len %d", psnOf(m.Buf), m.IPID, m.Peer, len(m.Buf))
+		psn := psnOf(m.Buf)
+		size := map[bool]int{true: 100, false: 200}[psn < 10]
+		if psn >= 20 {
+			size = 4096
 		}
-		if psnOf(m.Buf) == 1 && m.TOS != 0x03 {
+		if id, ok := wantID[psn]; !ok || m.IPID != id || m.Peer != a.LocalAddr() || len(m.Buf) != size {
+			t.Errorf("PSN %d: id %d peer %v len %d", psn, m.IPID, m.Peer, len(m.Buf))
+		}
+		if psn == 1 && m.TOS != 0x03 {
 			t.Errorf("TOS %#x", m.TOS)
 		}
 	}
-	if s := b.Stats(); s.GROBatches != 1 || s.GROSegments != 5 || s.RecvPackets != 7 {
+	if s := b.Stats(); s.GROBatches != 2 || s.GROSegments != 9 || s.RecvPackets != 11 {
 		t.Errorf("stats %+v", s)
 	}
 
@@ -86,7 +95,7 @@ func TestRawMode(t *testing.T) {
 		t.Errorf("socket mode: stats %+v", sock.Stats())
 	}
 	got = recvN(t, b, 1, 5*time.Second)
-	if s := b.Stats(); psnOf(got[0].Buf) != 7 || s.Drops[DropBadICRC] != 2 || s.RecvPackets != 8 {
+	if s := b.Stats(); psnOf(got[0].Buf) != 7 || s.Drops[DropBadICRC] != 2 || s.RecvPackets != 12 {
 		t.Errorf("raw mode: PSN %d stats %+v", psnOf(got[0].Buf), s)
 	}
 }
