@@ -117,3 +117,22 @@ func TestLocalProtectionError(t *testing.T) {
 		t.Fatalf("%d SEND packets, state %v", sent, a.qp.State())
 	}
 }
+
+// TestPostRecvRacingErr: a receive posted while the QP moves to ERR —
+// after PostRecv saw it in RTS but before the receive was queued — is
+// flushed, not left on the queue forever.
+func TestPostRecvRacingErr(t *testing.T) {
+	f := newFabric(t)
+	n := f.node("198.18.0.1")
+	m, _ := n.reg(t, 64, allAccess)
+	ep := n.newQPWithCQs(t, RC, 8, 64)
+	bringTo(t, ep.qp, RTS)
+	testHookBeforeRecvPut = func(q *QP) {
+		if err := q.Modify(&Attr{State: Err}, AttrState); err != nil {
+			t.Error(err)
+		}
+	}
+	defer func() { testHookBeforeRecvPut = nil }()
+	ep.recv(t, 1, m, 0, 8)
+	check(t, "receive posted across the move to ERR", pollAll(ep.rcq), want{1, WCWRFlushErr, WCRecv})
+}

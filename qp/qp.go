@@ -3,6 +3,7 @@ package qp
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rxego/rxego/bth"
@@ -52,6 +53,9 @@ type QP struct {
 	caps   Caps
 	sigAll bool
 	rq     recvQueue
+	// errored mirrors state == ERR for PostRecv, which reads it without
+	// the engine lock.
+	errored atomic.Bool
 
 	// Everything below is guarded by the engine lock.
 	destroyed bool
@@ -228,6 +232,7 @@ func (q *QP) reset() {
 	q.attr = Attr{}
 	q.mtu = 0
 	q.flushing = false
+	q.errored.Store(false)
 }
 
 // Destroy removes the QP from its engine. Outstanding work is dropped
@@ -398,18 +403,29 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 			return err
 		}
 	}
+	ws := make([]recvWQE, len(wrs))
 	for i := range wrs {
-		if !q.rq.put(makeRecvWQE(&wrs[i])) {
-			return ErrQueueFull
-		}
+		ws[i] = makeRecvWQE(&wrs[i])
 	}
-	if st == Err {
+	if testHookBeforeRecvPut != nil {
+		testHookBeforeRecvPut(q)
+	}
+	if !q.rq.putAll(ws) {
+		return ErrQueueFull // nothing was posted
+	}
+	// A move to ERR between the state check and the put has already
+	// drained the queue: flush what was just posted too.
+	if st == Err || q.errored.Load() {
 		q.e.mu.Lock()
 		q.flushRQ()
 		q.e.mu.Unlock()
 	}
 	return nil
 }
+
+// testHookBeforeRecvPut lets a test act between PostRecv's state check
+// and its put.
+var testHookBeforeRecvPut func(*QP)
 
 func checkRecvWR(wr *RecvWR, maxSGE int) error {
 	if len(wr.SGL) > maxSGE {
@@ -468,6 +484,7 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 // completes with WR_FLUSH_ERR.
 func (q *QP) enterError() {
 	q.state = Err
+	q.errored.Store(true) // before the RQ flush; see PostRecv
 	q.e.cancel(q, timerRetransmit)
 	q.e.cancel(q, timerRNR)
 	q.flushSQ()

@@ -97,14 +97,17 @@ type recvQueue struct {
 	n    int
 }
 
-func (q *recvQueue) put(w recvWQE) bool {
+// putAll queues all of ws, or none when they do not all fit.
+func (q *recvQueue) putAll(ws []recvWQE) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n == len(q.ring) {
+	if q.n+len(ws) > len(q.ring) {
 		return false
 	}
-	q.ring[(q.head+q.n)%len(q.ring)] = w
-	q.n++
+	for _, w := range ws {
+		q.ring[(q.head+q.n)%len(q.ring)] = w
+		q.n++
+	}
 	return true
 }
 
