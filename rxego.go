@@ -323,11 +323,15 @@ type QPInitAttr struct {
 	SRQ    *SRQ
 	Caps   Caps
 	SigAll bool
+	// QPN asks for a specific QP number, e.g. 1 for the GSI QP a
+	// connection manager sends its MADs on; 0 lets the device pick one.
+	QPN uint32
 }
 
 // CreateQP makes a QP in the RESET state.
 func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
-	return p.dev.eng.Create(qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SRQ: a.SRQ, Caps: a.Caps, SigAll: a.SigAll})
+	return p.dev.eng.Create(qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SRQ: a.SRQ, Caps: a.Caps,
+		SigAll: a.SigAll, QPN: a.QPN})
 }
 
 // CreateSRQ makes a shared receive queue.
