@@ -15,17 +15,15 @@ func (v *V6) Sum(pkt []byte) uint32 {
 	if !valid(pkt) {
 		return 0
 	}
-	var h [40]byte
+	var h [40 + 8]byte
 	h[0], h[1], h[2], h[3] = 0x6f, 0xff, 0xff, 0xff
 	binary.BigEndian.PutUint16(h[4:], uint16(8+len(pkt)))
 	h[6] = 17   // UDP
 	h[7] = 0xff // hop limit
 	copy(h[8:24], v.Src[:])
 	copy(h[24:40], v.Dst[:])
-	s := feed(lrhState, h[:])
-	s = udp(s, v.SrcPort, v.DstPort, 8+len(pkt))
-	s = maskedBTH(s, pkt)
-	return tail(s, pkt)
+	putUDP(h[40:], v.SrcPort, v.DstPort, 8+len(pkt))
+	return sum(h[:], pkt)
 }
 
 // Fill computes and stores pkt's ICRC.

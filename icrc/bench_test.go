@@ -1,0 +1,98 @@
+package icrc_test
+
+import (
+	"hash/crc32"
+	"testing"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/icrc"
+)
+
+// benchPacket returns an RC SEND packet of n bytes in total (BTH .. ICRC).
+func benchPacket(n int) []byte {
+	pkt := make([]byte, n)
+	h := bth.Header{Opcode: bth.RCSendMiddle, PKey: bth.DefaultPKey, DestQP: 17, PSN: 1}
+	if _, err := h.Encode(pkt, make([]byte, n-bth.Len-bth.ICRCLen)); err != nil {
+		panic(err)
+	}
+	for i := bth.Len; i < n-bth.ICRCLen; i++ {
+		pkt[i] = byte(i * 7)
+	}
+	return pkt
+}
+
+var benchV4 = icrc.V4{Src: [4]byte{198, 18, 0, 1}, Dst: [4]byte{198, 18, 0, 2}, SrcPort: 49152, DstPort: 4791, DF: true}
+
+var sink uint32
+
+func benchV4Sum(b *testing.B, n int) {
+	pkt := benchPacket(n)
+	b.SetBytes(int64(n))
+	b.ReportAllocs()
+	for b.Loop() {
+		sink = benchV4.Sum(7, pkt)
+	}
+}
+
+// benchCRC32 is the reference: hash/crc32 over the same number of bytes.
+func benchCRC32(b *testing.B, n int) {
+	pkt := benchPacket(n)
+	b.SetBytes(int64(n))
+	b.ReportAllocs()
+	for b.Loop() {
+		sink = crc32.ChecksumIEEE(pkt)
+	}
+}
+
+// BenchmarkICRC1K is V4.Sum over a 1 KiB packet.
+func BenchmarkICRC1K(b *testing.B) { benchV4Sum(b, 1024) }
+
+// BenchmarkCRC32IEEE1K is crc32.ChecksumIEEE over the same 1 KiB.
+func BenchmarkCRC32IEEE1K(b *testing.B) { benchCRC32(b, 1024) }
+
+// BenchmarkICRC4K is V4.Sum over a 4 KiB packet.
+func BenchmarkICRC4K(b *testing.B) { benchV4Sum(b, 4096) }
+
+// BenchmarkCRC32IEEE4K is crc32.ChecksumIEEE over the same 4 KiB.
+func BenchmarkCRC32IEEE4K(b *testing.B) { benchCRC32(b, 4096) }
+
+// BenchmarkICRC64 shows the fixed per-packet cost on an ACK-sized packet.
+func BenchmarkICRC64(b *testing.B) { benchV4Sum(b, 64) }
+
+// BenchmarkCRC32IEEE64 is the reference for BenchmarkICRC64.
+func BenchmarkCRC32IEEE64(b *testing.B) { benchCRC32(b, 64) }
+
+// BenchmarkV6Sum4K is V6.Sum over a 4 KiB packet.
+func BenchmarkV6Sum4K(b *testing.B) {
+	v := icrc.V6{SrcPort: 49152, DstPort: 4791}
+	v.Src[15], v.Dst[15] = 1, 2
+	pkt := benchPacket(4096)
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		sink = v.Sum(pkt)
+	}
+}
+
+// BenchmarkFromHeaders4K checks a 4 KiB packet from captured headers.
+func BenchmarkFromHeaders4K(b *testing.B) {
+	pkt := benchPacket(4096)
+	ip, udp := ipv4Header(benchV4, 7, len(pkt)), udpHeader(benchV4.SrcPort, benchV4.DstPort, len(pkt))
+	b.SetBytes(4096)
+	b.ReportAllocs()
+	for b.Loop() {
+		sink, _ = icrc.FromHeaders(ip, udp, pkt)
+	}
+}
+
+// BenchmarkRecover1K finds the IP ID of a 1 KiB packet.
+func BenchmarkRecover1K(b *testing.B) {
+	pkt := benchPacket(1024)
+	benchV4.Fill(0xbeef, pkt)
+	b.SetBytes(1024)
+	b.ReportAllocs()
+	for b.Loop() {
+		id, _ := benchV4.Recover(pkt)
+		sink = uint32(id)
+	}
+}
