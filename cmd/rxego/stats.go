@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/qp"
@@ -14,12 +15,22 @@ import (
 // a tool's output.
 const statsPrefix = "rxego-stats "
 
+// Quiet period printStats waits for, and the most it waits.
+const (
+	settleQuiet = 100 * time.Millisecond
+	settleMax   = 2 * time.Second
+)
+
 // printStats writes dev's engine and transport counters as one line:
 // statsPrefix then a JSON object of name to value. Engine counters keep
 // rdma_rxe's hw_counters names (sent_pkts, rcvd_seq_err, ...) so the two
 // sides of an interop run compare directly; transport counters start with
-// "udp_", drop reasons with "drop_".
+// "udp_", drop reasons with "drop_". It first waits until the device has
+// neither sent nor received a packet for settleQuiet (at most settleMax):
+// the ACK of the last message received goes out after the run ends, and a
+// peer's last packets may still be arriving.
 func printStats(w io.Writer, dev *rxego.Device) error {
+	settle(dev)
 	m := engineStats(&dev.Engine().Stats)
 	for k, v := range transportStats(dev.Transport().Stats()) {
 		m[k] = v
@@ -30,6 +41,23 @@ func printStats(w io.Writer, dev *rxego.Device) error {
 	}
 	_, err = fmt.Fprintf(w, "%s%s\n", statsPrefix, b)
 	return err
+}
+
+// settle waits until dev's packet counters stop moving.
+func settle(dev *rxego.Device) {
+	moved := func() uint64 {
+		s := dev.Transport().Stats()
+		return s.SentPackets + s.RecvPackets + s.Dropped()
+	}
+	last := moved()
+	for deadline := time.Now().Add(settleMax); time.Now().Before(deadline); {
+		time.Sleep(settleQuiet)
+		now := moved()
+		if now == last {
+			return
+		}
+		last = now
+	}
 }
 
 // engineStats names the engine's counters.

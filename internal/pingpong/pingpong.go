@@ -59,8 +59,12 @@ const (
 	sendWRID = 2
 )
 
-// fillByte is what the C tools memset their buffer to.
-const fillByte = 0x7b
+// fillByte is what the C tools memset their buffer to, except
+// ibv_srq_pingpong, which zeroes it (srqFillByte).
+const (
+	fillByte    = 0x7b
+	srqFillByte = 0x00
+)
 
 // Result is what a run measured.
 type Result struct {
@@ -403,12 +407,17 @@ func (c *conn) postSend(qi int) error {
 }
 
 // check accepts a received message that is either the tools' fill byte
-// throughout (the peer's first send) or an echo of something we sent.
+// throughout (the peer's first send: 0x7b, 0 for ibv_srq_pingpong) or an
+// echo of something we sent.
 func (c *conn) check(got []byte) {
 	if !c.cfg.Verify {
 		return
 	}
-	if bytes.Count(got, []byte{fillByte}) == len(got) || consistent(got) {
+	fill := byte(fillByte)
+	if c.cfg.Kind == SRQ {
+		fill = srqFillByte
+	}
+	if bytes.Count(got, []byte{fill}) == len(got) || consistent(got) {
 		return
 	}
 	for _, h := range c.history {
