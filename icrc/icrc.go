@@ -154,6 +154,10 @@ var unzero4 = func() (t [4][256]uint32) {
 }()
 
 // sum returns the ICRC of pkt given the masked IP and UDP headers.
+func sum(ipudp, pkt []byte) uint32 { return sumFrom(prefix(ipudp), pkt) }
+
+// sumFrom returns the ICRC of pkt given the register s after the LRH
+// stand-in and the masked IP and UDP headers.
 //
 // The bulk goes through hash/crc32's accelerated code in one call. When
 // BTH byte 4 is zero (no FECN, BECN or reserved bits: nearly every packet)
@@ -163,8 +167,7 @@ var unzero4 = func() (t [4][256]uint32) {
 // taken back out and the mask of byte 4 added as the precomputed
 // difference maskFix. Otherwise the masked BTH head is fed by hand and the
 // call starts after it.
-func sum(ipudp, pkt []byte) uint32 {
-	s := prefix(ipudp)
+func sumFrom(s uint32, pkt []byte) uint32 {
 	after := len(pkt) - Len - bthHead // bytes between byte 4 and the ICRC
 	if pkt[4] == 0 && after < maxShifted {
 		// crc32.Update takes and returns the inverted (final) form.
