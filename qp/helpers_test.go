@@ -1,7 +1,9 @@
 package qp
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unsafe"
@@ -92,3 +94,11 @@ func unchanged(t *testing.T, what string, before, b []byte) {
 
 // addrOf returns the address of b's first byte.
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// fastFill fills b with pseudo-random bytes from seed, in bulk: the
+// per-byte fill is too slow for many megabytes under the race detector.
+func fastFill(b []byte, seed uint64) {
+	var key [32]byte
+	binary.LittleEndian.PutUint64(key[:], seed)
+	rand.NewChaCha8(key).Read(b)
+}
