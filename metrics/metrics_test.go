@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/internal/testaddr"
 	"github.com/rxego/rxego/metrics"
 )
 
@@ -48,14 +49,11 @@ func TestCountersMove(t *testing.T) {
 	var qps [2]*rxego.QP
 	var mrs [2]*rxego.MR
 	var cqs [2]*rxego.CQ
-	for i, addr := range []string{"127.0.0.1", "127.0.0.2"} {
-		d, err := rxego.Open(addr, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
+	for i := range devs {
+		d := testaddr.Open(t, nil)
 		pd, _ := d.AllocPD()
 		cqs[i], _ = d.CreateCQ(64)
+		var err error
 		qps[i], err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cqs[i], RecvCQ: cqs[i], Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32}})
 		if err != nil {
 			t.Fatal(err)

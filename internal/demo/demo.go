@@ -50,12 +50,17 @@ type end struct {
 
 const bufSize = 64 << 10
 
-// Open starts two devices on free loopback addresses and connects an RC
-// QP pair between them.
+// Open starts two devices on free loopback addresses (the first two of
+// 127.0.0.1 to 127.0.0.6 that are free) and connects an RC QP pair
+// between them.
 func Open(out io.Writer) (*Tour, error) {
+	return OpenOn(out, "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
+}
+
+// OpenOn is Open with the candidate addresses given.
+func OpenOn(out io.Writer, candidates ...string) (*Tour, error) {
 	t := &Tour{out: out}
 	var err error
-	candidates := []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"}
 	var ends []*end
 	for _, addr := range candidates {
 		if len(ends) == 2 {

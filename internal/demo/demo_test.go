@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/rxego/rxego/internal/testaddr"
 )
 
 // TestTour runs every scenario over real loopback sockets; each scenario
@@ -11,7 +13,11 @@ import (
 // otherwise.
 func TestTour(t *testing.T) {
 	var out bytes.Buffer
-	tour, err := Open(&out)
+	var cands []string
+	for i := 0; i < 8; i++ {
+		cands = append(cands, testaddr.Loopback().String())
+	}
+	tour, err := OpenOn(&out, cands...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/rxego/rxego/internal/testaddr"
 )
 
 // TestLoopback runs every kind between two rxego endpoints on loopback,
@@ -14,7 +16,8 @@ import (
 func TestLoopback(t *testing.T) {
 	for _, k := range []Kind{RC, UC, UD, SRQ} {
 		t.Run(string(k), func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			srvAddr, cliAddr := testaddr.Loopback(), testaddr.Loopback()
+			ln, err := net.Listen("tcp", netip.AddrPortFrom(srvAddr, 0).String())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -26,11 +29,11 @@ func TestLoopback(t *testing.T) {
 			var sout, cout bytes.Buffer
 			errc := make(chan error, 1)
 			go func() {
-				_, err := Run(context.Background(), Config{Kind: k, Local: netip.MustParseAddr("127.0.0.1"), Listener: ln,
+				_, err := Run(context.Background(), Config{Kind: k, Local: srvAddr, Listener: ln,
 					Size: size, Iters: 200, Verify: true, Out: &sout, NumQP: 4, RxDepth: 64})
 				errc <- err
 			}()
-			res, err := Run(context.Background(), Config{Kind: k, Local: netip.MustParseAddr("127.0.0.2"), Server: "127.0.0.1",
+			res, err := Run(context.Background(), Config{Kind: k, Local: cliAddr, Server: srvAddr.String(),
 				TCPPort: port, Size: size, Iters: 200, Verify: true, Out: &cout, NumQP: 4, RxDepth: 64})
 			if err != nil {
 				t.Fatalf("client: %v\n%s", err, cout.String())
