@@ -40,6 +40,13 @@ func (e *Engine) complete(q *QP, in *InPacket, now time.Duration) {
 func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) {
 	r := &q.req
 	syn := a.Syndrome()
+	if syn.Kind() != reth.KindACK && psn.Before(r.compPSN) {
+		// A (RNR) NAK for PSNs already acknowledged is a delayed
+		// duplicate: acting on it would rewind the requester to PSNs
+		// the responder has consumed.
+		e.drop(DropStaleResponse)
+		return
+	}
 	switch syn.Kind() {
 	case reth.KindACK:
 		if psn.Before(r.compPSN) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // TestNAKFlushesInOrder: a NAK completes its WR with the matching status,
@@ -135,4 +136,49 @@ func TestPostRecvRacingErr(t *testing.T) {
 	defer func() { testHookBeforeRecvPut = nil }()
 	ep.recv(t, 1, m, 0, 8)
 	check(t, "receive posted across the move to ERR", pollAll(ep.rcq), want{1, WCWRFlushErr, WCRecv})
+}
+
+// TestStaleNAKIgnored: a NAK or RNR NAK that arrives late, for PSNs
+// already acknowledged (a delayed duplicate), must not rewind the
+// requester: the next message gets a fresh PSN and is delivered.
+func TestStaleNAKIgnored(t *testing.T) {
+	for _, kind := range []string{"seq", "rnr"} {
+		o := defaultConn()
+		f, a, b := pair(t, RC, o)
+		smr, _ := a.n.reg(t, 64, allAccess)
+		rmr, _ := b.n.reg(t, 64, allAccess)
+		var nak *wirePkt
+		f.tap = func(p wirePkt, pkt bth.Packet) {
+			if nak == nil && (kind == "seq" && isNAK(pkt, reth.NAKPSNSeqError) || kind == "rnr" && isRNR(pkt)) {
+				c := p
+				nak = &c
+			}
+		}
+		if kind == "seq" {
+			f.drop = dropOnce(t, func(pkt bth.Packet) bool { return pkt.Info.Op == bth.OpSend })
+			b.recv(t, 1, rmr, 0, 64)
+			b.recv(t, 2, rmr, 0, 64)
+			a.post(t, SendWR{ID: 1, Opcode: WRSend, SGL: sge(smr, 0, 8)}, SendWR{ID: 2, Opcode: WRSend, SGL: sge(smr, 0, 8)})
+			f.run(time.Second)
+		} else {
+			a.post(t, SendWR{ID: 1, Opcode: WRSend, SGL: sge(smr, 0, 8)})
+			f.run(time.Microsecond) // one RNR NAK
+			b.recv(t, 1, rmr, 0, 64)
+			f.run(time.Second)
+		}
+		if nak == nil {
+			t.Fatalf("%s: no NAK happened", kind)
+		}
+		rcvd := len(pollAll(b.rcq))
+		f.queue = append(f.queue, *nak) // the delayed duplicate
+		f.run(time.Second)
+		b.recv(t, 3, rmr, 0, 64)
+		a.post(t, SendWR{ID: 3, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, 8)})
+		f.run(time.Second)
+		check(t, kind+" sender", pollAll(a.scq), want{3, WCSuccess, WCSend})
+		check(t, kind+" receiver", pollAll(b.rcq), want{3, WCSuccess, WCRecv})
+		if rcvd == 0 || a.n.e.Stats.Drops[DropStaleResponse].Load() != 1 {
+			t.Fatalf("%s: %d receives before, stale drops %d", kind, rcvd, a.n.e.Stats.Drops[DropStaleResponse].Load())
+		}
+	}
 }
