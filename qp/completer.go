@@ -93,10 +93,8 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 			e.failWQE(q, e.wqeAt(q, psn), WCRemInvReqErr)
 		case reth.NAKRemoteAccess:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemAccessErr)
-		case reth.NAKRemoteOp:
+		default: // remote operational error, and (as rxe) any other code
 			e.failWQE(q, e.wqeAt(q, psn), WCRemOpErr)
-		default:
-			e.failWQE(q, e.wqeAt(q, psn), WCBadRespErr)
 		}
 	default:
 		e.drop(DropOther)

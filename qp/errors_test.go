@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -66,6 +67,23 @@ func TestNAKStatuses(t *testing.T) {
 		a.post(t, wr)
 		f.run(time.Second)
 		check(t, c.name, pollAll(a.scq), want{9, c.st, wcOpcodeOf(wr.Opcode)})
+	}
+	// Codes the engine's responder never sends: the fabric turns the ACK
+	// of a WRITE into a NAK with that code. rxe completes every code but
+	// the ones above with REM_OP_ERR.
+	for _, code := range []uint8{reth.NAKRemoteOp, reth.NAKInvalidRDReq, 0x1f} {
+		f, a, b := pair(t, RC, defaultConn())
+		rmr := mustReg(t, b, 64)
+		f.drop = func(p wirePkt) bool {
+			if parse(t, p).Info.Op == bth.OpAck {
+				p.data[bth.Len] = byte(reth.NAKSyndrome(code)) // the AETH syndrome, in place
+			}
+			return false
+		}
+		a.post(t, SendWR{ID: 9, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(mustReg(t, a, 64), 0, 8), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()},
+			SendWR{ID: 10, Opcode: WRSend})
+		f.run(time.Second)
+		check(t, fmt.Sprintf("NAK code %d", code), pollAll(a.scq), want{9, WCRemOpErr, WCWrite}, want{10, WCWRFlushErr, WCSend})
 	}
 }
 

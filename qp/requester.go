@@ -502,4 +502,4 @@ func (e *Engine) rnrTimerExpired(q *QP, now time.Duration) {
 
 // putUint64Native stores v in host byte order, as verbs returns atomic
 // results into local memory.
-func putUint64Native(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }
+func putUint64Native(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }

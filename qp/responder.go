@@ -482,7 +482,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 			return
 		}
 		// The payload's bytes land in memory as they are (rxe memcpy's them).
-		w.Store(binary.LittleEndian.Uint64(p.Payload()))
+		w.Store(binary.NativeEndian.Uint64(p.Payload()))
 	} else if h.DMALen() > 0 {
 		// Go memory is always globally visible; the check is what matters.
 		if _, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), h.DMALen(), mr.RemoteWrite); err != nil {
