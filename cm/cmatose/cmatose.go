@@ -1,0 +1,332 @@
+// Package cmatose is rxego's peer for librdmacm's ucmatose (cmatose.c):
+// several rdma_cm connections at once, each carrying a burst of SENDs.
+//
+// The protocol, per connection: both sides post Count receives of Size
+// bytes before connecting. Once every connection is established the
+// server SENDs Count messages on each, waits for their completions, then
+// for Count messages back; the client waits for the server's Count
+// messages and answers with Count SENDs of its own. The server then
+// disconnects every connection and the client answers the DREQs.
+//
+// ucmatose sends from the same buffer it receives into, so a C client
+// echoes the server's data: rxego's server fills its messages with a
+// pattern and checks every reply against it. rxego's client echoes what
+// it received, likewise.
+package cmatose
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"sync"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/qp"
+)
+
+// Defaults of ucmatose.
+const (
+	DefaultPort        = 7471
+	DefaultConnections = 1
+	DefaultCount       = 10
+	DefaultSize        = 100
+	maxCount           = 4096
+)
+
+// Config is what both roles take; zero fields take ucmatose's defaults.
+type Config struct {
+	Connections int // -c
+	Count       int // -C: messages each way per connection
+	Size        int // -S: message size
+	// Out receives ucmatose's progress lines; nil discards them.
+	Out io.Writer
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Connections == 0 {
+		c.Connections = DefaultConnections
+	}
+	if c.Count == 0 {
+		c.Count = DefaultCount
+	}
+	if c.Size == 0 {
+		c.Size = DefaultSize
+	}
+	if c.Connections < 0 || c.Connections > 1024 || c.Count < 0 || c.Count > maxCount || c.Size < 1 || c.Size > 1<<20 {
+		return c, fmt.Errorf("cmatose: connections %d (1..1024), count %d (1..%d), size %d (1..1 MiB)",
+			c.Connections, c.Count, maxCount, c.Size)
+	}
+	return c, nil
+}
+
+// Result counts what a run did over all connections.
+type Result struct {
+	Connections int
+	Sent        int // SENDs completed
+	Received    int // messages received
+	Verified    int // received messages that matched what was expected
+}
+
+// ErrMismatch is returned when a reply differs from the server's data.
+var ErrMismatch = errors.New("cmatose: reply differs from the data sent")
+
+// node is one connection's resources, as cmatose's struct cmatest_node.
+type node struct {
+	scq, rcq *rxego.CQ
+	q        *rxego.QP
+	mr       *rxego.MR
+	c        *cm.Conn
+}
+
+func newNode(dev *rxego.Device, cfg Config) (*node, error) {
+	pd, err := dev.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	n := &node{}
+	if n.scq, err = dev.CreateCQ(cfg.Count); err != nil {
+		return nil, err
+	}
+	if n.rcq, err = dev.CreateCQ(cfg.Count); err != nil {
+		return nil, err
+	}
+	if n.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: n.scq, RecvCQ: n.rcq, SigAll: true,
+		Caps: rxego.Caps{MaxSendWR: cfg.Count, MaxRecvWR: cfg.Count, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		return nil, err
+	}
+	if n.mr, err = pd.RegMR(make([]byte, cfg.Size), rxego.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	if err := rxego.InitQP(n.q, 0); err != nil {
+		return nil, err
+	}
+	for range cfg.Count {
+		if err := n.q.PostRecv(rxego.RecvWR{SGL: []rxego.SGE{n.sge()}}); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+func (n *node) sge() rxego.SGE {
+	return rxego.SGE{Addr: n.mr.IOVA(), Length: uint32(n.mr.Len()), LKey: n.mr.LKey()}
+}
+
+func (n *node) postSends(count int) error {
+	for range count {
+		if err := n.q.PostSend(rxego.SendWR{Opcode: rxego.WRSend, SGL: []rxego.SGE{n.sge()}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// poll waits for count completions on cq; check sees each.
+func poll(ctx context.Context, cq *rxego.CQ, count int, check func(rxego.WC) error) error {
+	wcs := make([]rxego.WC, 8)
+	for done := 0; done < count; {
+		k, err := cq.PollWait(ctx, wcs[:min(len(wcs), count-done)])
+		if err != nil {
+			return err
+		}
+		for _, wc := range wcs[:k] {
+			if wc.Status != qp.WCSuccess {
+				return fmt.Errorf("cmatose: completion %v: %v", wc.Opcode, wc.Status)
+			}
+			if err := check(wc); err != nil {
+				return err
+			}
+		}
+		done += k
+	}
+	return nil
+}
+
+func (n *node) destroy() {
+	if n.q != nil {
+		n.q.Destroy()
+	}
+}
+
+func printf(out io.Writer, format string, args ...any) {
+	if out != nil {
+		fmt.Fprintf(out, format, args...)
+	}
+}
+
+// pattern is the server's message data: byte i is i*7+1.
+func pattern(b []byte) {
+	for i := range b {
+		b[i] = byte(i*7 + 1)
+	}
+}
+
+// Serve accepts cfg.Connections connections on l and runs ucmatose's
+// server side on them.
+func Serve(ctx context.Context, m *cm.Manager, l *cm.Listener, cfg Config) (Result, error) {
+	cfg, err := cfg.withDefaults()
+	var res Result
+	if err != nil {
+		return res, err
+	}
+	printf(cfg.Out, "cmatose: starting server\n")
+	nodes := make([]*node, cfg.Connections)
+	defer func() {
+		for _, n := range nodes {
+			if n != nil {
+				n.destroy()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make([]error, cfg.Connections)
+	for i := range nodes {
+		req, err := l.Accept(ctx)
+		if err != nil {
+			return res, err
+		}
+		n, err := newNode(m.Device(), cfg)
+		if err != nil {
+			req.Reject(nil)
+			return res, err
+		}
+		nodes[i] = n
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.c, errs[i] = req.Accept(ctx, n.q, nil)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+	res.Connections = len(nodes)
+	want := make([]byte, cfg.Size)
+	pattern(want)
+	if cfg.Count > 0 {
+		printf(cfg.Out, "initiating data transfers\n")
+		for _, n := range nodes {
+			pattern(n.mr.Buffer())
+			if err := n.postSends(cfg.Count); err != nil {
+				return res, err
+			}
+		}
+		printf(cfg.Out, "completing sends\n")
+		for _, n := range nodes {
+			if err := poll(ctx, n.scq, cfg.Count, func(rxego.WC) error { res.Sent++; return nil }); err != nil {
+				return res, err
+			}
+		}
+		printf(cfg.Out, "receiving data transfers\n")
+		for _, n := range nodes {
+			err := poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
+				res.Received++
+				// All messages land in the one buffer: it holds the last.
+				if int(wc.ByteLen) != cfg.Size {
+					return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
+				}
+				return nil
+			})
+			if err != nil {
+				return res, err
+			}
+			if string(n.mr.Buffer()) != string(want) {
+				return res, fmt.Errorf("%w: connection to %v", ErrMismatch, n.c.RemoteAddr())
+			}
+			res.Verified += cfg.Count
+		}
+		printf(cfg.Out, "data transfers complete\n")
+	}
+	printf(cfg.Out, "cmatose: disconnecting\n")
+	for _, n := range nodes {
+		if err := n.c.Disconnect(ctx); err != nil {
+			return res, err
+		}
+	}
+	printf(cfg.Out, "disconnected\n")
+	return res, nil
+}
+
+// Dial makes cfg.Connections connections to the ucmatose server at addr
+// and runs ucmatose's client side on them.
+func Dial(ctx context.Context, m *cm.Manager, addr netip.AddrPort, cfg Config) (Result, error) {
+	cfg, err := cfg.withDefaults()
+	var res Result
+	if err != nil {
+		return res, err
+	}
+	printf(cfg.Out, "cmatose: starting client\ncmatose: connecting\n")
+	nodes := make([]*node, cfg.Connections)
+	defer func() {
+		for _, n := range nodes {
+			if n != nil {
+				n.destroy()
+			}
+		}
+	}()
+	for i := range nodes {
+		if nodes[i], err = newNode(m.Device(), cfg); err != nil {
+			return res, err
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(nodes))
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.c, errs[i] = m.Dial(ctx, addr, n.q, nil)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, n := range nodes {
+			if n.c != nil {
+				n.c.Disconnect(ctx)
+			}
+		}
+		return res, err
+	}
+	res.Connections = len(nodes)
+	if cfg.Count > 0 {
+		printf(cfg.Out, "receiving data transfers\n")
+		for _, n := range nodes {
+			err := poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
+				res.Received++
+				if int(wc.ByteLen) != cfg.Size {
+					return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
+				}
+				res.Verified++
+				return nil
+			})
+			if err != nil {
+				return res, err
+			}
+		}
+		printf(cfg.Out, "sending replies\n")
+		for _, n := range nodes {
+			if err := n.postSends(cfg.Count); err != nil {
+				return res, err
+			}
+		}
+		for _, n := range nodes {
+			if err := poll(ctx, n.scq, cfg.Count, func(rxego.WC) error { res.Sent++; return nil }); err != nil {
+				return res, err
+			}
+		}
+		printf(cfg.Out, "data transfers complete\n")
+	}
+	// The server disconnects; the manager answers its DREQs.
+	for _, n := range nodes {
+		select {
+		case <-n.c.Done():
+		case <-ctx.Done():
+			return res, fmt.Errorf("cmatose: waiting for the server to disconnect: %w", ctx.Err())
+		}
+	}
+	return res, nil
+}

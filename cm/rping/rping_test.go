@@ -1,0 +1,91 @@
+package rping
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/cm/internal/cmtest"
+)
+
+// TestFillPing matches rping's pattern: the text, then letters from
+// 'A'+n cycling through 'A'..'z', NUL at the end.
+func TestFillPing(t *testing.T) {
+	b := make([]byte, 30)
+	FillPing(b, 1)
+	if want := "rdma-ping-1: BCDEFGHIJKLMNOPQ\x00"; string(b) != want {
+		t.Errorf("%q, want %q", b, want)
+	}
+	b = make([]byte, 80)
+	FillPing(b, 57)
+	if !strings.HasPrefix(string(b), "rdma-ping-57: z") || b[15] != 'A' || b[79] != 0 {
+		t.Errorf("%q", b)
+	}
+}
+
+// TestServeDial pings rxego's server with rxego's client: every ping is
+// checked on both sides.
+func TestServeDial(t *testing.T) {
+	srv, cli := cmtest.Pair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := srv.Listen(DefaultPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	type result struct {
+		r   Result
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := Serve(ctx, srv, l, Config{Verbose: true, Out: &out})
+		done <- result{r, err}
+	}()
+	res, err := Dial(ctx, cli, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), Config{Size: 100, Count: 5, Validate: true})
+	if err != nil || res.Pings != 5 || res.Verified != 5 {
+		t.Fatalf("client: %+v %v", res, err)
+	}
+	s := <-done
+	if s.err != nil || s.r.Pings != 5 || s.r.Verified != 5 {
+		t.Fatalf("server: %+v %v", s.r, s.err)
+	}
+	if !strings.Contains(out.String(), "server ping data: rdma-ping-4: EFGH") {
+		t.Errorf("server output:\n%s", out.String())
+	}
+}
+
+// TestDialNoServer: nobody listens; the REJ ends the client.
+func TestDialNoServer(t *testing.T) {
+	_, cli := cmtest.Pair(t)
+	_, err := Dial(context.Background(), cli, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), Config{Count: 1})
+	if err == nil || !strings.Contains(err.Error(), "reason 8") {
+		t.Fatalf("dial: %v", err)
+	}
+	if _, err := Dial(context.Background(), cli, netip.AddrPortFrom(cmtest.ServerAddr, 1), Config{Size: MaxSize + 1}); err == nil {
+		t.Error("size over the limit")
+	}
+}
+
+// TestEndless: Count 0 pings until ctx ends, which is a normal end.
+func TestEndless(t *testing.T) {
+	srv, cli := cmtest.Pair(t)
+	l, _ := srv.Listen(1)
+	sctx, scancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer scancel()
+	go Serve(sctx, srv, l, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	res, err := Dial(ctx, cli, netip.AddrPortFrom(cmtest.ServerAddr, 1), Config{Validate: true})
+	if err != nil || res.Pings == 0 || res.Verified != res.Pings {
+		t.Fatalf("%+v %v", res, err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal(err)
+	}
+}
