@@ -265,8 +265,8 @@ func randomHeader(rng *rand.Rand, op bth.Opcode, payloadLen int) (h, want bth.He
 		AETH:      bth.AETHFields{Syndrome: reth.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
 		Atomic:    bth.AtomicFields{VA: rng.Uint64(), RKey: rng.Uint32(), SwapAdd: rng.Uint64(), Compare: rng.Uint64()},
 		AtomicAck: rng.Uint64(), Imm: rng.Uint32(), IETHRKey: rng.Uint32(),
-		DETH:  bth.DETHFields{QKey: rng.Uint32(), SrcQP: rng.Uint32() & 0xffffff},
-		FETH:  rng.Uint32(), RDETH: rng.Uint32(),
+		DETH: bth.DETHFields{QKey: rng.Uint32(), SrcQP: rng.Uint32() & 0xffffff},
+		FETH: rng.Uint32(), RDETH: rng.Uint32(),
 	}
 	want = h
 	want.Pad = uint8(bth.PadFor(payloadLen))
