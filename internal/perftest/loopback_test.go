@@ -1,0 +1,181 @@
+package perftest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// peerMem evaluates PeerChecks against the other rxego's memory.
+type peerMem struct {
+	mu     sync.Mutex
+	checks []PeerCheck
+}
+
+func (p *peerMem) hold(c []PeerCheck) error {
+	p.mu.Lock()
+	p.checks = append(p.checks, c...)
+	p.mu.Unlock()
+	return nil
+}
+
+// verify checks every collected PeerCheck against res's memory.
+func (p *peerMem) verify(t *testing.T, side string, res *Result) int {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.checks {
+		off := c.Addr - res.MemAddr
+		if c.Addr < res.MemAddr || off+uint64(len(c.Data)) > uint64(len(res.Mem)) {
+			t.Errorf("%s check %q: address %#x (+%d) outside the peer's buffer %#x+%d", side, c.What, c.Addr, len(c.Data), res.MemAddr, len(res.Mem))
+			continue
+		}
+		if got := res.Mem[off:][:len(c.Data)]; !bytes.Equal(got, c.Data) {
+			t.Errorf("%s check %q: peer memory differs", side, c.What)
+		}
+	}
+	return len(p.checks)
+}
+
+type loopCase struct {
+	test   Test
+	atomic AtomicOp
+	size   int
+	iters  int
+	all    bool
+	qps    int
+}
+
+func (c loopCase) String() string {
+	s := fmt.Sprintf("%s/s=%d/n=%d", c.test, c.size, c.iters)
+	if c.atomic != "" {
+		s += "/" + string(c.atomic)
+	}
+	if c.all {
+		s += "/a"
+	}
+	if c.qps > 1 {
+		s += fmt.Sprintf("/q=%d", c.qps)
+	}
+	return s
+}
+
+// runPair runs a server on 127.0.0.1 and a client on 127.0.0.2.
+func runPair(t *testing.T, lc loopCase) (srv, cli *Result, sout, cout string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	var sm, cm peerMem
+	base := Config{Test: lc.test, Atomic: lc.atomic, Size: lc.size, Iters: lc.iters, All: lc.all, NumQPs: lc.qps,
+		Timeout: 60 * time.Second}
+	scfg, ccfg := base, base
+	scfg.Local, scfg.Listener, scfg.Hold = netip.MustParseAddr("127.0.0.1"), ln, sm.hold
+	ccfg.Local, ccfg.Server, ccfg.Port, ccfg.Hold = netip.MustParseAddr("127.0.0.2"), "127.0.0.1", port, cm.hold
+	var sb, cb bytes.Buffer
+	scfg.Out, ccfg.Out = &sb, &cb
+	type ret struct {
+		r   *Result
+		err error
+	}
+	ch := make(chan ret, 1)
+	go func() {
+		r, err := Run(context.Background(), scfg)
+		ch <- ret{r, err}
+	}()
+	cli, cerr := Run(context.Background(), ccfg)
+	sr := <-ch
+	ln.Close()
+	if cerr != nil || sr.err != nil {
+		t.Fatalf("client: %v\n%s\n%s\nserver: %v\n%s\n%s", cerr, engineSummary(cli), cb.String(), sr.err, engineSummary(sr.r), sb.String())
+	}
+	srv = sr.r
+	// Each side's checks describe the other side's memory.
+	n := cm.verify(t, "client", srv) + sm.verify(t, "server", cli)
+	if lc.test != WriteLat && n == 0 {
+		t.Errorf("no peer checks")
+	}
+	return srv, cli, sb.String(), cb.String()
+}
+
+// engineSummary renders a run's engine counters for failure messages.
+func engineSummary(r *Result) string {
+	if r == nil || r.Engine == nil {
+		return "(no engine)"
+	}
+	s := &r.Engine.Stats
+	return fmt.Sprintf("engine: sent %d rcvd %d retransmits %d rcvd_seq_err %d duplicate %d out_of_seq %d naks %d",
+		s.SentPkts.Load(), s.RcvdPkts.Load(), s.Retransmits.Load(), s.RcvdSeqErr.Load(), s.DuplicateRequest.Load(),
+		s.OutOfSeqRequest.Load(), s.NAKsSent.Load())
+}
+
+// TestLoopback runs every test between two rxego peers on loopback: the
+// exchange, the loops, the printed tables, rxego's own data checks and
+// each side's PeerChecks evaluated against the other side's memory.
+func TestLoopback(t *testing.T) {
+	cases := []loopCase{
+		{test: SendBW, size: 1, iters: 20}, {test: SendBW, size: 1025, iters: 20}, {test: SendBW, size: 65536, iters: 5},
+		{test: SendBW, size: 100, iters: 300, qps: 3},
+		{test: WriteBW, size: 1, iters: 100}, {test: WriteBW, size: 1025, iters: 20}, {test: WriteBW, size: 1 << 20, iters: 5},
+		{test: WriteBW, size: 64, iters: 50, qps: 4},
+		{test: ReadBW, size: 1, iters: 100}, {test: ReadBW, size: 1025, iters: 20}, {test: ReadBW, size: 1 << 20, iters: 5},
+		{test: ReadBW, size: 4096, iters: 10, qps: 2},
+		{test: AtomicBW, atomic: FetchAndAdd, iters: 200}, {test: AtomicBW, atomic: CmpAndSwap, iters: 200},
+		{test: AtomicBW, atomic: FetchAndAdd, iters: 100, qps: 2},
+		{test: SendLat, size: 1, iters: 20}, {test: SendLat, size: 1025, iters: 10}, {test: SendLat, size: 65536, iters: 5},
+		{test: WriteLat, size: 1, iters: 20}, {test: WriteLat, size: 1025, iters: 10}, {test: WriteLat, size: 65536, iters: 5},
+		{test: ReadLat, size: 1, iters: 20}, {test: ReadLat, size: 1025, iters: 10}, {test: ReadLat, size: 65536, iters: 5},
+		{test: AtomicLat, atomic: FetchAndAdd, iters: 20}, {test: AtomicLat, atomic: CmpAndSwap, iters: 20},
+		{test: SendBW, all: true, iters: 5}, {test: WriteBW, all: true, iters: 5}, {test: ReadBW, all: true, iters: 5},
+		{test: SendLat, all: true, iters: 5}, {test: WriteLat, all: true, iters: 5}, {test: ReadLat, all: true, iters: 5},
+	}
+	for _, lc := range cases {
+		t.Run(lc.String(), func(t *testing.T) {
+			srv, cli, sout, cout := runPair(t, lc)
+			header := resultFmtBW
+			if lc.test.Lat() {
+				header = resultFmtLat
+			}
+			lines := 1
+			if lc.all {
+				lines = 23 // 2 bytes to 8 MiB
+			}
+			client := cout
+			if !strings.Contains(client, header) {
+				t.Errorf("client output has no table header:\n%s", client)
+			}
+			switch {
+			case lc.test.Lat():
+				if len(cli.Lat) != lines || cli.Lat[0].Iters != lc.iters {
+					t.Errorf("client latency lines %+v", cli.Lat)
+				}
+			default:
+				q := max(lc.qps, 1)
+				srvLines := 1 // a write, read or atomic server prints the client's last report
+				if lc.test == SendBW {
+					srvLines = lines
+				}
+				if len(cli.BW) != lines || cli.BW[0].Iters != uint64(lc.iters*q) || len(srv.BW) != srvLines || srv.BW[0].Iters != uint64(lc.iters*q) {
+					t.Errorf("BW reports: client %+v server %+v", cli.BW, srv.BW)
+				}
+			}
+			if cli.Checked+srv.Checked == 0 && lc.test != WriteBW {
+				t.Errorf("no data checks (client %d, server %d)", cli.Checked, srv.Checked)
+			}
+			if cli.Mismatches+srv.Mismatches != 0 {
+				t.Errorf("mismatches: client %d server %d", cli.Mismatches, srv.Mismatches)
+			}
+			if testing.Verbose() {
+				t.Logf("server:\n%s\nclient:\n%s", sout, cout)
+			}
+		})
+	}
+}

@@ -1,0 +1,291 @@
+package perftest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/qp"
+)
+
+// Test names one perftest program, e.g. WriteBW for ib_write_bw.
+type Test string
+
+// The tests rxego speaks.
+const (
+	SendBW    Test = "send_bw"
+	WriteBW   Test = "write_bw"
+	ReadBW    Test = "read_bw"
+	AtomicBW  Test = "atomic_bw"
+	SendLat   Test = "send_lat"
+	WriteLat  Test = "write_lat"
+	ReadLat   Test = "read_lat"
+	AtomicLat Test = "atomic_lat"
+)
+
+// Tests lists every test in a stable order.
+var Tests = []Test{SendBW, WriteBW, ReadBW, AtomicBW, SendLat, WriteLat, ReadLat, AtomicLat}
+
+// verb is perftest's VerbType: which operation a test measures.
+type verb int
+
+const (
+	send verb = iota
+	write
+	read
+	atomic
+)
+
+// verbNames are perftest's testsStr, used in the printed title.
+var verbNames = [...]string{"Send", "RDMA_Write", "RDMA_Read", "Atomic"}
+
+func (t Test) verb() verb {
+	switch t {
+	case SendBW, SendLat:
+		return send
+	case WriteBW, WriteLat:
+		return write
+	case ReadBW, ReadLat:
+		return read
+	}
+	return atomic
+}
+
+// Lat reports whether t is a latency test.
+func (t Test) Lat() bool {
+	switch t {
+	case SendLat, WriteLat, ReadLat, AtomicLat:
+		return true
+	}
+	return false
+}
+
+// Valid reports whether t is one of Tests.
+func (t Test) Valid() bool {
+	for _, x := range Tests {
+		if t == x {
+			return true
+		}
+	}
+	return false
+}
+
+// AtomicOp is the -A choice of the atomic tests, spelled as perftest does.
+type AtomicOp string
+
+// Atomic operations.
+const (
+	FetchAndAdd AtomicOp = "FETCH_AND_ADD"
+	CmpAndSwap  AtomicOp = "CMP_AND_SWAP"
+)
+
+// The operands perftest uses (ATOMIC_ADD_VALUE, ATOMIC_SWAP_VALUE; the
+// compare value of CMP_AND_SWAP stays 0 from a zeroed work request).
+const (
+	atomicAdd     = 1
+	atomicCompare = 0
+	atomicSwap    = 0
+)
+
+// perftest's defaults and limits (perftest_parameters.h).
+const (
+	DefaultPort     = 18515
+	defSizeBW       = 65536
+	defSizeLat      = 2
+	atomicSize      = 8
+	defIters        = 1000
+	defItersWriteBW = 5000
+	minIters        = 5
+	defTxBW         = 128
+	defRxSend       = 512
+	defCQMod        = 100
+	cqModSizeLimit  = 8192    // MSG_SIZE_CQ_MOD_LIMIT: larger messages signal every WR
+	maxSize         = 8388608 // MAX_SIZE: the largest -a size, and the buffer -a allocates for
+	noPeakIters     = 20000   // beyond this many iterations perftest skips the peak
+	defCacheLine    = 64
+	defQPTimeout    = 14
+	minRNRTimer     = 12
+	maxQPs          = 16384
+)
+
+// Config mirrors perftest's flags. The zero value of a field means
+// perftest's default for the test.
+type Config struct {
+	Test   Test
+	Atomic AtomicOp // -A, atomic tests only; default FETCH_AND_ADD
+	// Local is rxego's RoCE address (its GID as an IP address); default
+	// the local address of the TCP exchange, as rxe's IPv4 GID would be.
+	Local    netip.Addr
+	Server   string // peer to connect to; empty: wait for a client
+	Port     int    // -p, TCP port of the exchange
+	Size     int    // -s
+	All      bool   // -a: every size from 2 to 8 MiB
+	Iters    int    // -n
+	MTU      int    // -m in bytes; default 1024 (the port MTU rxe has on a 1500-byte link)
+	NumQPs   int    // -q, BW tests only
+	TxDepth  int    // -t
+	RxDepth  int    // -r, SEND tests
+	OutReads int    // -o, READ and atomic tests; default 128, rxe's maximum too
+	Timeout  time.Duration
+	Out      io.Writer // results, in perftest's format
+	// Listener, when set, is used by a server instead of listening on Port.
+	Listener net.Listener
+	// Device, when set, is used instead of opening one on Local.
+	Device *rxego.Device
+	// Hold, when set, is called at the final synchronisation point, while
+	// the peer is blocked waiting for rxego, with what rxego knows the
+	// peer's memory must hold then (see PeerCheck). Tests read the peer's
+	// memory there. Not called by write_lat, whose peer ends without a
+	// final synchronisation.
+	Hold func([]PeerCheck) error
+	// Seed makes the fill pattern of rxego's buffer reproducible; 0 picks
+	// one at random.
+	Seed uint64
+}
+
+// Normalised holds the values a run actually uses after perftest's
+// defaults and its dependency rules (force_dependecies).
+type normalised struct {
+	Config
+	mtu   qp.MTU
+	cqMod int
+}
+
+// normalise applies perftest's defaults and rules to c.
+func normalise(c Config) (normalised, error) {
+	n := normalised{Config: c}
+	if !c.Test.Valid() {
+		return n, fmt.Errorf("perftest: unknown test %q (want one of %v)", c.Test, Tests)
+	}
+	v := c.Test.verb()
+	if n.Port == 0 {
+		n.Port = DefaultPort
+	}
+	if n.Port < 0 || n.Port > 65535 {
+		return n, fmt.Errorf("perftest: port %d", n.Port)
+	}
+	if v == atomic {
+		if n.Atomic == "" {
+			n.Atomic = FetchAndAdd
+		}
+		if n.Atomic != FetchAndAdd && n.Atomic != CmpAndSwap {
+			return n, fmt.Errorf("perftest: -A %q: want %s or %s", n.Atomic, CmpAndSwap, FetchAndAdd)
+		}
+		if n.All || (n.Size != 0 && n.Size != atomicSize) {
+			return n, errors.New("perftest: message size cannot be changed for atomic tests (8 bytes; no -a)")
+		}
+		n.Size = atomicSize
+	} else if n.Atomic != "" {
+		return n, errors.New("perftest: -A is for the atomic tests only")
+	}
+	switch {
+	case n.Size == 0 && c.Test.Lat():
+		n.Size = defSizeLat
+	case n.Size == 0:
+		n.Size = defSizeBW
+	}
+	if n.Size < 1 || n.Size > maxSize {
+		return n, fmt.Errorf("perftest: size %d: want 1 to %d", n.Size, maxSize)
+	}
+	if n.Iters == 0 {
+		n.Iters = defIters
+		if c.Test == WriteBW {
+			n.Iters = defItersWriteBW
+		}
+	}
+	if n.Iters < minIters || n.Iters > 100_000_000 {
+		return n, fmt.Errorf("perftest: iterations %d: want %d to 100000000", n.Iters, minIters)
+	}
+	if n.NumQPs == 0 {
+		n.NumQPs = 1
+	}
+	if c.Test.Lat() && n.NumQPs != 1 {
+		return n, errors.New("perftest: multiple QPs only available on bw tests")
+	}
+	if n.NumQPs < 1 || n.NumQPs > maxQPs {
+		return n, fmt.Errorf("perftest: %d QPs: want 1 to %d", n.NumQPs, maxQPs)
+	}
+	if n.MTU == 0 {
+		n.MTU = 1024
+	}
+	m, ok := qp.MTUFromBytes(n.MTU)
+	if !ok {
+		return n, fmt.Errorf("perftest: MTU %d is not 256, 512, 1024, 2048 or 4096", n.MTU)
+	}
+	n.mtu = m
+	if n.TxDepth == 0 {
+		n.TxDepth = defTxBW
+		if c.Test.Lat() {
+			n.TxDepth = 1
+		}
+	}
+	if n.TxDepth < 1 || n.TxDepth > 15000 {
+		return n, fmt.Errorf("perftest: tx depth %d: want 1 to 15000", n.TxDepth)
+	}
+	n.TxDepth = min(n.TxDepth, n.Iters)
+	if n.RxDepth == 0 {
+		n.RxDepth = 1
+		if v == send {
+			n.RxDepth = defRxSend
+		}
+	}
+	if n.RxDepth < 1 || n.RxDepth > 16384 {
+		return n, fmt.Errorf("perftest: rx depth %d: want 1 to 16384", n.RxDepth)
+	}
+	if v == send {
+		n.RxDepth = min(n.RxDepth, n.Iters)
+		if n.RxDepth%2 == 1 && !n.All { // perftest's work-around for odd SEND rx depths
+			n.RxDepth++
+		}
+	}
+	if v == read || v == atomic {
+		if n.OutReads == 0 {
+			n.OutReads = qp.MaxRdAtomicLimit
+		}
+		if n.OutReads < 1 || n.OutReads > qp.MaxRdAtomicLimit {
+			return n, fmt.Errorf("perftest: outstanding reads %d: want 1 to %d", n.OutReads, qp.MaxRdAtomicLimit)
+		}
+	} else {
+		n.OutReads = 1
+	}
+	n.cqMod = min(defCQMod, n.TxDepth)
+	if n.Size > cqModSizeLimit && !n.All {
+		n.cqMod = 1
+	}
+	if n.Timeout == 0 {
+		n.Timeout = 2 * time.Minute
+	}
+	if n.Out == nil {
+		n.Out = io.Discard
+	}
+	if n.Seed == 0 {
+		n.Seed = randomSeed()
+	}
+	return n, nil
+}
+
+// sizes returns the message sizes a run goes through: the one size, or
+// with -a every power of two from 2 to 8 MiB.
+func (n *normalised) sizes() []int {
+	if !n.All {
+		return []int{n.Size}
+	}
+	var s []int
+	for i := 1; i < 24; i++ {
+		s = append(s, 1<<i)
+	}
+	return s
+}
+
+// bufSizeFor is the size perftest's buffer layout is computed from
+// (ctx->size): MAX_SIZE with -a.
+func (n *normalised) bufSizeFor() int {
+	if n.All {
+		return maxSize
+	}
+	return n.Size
+}

@@ -1,0 +1,411 @@
+package perftest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/qp"
+)
+
+// Result is what a run measured and checked.
+type Result struct {
+	// BW holds one report per size of a BW test: rxego's own measurement
+	// (a client, or a SEND server) or the client's (a write, read or
+	// atomic server, which only waits).
+	BW []Report
+	// Lat holds one line per size of a latency test.
+	Lat []LatStats
+	// Checked counts the self-checks rxego made on data the peer wrote,
+	// sent, returned or changed; Mismatches those that failed (the run
+	// then also returns an error).
+	Checked, Mismatches int
+	// What describes what the checks covered, for the printed verify line.
+	What string
+	// Local and Remote are the key records of QP 0 of each side.
+	Local, Remote Dest
+	// Mem is rxego's registered buffer after the run and MemAddr its
+	// address as the peer sees it, so a test running two rxego peers can
+	// evaluate one side's PeerChecks against the other side's memory.
+	Mem     []byte
+	MemAddr uint64
+	// Engine is the device's engine (for its counters) when Run opened
+	// the device itself; it is stopped.
+	Engine *qp.Engine
+}
+
+// PeerCheck is a range of the peer's memory whose content rxego knows at
+// the final synchronisation point: bytes rxego wrote or sent there, or
+// bytes the peer read or fetched from rxego, or the peer's own bytes that
+// rxego received. Addr is a virtual address in the peer process.
+type PeerCheck struct {
+	Addr uint64
+	Data []byte
+	What string
+}
+
+// session is one run's state.
+type session struct {
+	cfg    normalised
+	client bool
+	ex     *Exchange
+	lay    layout
+	dev    *rxego.Device
+	pd     *rxego.PD
+	mr     *rxego.MR
+	buf    []byte
+	scq    *rxego.CQ // send completions
+	rcq    *rxego.CQ // receive completions (SEND tests)
+	qps    []*rxego.QP
+	my     []Dest
+	rem    []Dest
+	res    Result
+	// fill is the pattern rxego's buffer started with, to tell bytes the
+	// peer changed from bytes it left alone.
+	fill []byte
+	// rcvdBase is the engine's received payload count before the QPs
+	// were connected: write_lat counts the peer's writes from it.
+	rcvdBase uint64
+	out      *printer
+	ctx      context.Context
+}
+
+// Run performs one perftest exchange and test as server (cfg.Server
+// empty) or client, prints perftest's report to cfg.Out and checks what
+// it can of the data (see the package documentation).
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	n, err := normalise(cfg)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(n.Timeout)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	s := &session{cfg: n, client: n.Server != "", ctx: ctx, out: &printer{w: n.Out}}
+	conn, err := s.connectTCP(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	s.ex = NewExchange(conn, s.client, deadline)
+	err = s.run(conn)
+	if s.dev != nil && n.Device == nil {
+		s.res.Engine = s.dev.Engine()
+		s.dev.Close()
+	}
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w (%v)", err, ctx.Err())
+	}
+	return &s.res, err
+}
+
+// connectTCP dials the server (retrying until it listens) or accepts one
+// client.
+func (s *session) connectTCP(ctx context.Context) (net.Conn, error) {
+	c := s.cfg
+	if s.client {
+		addr := net.JoinHostPort(c.Server, strconv.Itoa(c.Port))
+		var d net.Dialer
+		for {
+			conn, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				return conn, nil
+			}
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("perftest: couldn't connect to %s: %w", addr, err)
+			}
+			t := time.NewTimer(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+			case <-t.C:
+			}
+		}
+	}
+	ln := c.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", ":"+strconv.Itoa(c.Port)); err != nil {
+			return nil, fmt.Errorf("perftest: couldn't listen to port %d: %w", c.Port, err)
+		}
+		defer ln.Close()
+	}
+	fmt.Fprintf(s.cfg.Out, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	conn, err := ln.Accept()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("perftest: no client connected: %w", ctx.Err())
+		}
+		return nil, err
+	}
+	return conn, nil
+}
+
+// run does everything after the TCP connection is up.
+func (s *session) run(conn net.Conn) error {
+	c := &s.cfg
+	if err := s.ex.Versions(); err != nil {
+		return err
+	}
+	cycle, cacheLine, err := s.ex.SysData(os.Getpagesize(), defCacheLine)
+	if err != nil {
+		return err
+	}
+	code, err := s.ex.MTU(int(c.mtu))
+	if err != nil {
+		return err
+	}
+	c.mtu = qp.MTU(code)
+	s.lay = layout{ctxSize: c.bufSizeFor(), cycle: cycle, cacheLine: cacheLine, numQPs: c.NumQPs}
+	if err := s.setup(conn); err != nil {
+		return err
+	}
+	s.printHeader()
+	if err := s.connect(); err != nil {
+		return err
+	}
+	switch {
+	case c.Test == SendBW:
+		err = s.sendBW()
+	case c.Test == SendLat:
+		err = s.sendLat()
+	case c.Test == WriteLat:
+		err = s.writeLat()
+	case c.Test.Lat():
+		err = s.readAtomicLat()
+	default:
+		err = s.rdmaBW()
+	}
+	if err != nil {
+		return err
+	}
+	s.res.Mem, s.res.MemAddr = s.buf, s.mr.IOVA()
+	if s.res.Checked > 0 || s.res.Mismatches > 0 {
+		fmt.Fprintf(c.Out, "verify: %d of %d checks passed (%s)\n", s.res.Checked-s.res.Mismatches, s.res.Checked, s.res.What)
+	}
+	if s.res.Mismatches > 0 {
+		return fmt.Errorf("perftest: %d of %d data checks failed (%s)", s.res.Mismatches, s.res.Checked, s.res.What)
+	}
+	return nil
+}
+
+// setup opens the device and creates the buffer, MR, CQ and QPs in INIT,
+// and this side's key records.
+func (s *session) setup(conn net.Conn) error {
+	c := &s.cfg
+	s.dev = c.Device
+	if s.dev == nil {
+		local := c.Local
+		if !local.IsValid() {
+			ap, err := netip.ParseAddrPort(conn.LocalAddr().String())
+			if err != nil {
+				return fmt.Errorf("perftest: local address of the exchange %v: %w", conn.LocalAddr(), err)
+			}
+			local = ap.Addr().Unmap().WithZone("")
+		}
+		var err error
+		if s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil); err != nil {
+			return err
+		}
+	}
+	s.rcvdBase = s.dev.Engine().Stats.RcvdBytes.Load()
+	var err error
+	if s.pd, err = s.dev.AllocPD(); err != nil {
+		return err
+	}
+	s.buf = make([]byte, s.lay.total())
+	s.fill = make([]byte, len(s.buf))
+	if c.Test != WriteLat { // write_lat polls on bytes that must start at 0
+		pattern(s.fill, c.Seed)
+	}
+	copy(s.buf, s.fill)
+	access := rxego.AccessLocalWrite | rxego.AccessRemoteWrite | rxego.AccessRemoteRead | rxego.AccessRemoteAtomic
+	if s.mr, err = s.pd.RegMR(s.buf, access); err != nil {
+		return err
+	}
+	recv := 0
+	if c.Test.verb() == send {
+		recv = c.RxDepth
+	}
+	if s.scq, err = s.dev.CreateCQ(c.NumQPs*c.TxDepth + 16); err != nil {
+		return err
+	}
+	if s.rcq, err = s.dev.CreateCQ(c.NumQPs*recv + 16); err != nil {
+		return err
+	}
+	psn := rand.Uint32() & 0xffffff
+	for i := 0; i < c.NumQPs; i++ {
+		q, err := s.pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: s.scq, RecvCQ: s.rcq,
+			Caps: rxego.Caps{MaxSendWR: c.TxDepth, MaxRecvWR: max(recv, 1), MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			return err
+		}
+		if err := rxego.InitQP(q, access); err != nil {
+			return err
+		}
+		s.qps = append(s.qps, q)
+		s.my = append(s.my, Dest{OutReads: uint16(c.OutReads), QPN: q.Num(), PSN: (psn + uint32(i)*0x1111) & 0xffffff,
+			RKey: s.mr.RKey(), VAddr: s.mr.IOVA() + uint64(s.lay.vaddr(i)), GID: s.dev.GID()})
+	}
+	s.res.Local = s.my[0]
+	return nil
+}
+
+// connect runs the handshakes before the test, in each test's order, and
+// moves the QPs to RTS between them as perftest does.
+func (s *session) connect() error {
+	c := &s.cfg
+	n := c.NumQPs
+	shakeAll := func() error {
+		for i := 0; i < n; i++ {
+			r, err := s.ex.HandShake(s.my[i])
+			if err != nil {
+				return err
+			}
+			s.rem[i] = r
+		}
+		return nil
+	}
+	shakeOne := func() error {
+		_, err := s.ex.HandShake(s.my[0])
+		return err
+	}
+	s.rem = make([]Dest, n)
+	var steps []func() error
+	switch c.Test {
+	case WriteBW, ReadBW, AtomicBW:
+		steps = []func() error{shakeAll, s.modify, s.printDests, shakeAll, shakeOne}
+	case SendBW, SendLat:
+		steps = []func() error{shakeAll, s.modify, shakeOne, s.printDests, shakeAll}
+	default: // write, read and atomic latency
+		steps = []func() error{shakeOne, shakeAll, s.modify, s.printDests, shakeAll, shakeOne}
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	s.printRemote()
+	s.out.s(resultLine)
+	s.res.Remote = s.rem[0]
+	return nil
+}
+
+// modify moves every QP to RTR and RTS towards the peer's records, with
+// perftest's attributes: max_dest_rd_atomic from this side's out_reads,
+// max_rd_atomic from the peer's, timeout 14, retry 7, RNR retry 7,
+// min_rnr_timer 12.
+func (s *session) modify() error {
+	for i, r := range s.rem {
+		mine := netip.AddrFrom16(s.my[i].GID).Is4In6()
+		if mine != netip.AddrFrom16(r.GID).Is4In6() {
+			return errors.New("perftest: found incompatibility issue with GID types (one side IPv4, the other IPv6); use the same IP version on both")
+		}
+		if r.QPN == 0 || r.QPN > 0xffffff {
+			return fmt.Errorf("perftest: peer QP number %#x", r.QPN)
+		}
+		rtr := qp.Attr{State: qp.RTR, PathMTU: s.cfg.mtu, DestQPN: r.QPN, RQPSN: r.PSN,
+			Dest: netip.AddrPortFrom(r.Addr(), rxego.DefaultPort), HopLimit: 0xff,
+			MaxDestRdAtomic: uint8(s.my[i].OutReads), MinRNRTimer: minRNRTimer}
+		if err := s.qps[i].Modify(&rtr, qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|
+			qp.AttrMaxDestRdAtomic|qp.AttrMinRNRTimer); err != nil {
+			return fmt.Errorf("perftest: QP %d to RTR: %w", s.qps[i].Num(), err)
+		}
+		out := r.OutReads
+		if out == 0 || out > qp.MaxRdAtomicLimit {
+			out = min(max(out, 1), qp.MaxRdAtomicLimit)
+		}
+		rts := qp.Attr{State: qp.RTS, SQPSN: s.my[i].PSN, Timeout: defQPTimeout, RetryCnt: 7, RNRRetry: 7,
+			MaxRdAtomic: uint8(out)}
+		if err := s.qps[i].Modify(&rts, qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|
+			qp.AttrRNRRetry|qp.AttrMaxQPRdAtomic); err != nil {
+			return fmt.Errorf("perftest: QP %d to RTS: %w", s.qps[i].Num(), err)
+		}
+	}
+	return nil
+}
+
+// poll waits for at least one completion on cq, leaving the CPU to the
+// engine between empty polls (it runs on goroutines of this process).
+func (s *session) poll(cq *rxego.CQ, wcs []rxego.WC) (int, error) {
+	for {
+		if n := cq.Poll(wcs); n > 0 {
+			for _, wc := range wcs[:n] {
+				if wc.Status != qp.WCSuccess {
+					return 0, fmt.Errorf("perftest: completion with error: status %s (%d), wr_id %#x, QP %#x",
+						wc.Status, wc.Status, wc.ID, wc.QPN)
+				}
+			}
+			return n, nil
+		}
+		if err := s.ctx.Err(); err != nil {
+			return 0, fmt.Errorf("perftest: waiting for completions: %w", err)
+		}
+		runtime.Gosched()
+	}
+}
+
+// qpIndex returns the index of the QP numbered num.
+func (s *session) qpIndex(num uint32) (int, error) {
+	for i, q := range s.qps {
+		if q.Num() == num {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("perftest: completion for unknown QP %#x", num)
+}
+
+// closeHold ends the exchange; the hold hook runs at the final handshake.
+func (s *session) closeHold(checks func() []PeerCheck) error {
+	return s.ex.Close(s.my[0], s.holdFunc(checks))
+}
+
+// holdFunc returns the hook for the final handshake, or nil without
+// cfg.Hold. The checks are computed when the peer is known to be done.
+func (s *session) holdFunc(checks func() []PeerCheck) func() error {
+	if s.cfg.Hold == nil || checks == nil {
+		return nil
+	}
+	return func() error {
+		s.dev.Sync()
+		return s.cfg.Hold(checks())
+	}
+}
+
+// randomSeed returns a non-zero seed.
+func randomSeed() uint64 {
+	for {
+		if v := rand.Uint64(); v != 0 {
+			return v
+		}
+	}
+}
+
+// pattern fills b with a pseudo-random sequence from seed (xorshift64*),
+// so rxego's buffer is not constant, as perftest's rand() fill is not, and
+// bytes a peer overwrote can be told from untouched ones.
+func pattern(b []byte, seed uint64) {
+	x := seed | 1
+	for i := 0; i < len(b); {
+		x ^= x >> 12
+		x ^= x << 25
+		x ^= x >> 27
+		v := x * 0x2545f4914f6cdd1d
+		for k := 0; k < 8 && i < len(b); k++ {
+			b[i] = byte(v >> (8 * k))
+			i++
+		}
+	}
+}
