@@ -1,0 +1,15 @@
+//go:build !linux
+
+package transport
+
+import (
+	"errors"
+	"net/netip"
+)
+
+// Listen needs Linux: UDP GSO/GRO, sendmmsg/recvmmsg and the IP ID
+// behaviour the ICRCs rely on were only established there. Tests elsewhere
+// can use NewPipeNetwork.
+func Listen(local netip.AddrPort, opts Options) (Conn, error) {
+	return nil, errors.New("transport: UDP Conns need Linux; use NewPipeNetwork in tests")
+}
