@@ -196,6 +196,11 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 		return
 	}
 	if psn.After(r.compPSN) {
+		// The response implicitly acknowledges the requests before its
+		// READ, whose coalesced ACK may well come after it.
+		e.acknowledge(q, psn.Add(-1), now)
+	}
+	if psn.After(r.compPSN) {
 		// A response is missing: ask again from the first one not received,
 		// once per gap.
 		if !r.gapPending || r.gapPSN != r.compPSN {

@@ -45,6 +45,12 @@ type fabric struct {
 	tap func(p wirePkt, pkt bth.Packet)
 	// dupIf, if set, picks packets to deliver twice.
 	dupIf func(p wirePkt) bool
+	// batch hands each engine everything that reaches it in one round in
+	// a single Input call, as a receive loop reading batches does;
+	// otherwise every packet is its own Input.
+	batch    bool
+	batched  map[*node][]InPacket
+	batchOrd []*node
 }
 
 type node struct {
@@ -106,6 +112,7 @@ func (f *fabric) run(limit time.Duration) {
 					f.deliver(p)
 				}
 			}
+			f.flushBatches()
 			continue
 		}
 		// Nothing in flight: jump to the next timer.
@@ -147,7 +154,27 @@ func (f *fabric) deliver(p wirePkt) {
 	if f.tap != nil {
 		f.tap(p, pkt)
 	}
-	n.e.Input([]InPacket{{Pkt: pkt, Src: p.src, TOS: p.tos, Dest: p.dst.Addr()}})
+	in := InPacket{Pkt: pkt, Src: p.src, TOS: p.tos, Dest: p.dst.Addr()}
+	if f.batch {
+		if f.batched == nil {
+			f.batched = map[*node][]InPacket{}
+		}
+		if len(f.batched[n]) == 0 {
+			f.batchOrd = append(f.batchOrd, n)
+		}
+		f.batched[n] = append(f.batched[n], in)
+		return
+	}
+	n.e.Input([]InPacket{in})
+}
+
+// flushBatches gives each engine the packets batch mode held for it.
+func (f *fabric) flushBatches() {
+	for _, n := range f.batchOrd {
+		n.e.Input(f.batched[n])
+		f.batched[n] = nil
+	}
+	f.batchOrd = f.batchOrd[:0]
 }
 
 // endpoint bundles a QP and its CQs for tests.
