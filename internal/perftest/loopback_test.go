@@ -108,10 +108,10 @@ func runPair(t *testing.T, lc loopCase) (srv, cli *Result, sout, cout string) {
 
 // engineSummary renders a run's engine counters for failure messages.
 func engineSummary(r *Result) string {
-	if r == nil || r.Engine == nil {
-		return "(no engine)"
+	if r == nil || r.Device == nil {
+		return "(no device)"
 	}
-	s := &r.Engine.Stats
+	s := &r.Device.Engine().Stats
 	return fmt.Sprintf("engine: sent %d rcvd %d retransmits %d rcvd_seq_err %d duplicate %d out_of_seq %d naks %d",
 		s.SentPkts.Load(), s.RcvdPkts.Load(), s.Retransmits.Load(), s.RcvdSeqErr.Load(), s.DuplicateRequest.Load(),
 		s.OutOfSeqRequest.Load(), s.NAKsSent.Load())

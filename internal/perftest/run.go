@@ -37,9 +37,9 @@ type Result struct {
 	// evaluate one side's PeerChecks against the other side's memory.
 	Mem     []byte
 	MemAddr uint64
-	// Engine is the device's engine (for its counters) when Run opened
-	// the device itself; it is stopped.
-	Engine *qp.Engine
+	// Device is the device the run used, for its counters; Run closes it
+	// when it opened it.
+	Device *rxego.Device
 }
 
 // PeerCheck is a range of the peer's memory whose content rxego knows at
@@ -99,9 +99,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	defer stop()
 	s.ex = NewExchange(conn, s.client, deadline)
 	err = s.run(conn)
-	if s.dev != nil && n.Device == nil {
-		s.res.Engine = s.dev.Engine()
-		s.dev.Close()
+	if s.dev != nil {
+		s.res.Device = s.dev
+		if n.Device == nil {
+			s.dev.Close()
+		}
 	}
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w (%v)", err, ctx.Err())
@@ -298,7 +300,6 @@ func (s *session) connect() error {
 		}
 	}
 	s.printRemote()
-	s.out.s(resultLine)
 	s.res.Remote = s.rem[0]
 	return nil
 }
