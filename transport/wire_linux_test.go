@@ -226,9 +226,11 @@ func TestWireKernelIDs(t *testing.T) {
 		if g[0] == 0 && g[1] == 0 && g[2] == 0 {
 			t.Errorf("IDs %v: the kernel wrote 0 where a counter was expected", g)
 		}
-		if g[1] != g[0]+1 || g[2] != g[1]+1 {
-			t.Errorf("IDs %v do not count up", g)
-		}
+	}
+	// The per-socket counter counts up by one; the hashed one does too
+	// within a jiffy but jumps by a random amount after one passes.
+	if c := ids[3:]; c[1] != c[0]+1 || c[2] != c[1]+1 {
+		t.Errorf("connected socket IDs %v do not count up", c)
 	}
 }
 
