@@ -328,7 +328,7 @@ func (q *QP) checkSendWR(wr *SendWR) error {
 	if wr.Flags&SendInline != 0 {
 		total = uint64(len(wr.Inline))
 	}
-	if total > 1<<31 {
+	if total > maxMessage {
 		return bad("message of %d bytes exceeds 2^31", total)
 	}
 	switch op {

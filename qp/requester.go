@@ -91,7 +91,13 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	}
 	first := r.off == 0 && (!w.started || w.firstPSN == r.psn)
 	if first && q.typ == RC {
-		if w.wr.Flags&SendFence != 0 && r.rdOut > 0 {
+		// A fence waits for the READs and atomics before w; a retried w
+		// that is one itself is counted in rdOut too.
+		before := r.rdOut
+		if w.started && w.needsResponse() {
+			before--
+		}
+		if w.wr.Flags&SendFence != 0 && before > 0 {
 			return false
 		}
 		if w.needsResponse() && r.rdOut >= q.maxRdAtomic() && !w.started {

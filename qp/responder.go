@@ -346,6 +346,10 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 	if in.Has(bth.First) {
 		h := p.RETH()
 		rs.dmaLen, rs.woff, rs.wbuf = h.DMALen(), 0, nil
+		if rs.dmaLen > maxMessage {
+			e.classCError(q, reth.NAKInvalidRequest, psn)
+			return
+		}
 		if rs.dmaLen > 0 { // IBA C9-88: a zero-length WRITE checks no rkey
 			buf, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), rs.dmaLen, mr.RemoteWrite)
 			if err != nil {
@@ -382,6 +386,10 @@ func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN) {
 	rs := &q.resp
 	h := p.RETH()
 	va, rkey, n := h.VA(), h.RKey(), h.DMALen()
+	if n > maxMessage {
+		e.classCError(q, reth.NAKInvalidRequest, psn)
+		return
+	}
 	if n > 0 {
 		if _, err := e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead); err != nil {
 			e.classCError(q, reth.NAKRemoteAccess, psn)
@@ -546,6 +554,10 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN) {
 		e.drop(DropDuplicate)
 	}
 }
+
+// maxMessage is the longest message (2^31 bytes, as rxe advertises);
+// a longer RDMA length is an invalid request (rxe's check_length).
+const maxMessage = 1 << 31
 
 // respondUC runs the UC responder: PSN gaps drop the damaged message, no
 // acknowledgements, no RNR.

@@ -579,3 +579,27 @@ func TestBatchedACKAfterReadResponses(t *testing.T) {
 		t.Fatal("READ data differs")
 	}
 }
+
+// TestRDMALengthOver2G: a READ or WRITE asking for more than 2^31 bytes is
+// an invalid request (rxe's check_length), whatever the MR.
+func TestRDMALengthOver2G(t *testing.T) {
+	for _, op := range []WROpcode{WRRead, WRWrite} {
+		f, a, b := pair(t, RC, defaultConn())
+		lmr, _ := a.n.reg(t, 64, allAccess)
+		rmr, _ := b.n.reg(t, 64, allAccess)
+		// The requester cannot build such a request; the fabric rewrites
+		// the RETH length of a legal one.
+		f.drop = func(p wirePkt) bool {
+			if pkt := parse(t, p); pkt.Info.Has(bth.First) && pkt.Info.Flags&bth.Request != 0 {
+				binary.BigEndian.PutUint32(p.data[bth.Len+12:], 1<<31+1)
+			}
+			return false
+		}
+		a.post(t, SendWR{ID: 1, Opcode: op, Flags: SendSignaled, SGL: sge(lmr, 0, 8), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()})
+		f.run(time.Second)
+		check(t, op.String(), pollAll(a.scq), want{1, WCRemInvReqErr, wcOpcodeOf(op)})
+		if b.qp.State() != Err {
+			t.Fatalf("responder %v", b.qp.State())
+		}
+	}
+}

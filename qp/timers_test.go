@@ -230,3 +230,20 @@ func TestFenceWaitsForReads(t *testing.T) {
 		}
 	}
 }
+
+// TestFencedRetry: a fenced READ or atomic whose request is lost is
+// retried; the fence does not wait for the WR itself.
+func TestFencedRetry(t *testing.T) {
+	for _, op := range []WROpcode{WRRead, WRFetchAdd, WRAtomicWrite} {
+		o := defaultConn()
+		o.timeout, o.retry = 8, 3
+		f, a, b := pair(t, RC, o)
+		lmr, _ := a.n.reg(t, 64, allAccess)
+		rmr, _ := b.n.reg(t, 64, allAccess)
+		f.drop = dropOnce(t, func(pkt bth.Packet) bool { return pkt.Info.Flags&bth.Request != 0 })
+		a.post(t, SendWR{ID: 1, Opcode: op, Flags: SendSignaled | SendFence, SGL: sge(lmr, aligned8(lmr, 0), 8),
+			RemoteAddr: rmr.IOVA() + uint64(aligned8(rmr, 0)), RKey: rmr.RKey()})
+		f.run(time.Second)
+		check(t, op.String(), pollAll(a.scq), want{1, WCSuccess, wcOpcodeOf(op)})
+	}
+}
