@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run every wire-format fuzz target for a bounded time each.
+#
+#   scripts/fuzz.sh [DURATION] [PKG...]    e.g. scripts/fuzz.sh 10s
+#
+# DURATION defaults to 10s; PKG defaults to the wire-format packages. The
+# targets are found with `go test -list`, so a new Fuzz function is run
+# without editing this script. Each runs as
+# `go test -run=^$ -fuzz=^Target$ -fuzztime=DURATION PKG`; the script stops
+# at the first failure (go test saves the input under PKG/testdata/fuzz/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+time="${1:-10s}"
+shift || true
+pkgs=("$@")
+if [ ${#pkgs[@]} -eq 0 ]; then
+	pkgs=(./bth ./reth ./icrc ./rocelayer ./internal/trace)
+fi
+n=0
+for pkg in "${pkgs[@]}"; do
+	for name in $(go test -list '^Fuzz' "$pkg" | grep '^Fuzz' || true); do
+		echo "== $pkg $name ($time)"
+		go test -run='^$' -fuzz="^${name}\$" -fuzztime="$time" "$pkg"
+		n=$((n + 1))
+	done
+done
+if [ "$n" -eq 0 ]; then
+	echo "no fuzz targets found" >&2
+	exit 1
+fi
+echo "fuzz: $n targets ran for $time each"
