@@ -24,6 +24,14 @@ type capturedFrame struct {
 // rping -s on 198.18.0.11, both rxe on kernel 6.12.
 func rpingFrames(t *testing.T) []capturedFrame {
 	t.Helper()
+	out, err := readRpingFrames()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func readRpingFrames() ([]capturedFrame, error) {
 	var out []capturedFrame
 	err := capfile.Each(rpingCapture, func(fr capfile.Frame) error {
 		p, err := bth.Parse(append([]byte(nil), fr.RoCE...))
@@ -35,10 +43,7 @@ func rpingFrames(t *testing.T) []capturedFrame {
 		out = append(out, capturedFrame{fr.Number, src, dst, p})
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return out, err
 }
 
 // TestCaptureMADs decodes every CM MAD of the capture, checks the fields
