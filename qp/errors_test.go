@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -198,5 +199,49 @@ func TestStaleNAKIgnored(t *testing.T) {
 		if rcvd == 0 || a.n.e.Stats.Drops[DropStaleResponse].Load() != 1 {
 			t.Fatalf("%s: %d receives before, stale drops %d", kind, rcvd, a.n.e.Stats.Drops[DropStaleResponse].Load())
 		}
+	}
+}
+
+// TestDestroy: a destroyed QP drops its work without completions, stops
+// its timers and refuses every call; packets for it are dropped as for
+// an unknown QP.
+func TestDestroy(t *testing.T) {
+	o := defaultConn()
+	o.timeout, o.retry = 8, 2
+	f, a, b := pair(t, RC, o)
+	lmr, _ := a.n.reg(t, 64, allAccess)
+	f.drop = func(wirePkt) bool { return true }
+	a.recv(t, 1, lmr, 0, 8)
+	a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 8)})
+	if err := a.qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	f.run(time.Second)
+	if _, ok := a.n.e.NextDeadline(); ok {
+		t.Fatal("a destroyed QP's timer is armed")
+	}
+	if w := append(pollAll(a.scq), pollAll(a.rcq)...); len(w) != 0 {
+		t.Fatalf("completions after Destroy: %+v", w)
+	}
+	for name, err := range map[string]error{
+		"PostSend": a.qp.PostSend(SendWR{Opcode: WRSend}),
+		"PostRecv": a.qp.PostRecv(RecvWR{}),
+		"Modify":   a.qp.Modify(&Attr{State: Err}, AttrState),
+		"Destroy":  a.qp.Destroy(),
+	} {
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("%s on a destroyed QP: %v", name, err)
+		}
+	}
+	if _, ok := a.n.e.QP(a.qp.Num()); ok {
+		t.Fatal("the engine still lists the QP")
+	}
+	// The peer's packets now find no QP.
+	f.drop = nil
+	b.post(t, SendWR{ID: 2, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(mustReg(t, b, 8), 0, 8), RemoteAddr: lmr.IOVA(), RKey: lmr.RKey()})
+	f.run(time.Second)
+	check(t, "peer", pollAll(b.scq), want{2, WCRetryExcErr, WCWrite})
+	if got := a.n.e.Stats.Drops[DropUnknownQP].Load(); got != uint64(o.retry)+1 {
+		t.Fatalf("unknown_qp drops %d, want %d", got, o.retry+1)
 	}
 }
