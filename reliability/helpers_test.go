@@ -12,8 +12,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -81,12 +81,12 @@ type end struct {
 type endConfig struct {
 	addr   netip.AddrPort
 	opts   transport.Options
-	conn   transport.Conn         // already open (e.g. in a namespace); addr and opts are then unused
+	conn   transport.Conn          // already open (e.g. in a namespace); addr and opts are then unused
 	impair *transport.ImpairConfig // nil: none
-	size   int                    // registered buffer bytes
-	depth  int                    // send queue and CQ depth
-	rdepth int                    // receive queue depth (0: depth)
-	window int                    // engine window (0: default)
+	size   int                     // registered buffer bytes
+	depth  int                     // send queue and CQ depth
+	rdepth int                     // receive queue depth (0: depth)
+	window int                     // engine window (0: default)
 }
 
 // openEnd opens a device on c.addr with an RC QP in RESET.

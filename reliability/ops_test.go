@@ -41,11 +41,11 @@ func consumesRecv(op qp.WROpcode) bool {
 
 // opRun is n messages of one operation from a (requester) to b.
 type opRun struct {
-	op      qp.WROpcode
-	n       int
-	size    int           // message bytes (atomics: 8)
-	inFlight int          // most WRs outstanding at once
-	timeout time.Duration // for the whole run
+	op       qp.WROpcode
+	n        int
+	size     int           // message bytes (atomics: 8)
+	inFlight int           // most WRs outstanding at once
+	timeout  time.Duration // for the whole run
 }
 
 // bufSize is the buffer each end needs for r: n message slots, then n
