@@ -292,3 +292,20 @@ func TestSerializeRejects(t *testing.T) {
 		t.Errorf("no UDP: %v", err)
 	}
 }
+
+// TestDecodeFromBytesAllocs checks that reusing a layer with
+// DecodingLayerParser style decoding allocates nothing per packet.
+func TestDecodeFromBytesAllocs(t *testing.T) {
+	h := bth.Header{Opcode: bth.RCWriteFirst, PKey: bth.DefaultPKey, DestQP: 17, PSN: 1, RETH: bth.RETHFields{VA: 1, RKey: 2, DMALen: 4096}}
+	pkt := make([]byte, bth.PacketLen(h.Opcode, 1024))
+	if _, err := h.Encode(pkt, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	var r rocelayer.RoCE
+	if a := testing.AllocsPerRun(100, func() { _ = r.DecodeFromBytes(pkt, gopacket.NilDecodeFeedback) }); a != 0 {
+		t.Errorf("DecodeFromBytes: %v allocs", a)
+	}
+	if r.Header != h {
+		t.Errorf("decoded %+v", r.Header)
+	}
+}
