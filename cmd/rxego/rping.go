@@ -26,6 +26,10 @@ func init() {
 	register("ucmatose", "peer for librdmacm's ucmatose: several rdma_cm connections with SENDs (same flags)", runUcmatose)
 }
 
+// listeningPrefix starts the line the servers print once they listen, so
+// that a script (or test) knows when to start the client.
+const listeningPrefix = "rxego: rdma_cm listening on "
+
 // cmFlags are the flags both rdma_cm tools share.
 type cmFlags struct {
 	debug   *bool
@@ -183,6 +187,7 @@ flags:
 			if err != nil {
 				return err
 			}
+			fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(a, uint16(*port)))
 			res, err := rping.Serve(ctx, m, l, cfg)
 			fmt.Printf("rxego rping: served %d pings, %d verified\n", res.Pings, res.Verified)
 			return err
@@ -256,6 +261,7 @@ flags:
 			if err != nil {
 				return err
 			}
+			fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(local, uint16(*port)))
 			return report(cmatose.Serve(ctx, m, l, cfg))
 		})
 	}
