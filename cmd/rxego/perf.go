@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,7 +51,7 @@ func runPerf(args []string) error {
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
 	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
-	hold := fs.String("hold", "", "test hook: at the final synchronisation, write what the peer's memory must hold to this JSON file, print \""+strings.TrimSpace(holdPrefix)+" FILE\" and wait for a line on stdin")
+	hold := fs.String("hold", "", "test hook: at the final synchronisation, write what the peer's memory must hold to this JSON file, print \""+strings.TrimSpace(holdPrefix)+" FILE\" and wait until the file is removed")
 	// perftest's getopt lets the server name sit among the flags.
 	rest := args[1:]
 	var server string
@@ -79,7 +78,7 @@ func runPerf(args []string) error {
 	}
 	cfg := perftest.Config{Test: test, Atomic: perftest.AtomicOp(*atomicOp), Server: server, Port: *port, Size: *size,
 		All: *all, Iters: *iters, MTU: *mtu, NumQPs: *qps, TxDepth: *tx, RxDepth: *rx, OutReads: *outReads,
-		Timeout: *timeout, Out: os.Stdout}
+		Timeout: *timeout, Out: os.Stdout, KeepDevice: true}
 	if local != "" {
 		a, err := netip.ParseAddr(local)
 		if err != nil {
@@ -91,10 +90,15 @@ func runPerf(args []string) error {
 		cfg.Hold = holdAt(*hold, *timeout)
 	}
 	res, err := perftest.Run(context.Background(), cfg)
-	if *stats && res != nil && res.Device != nil {
-		if serr := printStats(os.Stdout, res.Device); serr != nil && err == nil {
-			err = serr
+	if res != nil && res.Device != nil {
+		if *stats {
+			// Printed before the device closes, so packets still arriving
+			// (a peer's late retransmission) are counted.
+			if serr := printStats(os.Stdout, res.Device); serr != nil && err == nil {
+				err = serr
+			}
 		}
+		res.Device.Close()
 	}
 	return err
 }
@@ -127,7 +131,8 @@ type holdCheck struct {
 }
 
 // holdAt returns the Hold hook for --hold: it writes path, announces it on
-// stdout and waits (at most timeout) for a line on stdin.
+// stdout and waits (at most timeout) until the file is gone: the test
+// removes it once it has read the peer's memory.
 func holdAt(path string, timeout time.Duration) func([]perftest.PeerCheck) error {
 	return func(checks []perftest.PeerCheck) error {
 		var f holdFile
@@ -142,19 +147,15 @@ func holdAt(path string, timeout time.Duration) func([]perftest.PeerCheck) error
 			return err
 		}
 		fmt.Printf("%s%s\n", holdPrefix, path)
-		line := make(chan error, 1)
-		go func() {
-			_, err := bufio.NewReader(os.Stdin).ReadString('\n')
-			line <- err
-		}()
-		select {
-		case err := <-line:
-			if err != nil {
-				return fmt.Errorf("--hold: reading stdin: %w", err)
+		deadline := time.Now().Add(timeout)
+		for {
+			if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+				return nil
 			}
-			return nil
-		case <-time.After(timeout):
-			return errors.New("--hold: no line on stdin in time")
+			if time.Now().After(deadline) {
+				return fmt.Errorf("--hold: %s still there after %v", path, timeout)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 }

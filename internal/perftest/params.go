@@ -136,6 +136,9 @@ type Config struct {
 	Listener net.Listener
 	// Device, when set, is used instead of opening one on Local.
 	Device *rxego.Device
+	// KeepDevice leaves the device Run opens open (Result.Device), for
+	// counters that settle after the run; the caller closes it.
+	KeepDevice bool
 	// Hold, when set, is called at the final synchronisation point, while
 	// the peer is blocked waiting for rxego, with what rxego knows the
 	// peer's memory must hold then (see PeerCheck). Tests read the peer's
@@ -147,7 +150,7 @@ type Config struct {
 	Seed uint64
 }
 
-// Normalised holds the values a run actually uses after perftest's
+// normalised holds the values a run actually uses after perftest's
 // defaults and its dependency rules (force_dependecies).
 type normalised struct {
 	Config

@@ -37,8 +37,8 @@ type Result struct {
 	// evaluate one side's PeerChecks against the other side's memory.
 	Mem     []byte
 	MemAddr uint64
-	// Device is the device the run used, for its counters; Run closes it
-	// when it opened it.
+	// Device is the device the run used, for its counters. Run closes a
+	// device it opened itself unless Config.KeepDevice.
 	Device *rxego.Device
 }
 
@@ -101,7 +101,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	err = s.run(conn)
 	if s.dev != nil {
 		s.res.Device = s.dev
-		if n.Device == nil {
+		if n.Device == nil && !n.KeepDevice {
 			s.dev.Close()
 		}
 	}

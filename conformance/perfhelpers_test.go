@@ -1,0 +1,274 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/conformance/lab"
+)
+
+// perfRun is one run of a perftest tool in the guest against `rxego perf`
+// on the host end.
+type perfRun struct {
+	Test        string // send_bw, write_bw, ..., atomic_lat
+	Atomic      string // -A for the atomic tests: FETCH_AND_ADD or CMP_AND_SWAP
+	Size        int    // -s; 0 for the atomic tests (always 8)
+	Iters       int    // -n on both sides
+	RxegoServer bool   // rxego listens, perftest connects; else the reverse
+	IPv6        bool   // use the IPv6 GIDs (the TCP exchange stays on IPv4)
+	// Timeout bounds the whole run; default 2 minutes.
+	Timeout time.Duration
+}
+
+// lat reports whether the run is a latency test.
+func (r perfRun) lat() bool { return strings.HasSuffix(r.Test, "_lat") }
+
+// role names who listens, for report rows.
+func (r perfRun) role() string {
+	if r.RxegoServer {
+		return "rxego server"
+	}
+	return "rxego client"
+}
+
+// name is the case name for report rows.
+func (r perfRun) name() string {
+	n := "ib_" + r.Test
+	if r.Atomic != "" {
+		n += " " + r.Atomic
+	} else {
+		n += fmt.Sprintf(" s=%d", r.Size)
+	}
+	n += fmt.Sprintf(" n=%d", r.Iters)
+	if r.IPv6 {
+		n += " ipv6"
+	}
+	return n
+}
+
+// size is the message size both sides use.
+func (r perfRun) size() int {
+	if r.Atomic != "" {
+		return 8
+	}
+	return r.Size
+}
+
+// perfVerify is the line `rxego perf` prints about its own data checks.
+var perfVerify = regexp.MustCompile(`verify: (\d+) of (\d+) checks passed \(([^)]*)\)`)
+
+// holdLine announces that rxego waits at the final synchronisation point.
+var holdLine = regexp.MustCompile(`(?m)^rxego-hold (\S+)$`)
+
+// pidLine is the first line the guest's shell wrapper prints: its PID,
+// which exec hands to the perftest tool.
+var pidLine = regexp.MustCompile(`^(\d+)\n`)
+
+// perf runs r on p and returns rxego's counters and a note. Both sides
+// must exit 0 and print their result table with r's size and iteration
+// count; rxego's own data checks must all pass; and, at the final
+// synchronisation point, while the perftest process waits for rxego, the
+// test reads that process's memory (/proc/PID/mem in the guest) and
+// compares it with what rxego says it must hold (write_lat has no such
+// point: perftest ends it without a final synchronisation).
+func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
+	t.Helper()
+	timeout := r.Timeout
+	if timeout == 0 {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+
+	gidIdx, hostAddr := "1", p.HostIP
+	if r.IPv6 {
+		gidIdx, hostAddr = strconv.Itoa(p.gid6Index(t)), p.HostIP6
+	}
+	common := []string{"-p", strconv.Itoa(p.Port), "-n", strconv.Itoa(r.Iters)}
+	if r.Atomic != "" {
+		common = append(common, "-A", r.Atomic)
+	} else {
+		common = append(common, "-s", strconv.Itoa(r.Size))
+	}
+	tool := append([]string{"ib_" + r.Test, "-d", "rxe0", "-x", gidIdx}, common...)
+	holdFile := filepath.Join(t.TempDir(), "hold.json")
+	rxego := append([]string{"perf", r.Test, "-x", hostAddr, "--stats", "--hold", holdFile,
+		"-timeout", (timeout - 10*time.Second).String()}, common...)
+
+	var h *hostProc
+	guestArgv := tool
+	if r.RxegoServer {
+		h = p.startRxego(t, ctx, rxego...)
+		if err := h.waitListen(ctx, p.Port); err != nil {
+			t.Fatalf("rxego server: %v\n%s", err, h.output())
+		}
+		guestArgv = append(guestArgv, p.HostIP)
+	}
+	// The shell prints its PID and execs the tool, so the PID is the
+	// tool's: checkHold reads its memory.
+	proc, err := p.Guest.Start(append([]string{"sh", "-c", `echo $$; exec "$@"`, "sh"}, guestArgv...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Kill()
+	if !r.RxegoServer {
+		if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
+			t.Fatal(err)
+		}
+		h = p.startRxego(t, ctx, append(rxego, p.Guest.IP())...)
+	}
+
+	held, holdErr := 0, error(nil)
+	if r.Test != "write_lat" {
+		held, holdErr = p.checkHold(ctx, h, proc, holdFile)
+	}
+	rerr := h.wait(ctx)
+	if rerr != nil || holdErr != nil {
+		proc.Kill()
+	}
+	res, perr := proc.Wait(ctx)
+	if holdErr != nil || rerr != nil || perr != nil {
+		t.Fatalf("hold: %v\nrxego: %v\n%s\nperftest: %v\nperftest stdout:\n%s\nperftest stderr:\n%s",
+			holdErr, rerr, h.output(), perr, res.Stdout, res.Stderr)
+	}
+
+	out := h.stdout.Bytes()
+	p.checkTables(t, r, out, res.Stdout)
+	// Every run verifies data: rxego's own checks (all must pass) and the
+	// hold point's ranges of perftest's memory; a write_bw client has only
+	// the latter, write_lat only the former.
+	m := perfVerify.FindSubmatch(out)
+	if m != nil && (string(m[1]) != string(m[2])) {
+		t.Errorf("rxego's data checks: %s of %s passed (%s)", m[1], m[2], m[3])
+	}
+	if m == nil && held == 0 {
+		t.Errorf("nothing verified: no rxego verify line and no hold ranges:\n%s", out)
+	}
+	stats, err := parseStats(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	note := ""
+	if m != nil {
+		note = fmt.Sprintf("rxego checks %s/%s (%s)", m[1], m[2], m[3])
+	}
+	if held > 0 {
+		note += fmt.Sprintf("; perftest memory: %d ranges verified", held)
+	}
+	return Outcome{Note: note, Rxego: stats}
+}
+
+// holdCheck is one entry of the file `rxego perf --hold` writes.
+type holdCheck struct {
+	Addr uint64 `json:"addr"`
+	Data []byte `json:"data"`
+	What string `json:"what"`
+}
+
+// checkHold waits for rxego to reach the hold point, reads the perftest
+// process's memory over the span of rxego's checks, compares every range
+// and releases rxego by removing the file. It returns how many ranges it
+// verified.
+func (p *Peer) checkHold(ctx context.Context, h *hostProc, proc *lab.Proc, file string) (int, error) {
+	for !holdLine.Match(h.stdout.Bytes()) {
+		select {
+		case <-h.done:
+			return 0, fmt.Errorf("rxego exited before its hold point: %v", h.err)
+		case <-ctx.Done():
+			return 0, fmt.Errorf("rxego did not reach its hold point: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	defer os.Remove(file)
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	var f struct{ Checks []holdCheck }
+	if err := json.Unmarshal(data, &f); err != nil {
+		return 0, fmt.Errorf("hold file: %w", err)
+	}
+	if len(f.Checks) == 0 {
+		return 0, errors.New("rxego listed no ranges of the peer's memory")
+	}
+	lo, hi := f.Checks[0].Addr, uint64(0)
+	for _, c := range f.Checks {
+		lo = min(lo, c.Addr)
+		hi = max(hi, c.Addr+uint64(len(c.Data)))
+	}
+	if hi-lo > 64<<20 {
+		return 0, fmt.Errorf("hold ranges span %d bytes", hi-lo)
+	}
+	stdout, _, err := proc.Output()
+	if err != nil {
+		return 0, err
+	}
+	pm := pidLine.FindSubmatch(stdout)
+	if pm == nil {
+		return 0, fmt.Errorf("no PID from the guest's wrapper: %q", stdout)
+	}
+	mem, err := p.Guest.Run(ctx, "dd", "if=/proc/"+string(pm[1])+"/mem", "bs=65536", "iflag=skip_bytes,count_bytes",
+		fmt.Sprintf("skip=%d", lo), fmt.Sprintf("count=%d", hi-lo), "status=none")
+	if err != nil {
+		return 0, fmt.Errorf("reading perftest's memory: %w", err)
+	}
+	if uint64(len(mem.Stdout)) != hi-lo {
+		return 0, fmt.Errorf("read %d bytes of perftest's memory at %#x, want %d", len(mem.Stdout), lo, hi-lo)
+	}
+	var bad []string
+	for _, c := range f.Checks {
+		got := mem.Stdout[c.Addr-lo:][:len(c.Data)]
+		if !bytes.Equal(got, c.Data) {
+			bad = append(bad, fmt.Sprintf("%s at %#x: got % x..., want % x...", c.What, c.Addr, head(got), head(c.Data)))
+		}
+	}
+	if len(bad) > 0 {
+		return 0, fmt.Errorf("%d of %d ranges of perftest's memory differ from what rxego expects:\n%s",
+			len(bad), len(f.Checks), strings.Join(bad, "\n"))
+	}
+	return len(f.Checks), nil
+}
+
+// head returns at most the first 16 bytes of b.
+func head(b []byte) []byte { return b[:min(len(b), 16)] }
+
+// Perftest's table headers.
+const (
+	bwHeader  = "#bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
+	latHeader = "#bytes #iterations    t_min[usec]"
+)
+
+// checkTables asserts each side printed its result line: size and
+// iteration count under the table header. The server of read_lat and
+// atomic_lat (perftest's, and rxego like it) prints no table: it only
+// waits.
+func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) {
+	t.Helper()
+	header, iters := bwHeader, r.Iters
+	if r.lat() {
+		header = latHeader
+	}
+	line := regexp.MustCompile(fmt.Sprintf(`(?m)^ %d +%d +[0-9.]+ `, r.size(), iters))
+	check := func(side string, out []byte) {
+		if !bytes.Contains(out, []byte(header)) || !line.Match(out) {
+			t.Errorf("%s printed no result line for %d bytes and %d iterations:\n%s", side, r.size(), iters, out)
+		}
+	}
+	silentServer := r.Test == "read_lat" || r.Test == "atomic_lat"
+	if !(silentServer && r.RxegoServer) {
+		check("rxego", rxego)
+	}
+	if !(silentServer && !r.RxegoServer) {
+		check("perftest", tool)
+	}
+}

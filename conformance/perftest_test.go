@@ -1,0 +1,73 @@
+package conformance
+
+import (
+	"testing"
+)
+
+// TestPerftest runs every perftest tool against rxego in both roles over
+// the IPv4 GIDs, on every kernel: sizes 1, one more than the path MTU (two
+// packets) and 64 KiB, plus 1 MiB for write_bw and read_bw, and both
+// atomic operations.
+func TestPerftest(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, r := range perftestMatrix() {
+			for _, server := range []bool{true, false} {
+				r.RxegoServer = server
+				p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome {
+					return p.perf(t, r)
+				})
+			}
+		}
+	})
+}
+
+// perftestMatrix lists the IPv4 runs of one role.
+func perftestMatrix() []perfRun {
+	var runs []perfRun
+	for _, test := range []string{"send_bw", "write_bw", "read_bw", "send_lat", "write_lat", "read_lat"} {
+		sizes := []int{1, 1025, 65536}
+		if test == "write_bw" || test == "read_bw" {
+			sizes = append(sizes, 1<<20)
+		}
+		for _, s := range sizes {
+			runs = append(runs, perfRun{Test: test, Size: s, Iters: itersFor(s)})
+		}
+	}
+	for _, test := range []string{"atomic_bw", "atomic_lat"} {
+		for _, op := range []string{"FETCH_AND_ADD", "CMP_AND_SWAP"} {
+			runs = append(runs, perfRun{Test: test, Atomic: op, Iters: 20})
+		}
+	}
+	return runs
+}
+
+// itersFor keeps runs short on the TCG guests: fewer iterations for the
+// large messages.
+func itersFor(size int) int {
+	switch {
+	case size >= 1<<20:
+		return 5
+	case size >= 65536:
+		return 10
+	}
+	return 20
+}
+
+// TestPerftestIPv6 is a smoke set over the IPv6 GIDs: every tool once per
+// role at a multi-packet size.
+func TestPerftestIPv6(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, test := range []string{"send_bw", "write_bw", "read_bw", "atomic_bw", "send_lat", "write_lat", "read_lat", "atomic_lat"} {
+			r := perfRun{Test: test, Size: 4096, Iters: 10, IPv6: true}
+			if test == "atomic_bw" || test == "atomic_lat" {
+				r.Size, r.Atomic = 0, "FETCH_AND_ADD"
+			}
+			for _, server := range []bool{true, false} {
+				r.RxegoServer = server
+				p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome {
+					return p.perf(t, r)
+				})
+			}
+		}
+	})
+}
