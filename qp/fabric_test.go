@@ -284,3 +284,17 @@ func parse(t *testing.T, p wirePkt) bth.Packet {
 	}
 	return pkt
 }
+
+// runFor runs the fabric for exactly d of virtual time: unlike run, it
+// moves the clock to the end even when the network is idle before then.
+func (f *fabric) runFor(d time.Duration) {
+	end := f.clock.now + d
+	f.run(d)
+	if f.clock.now < end {
+		f.clock.now = end
+		for _, n := range f.nodes {
+			n.e.Tick()
+		}
+		f.run(0)
+	}
+}

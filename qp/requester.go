@@ -91,13 +91,7 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	}
 	first := r.off == 0 && (!w.started || w.firstPSN == r.psn)
 	if first && q.typ == RC {
-		// A fence waits for the READs and atomics before w; a retried w
-		// that is one itself is counted in rdOut too.
-		before := r.rdOut
-		if w.started && w.needsResponse() {
-			before--
-		}
-		if w.wr.Flags&SendFence != 0 && before > 0 {
+		if w.wr.Flags&SendFence != 0 && q.responsesPending(q.sqSend) {
 			return false
 		}
 		if w.needsResponse() && r.rdOut >= q.maxRdAtomic() && !w.started {
@@ -158,6 +152,19 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 // wireOverhead approximates a packet's bytes beyond its payload on the
 // wire (Ethernet, IP, UDP, BTH and ICRC), for pacing and byte counting.
 const wireOverhead = 14 + 20 + 8 + 12 + 16 + 4
+
+// responsesPending reports whether a READ or atomic before WQE i still
+// waits for its response: what a fence on WQE i waits for. (rdOut will
+// not do: after a Go-back-N rewind it also counts those after i, and
+// one fenced READ would wait for itself.)
+func (q *QP) responsesPending(i uint64) bool {
+	for j := q.sqHead; j != i; j++ {
+		if w := q.wqe(j); w.needsResponse() && !w.acked {
+			return true
+		}
+	}
+	return false
+}
 
 // ackTimeout converts the QP timeout attribute: 4.096 us * 2^t.
 func ackTimeout(t uint8) time.Duration {
