@@ -51,7 +51,7 @@ func (h *hostProc) waitOutput(ctx context.Context, prefix string) error {
 // waitCMListen waits until an rdma_cm ID in the guest listens on port (as
 // `rdma resource show cm_id` lists it).
 func (p *Peer) waitCMListen(ctx context.Context, port int) error {
-	want := regexp.MustCompile(`state LISTEN .*src-addr [0-9.]+:` + strconv.Itoa(port) + `\b`)
+	want := regexp.MustCompile(`state LISTEN .*src-addr \[?[0-9a-f.:]+\]?:` + strconv.Itoa(port) + `\b`)
 	for {
 		res, err := p.Guest.Run(ctx, "rdma", "resource", "show", "cm_id")
 		if err == nil && want.Match(res.Stdout) {
@@ -92,6 +92,7 @@ type rpingRun struct {
 	Size        int
 	// Drop is rxego's -cm-drop: CM messages it loses on purpose.
 	Drop string
+	IPv6 bool // connect over the IPv6 addresses (GIDs)
 }
 
 func (r rpingRun) role() string {
@@ -133,16 +134,20 @@ func (p *Peer) rping(t *testing.T, r rpingRun) Outcome {
 	defer cancel()
 	count, size := strconv.Itoa(r.Count), strconv.Itoa(r.Size)
 	port := "7174"
+	hostIP, guestIP := p.HostIP, p.Guest.IP()
+	if r.IPv6 {
+		hostIP, guestIP = p.HostIP6, p.Guest.IP6()
+	}
 	rx := []string{"rping", "-p", port, "-S", size, "-v", "--stats", "-timeout", (cmTimeout - 10*time.Second).String()}
 	if r.Drop != "" {
 		rx = append(rx, "-cm-drop", r.Drop)
 	}
 	if r.RxegoServer {
-		h := p.startRxego(t, ctx, append(rx, "-s", "-a", p.HostIP)...)
+		h := p.startRxego(t, ctx, append(rx, "-s", "-a", hostIP)...)
 		if err := h.waitOutput(ctx, cmListening); err != nil {
 			t.Fatalf("rxego server: %v\n%s", err, h.output())
 		}
-		res, err := p.Guest.Run(ctx, "rping", "-c", "-a", p.HostIP, "-p", port, "-S", size, "-v", "-V", "-C", count)
+		res, err := p.Guest.Run(ctx, "rping", "-c", "-a", hostIP, "-p", port, "-S", size, "-v", "-V", "-C", count)
 		if err != nil {
 			h.wait(ctx)
 			t.Fatalf("guest rping -c: %v\nstdout: %s\nstderr: %s\nrxego server %s", err, res.Stdout, res.Stderr, h.output())
@@ -158,7 +163,7 @@ func (p *Peer) rping(t *testing.T, r rpingRun) Outcome {
 		}
 		return cmOutcome(t, h.stdout.Bytes(), count+" pings verified by both")
 	}
-	proc, err := p.Guest.Start("rping", "-s", "-a", p.Guest.IP(), "-p", port, "-S", size, "-v", "-C", count)
+	proc, err := p.Guest.Start("rping", "-s", "-a", guestIP, "-p", port, "-S", size, "-v", "-C", count)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +171,7 @@ func (p *Peer) rping(t *testing.T, r rpingRun) Outcome {
 	if err := p.waitCMListen(ctx, 7174); err != nil {
 		t.Fatal(err)
 	}
-	h := p.startRxego(t, ctx, append(rx, "-c", "-a", p.Guest.IP(), "-I", p.HostIP, "-V", "-C", count)...)
+	h := p.startRxego(t, ctx, append(rx, "-c", "-a", guestIP, "-I", hostIP, "-V", "-C", count)...)
 	rerr := h.wait(ctx)
 	if rerr != nil {
 		proc.Kill()
@@ -185,7 +190,7 @@ func (p *Peer) rping(t *testing.T, r rpingRun) Outcome {
 }
 
 // TestRping runs rping against rxego in both roles, at rping's default
-// size and at one spanning several packets.
+// size and at one spanning several packets, over IPv4 and IPv6.
 func TestRping(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		for _, size := range []int{64, 3000} {
@@ -195,6 +200,12 @@ func TestRping(t *testing.T) {
 					return p.rping(t, r)
 				})
 			}
+		}
+		for _, server := range []bool{true, false} {
+			r := rpingRun{RxegoServer: server, Count: 10, Size: 64, IPv6: true}
+			p.Case(t, Case{Name: "rping S=64 C=10 ipv6", Role: r.role(), Expect: cmExpect}, func(t *testing.T) Outcome {
+				return p.rping(t, r)
+			})
 		}
 	})
 }
