@@ -544,3 +544,20 @@ func TestMalformedMADs(t *testing.T) {
 	}
 	t.Errorf("server %s", counts(p.srv.m, "cm_malformed", "cm_unsupported", "cm_unmatched"))
 }
+
+// TestDisconnectUnanswered: every DREP is lost; Disconnect gives up after
+// the retries with ErrTimeout, and the connection is gone all the same.
+func TestDisconnectUnanswered(t *testing.T) {
+	p := newPair(t, fastConfig(), fastConfig(), func(c transport.Conn) transport.Conn {
+		return newMADFilter(c, map[uint16]int{AttrDREP: 100})
+	}, nil)
+	srvEP, cliEP := p.srv.newEndpoint(t, 64), p.cli.newEndpoint(t, 64)
+	srv, cli := p.connect(t, 5, srvEP, cliEP, nil, nil)
+	if err := cli.Disconnect(testCtx(t)); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("disconnect: %v", err)
+	}
+	waitClosed(t, srv.Done(), "server Done")
+	if got := counts(p.cli.m, "cm_sent_dreq", "cm_timeouts"); got != "[cm_sent_dreq=7 cm_timeouts=1]" {
+		t.Errorf("client %s", got)
+	}
+}

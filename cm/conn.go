@@ -212,6 +212,7 @@ type Conn struct {
 	// The RTU and DREP sent, repeated on a duplicate REP or DREQ.
 	rtu, drep       [MADSize]byte
 	hasRTU, hasDREP bool
+	dreqLost        bool // our DREQ went unanswered
 
 	ready    chan struct{} // closed when established or failed
 	readyErr error
@@ -286,15 +287,11 @@ func (c *Conn) Disconnect(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if errors.Is(c.doneErr, ErrLocalDisconnect) && c.readyErr == errDREQTimeout {
+	if c.dreqLost {
 		return ErrTimeout
 	}
 	return nil
 }
-
-// errDREQTimeout marks (in readyErr, unused after establishment) a
-// disconnect whose DREQ went unanswered.
-var errDREQTimeout = errors.New("cm: DREQ unanswered")
 
 // sendRetry sends msg and keeps retransmitting it every timeout, up to
 // retries times, until cancelTimer; m.mu must be held.
@@ -354,7 +351,7 @@ func (c *Conn) expired() {
 		c.setQPError()
 		c.failLocked(ErrTimeout)
 	case stDREQSent:
-		c.readyErr = errDREQTimeout
+		c.dreqLost = true
 		c.enterTimeWait()
 	}
 }
