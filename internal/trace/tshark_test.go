@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -20,8 +21,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
+
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/rocelayer"
 )
 
 // pdmlField is a <proto> or <field> element of tshark's PDML output.
@@ -84,8 +91,11 @@ func newTSFrame(p pdmlPacket) *tsFrame {
 func tsharkFrames(t *testing.T, path string) map[int]*tsFrame {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	// RPC-over-RDMA's heuristic claims some SEND payloads (those with
+	// Invalidate) and throws before the ICRC is shown; it is not ours to
+	// compare, so it is turned off.
 	cmd := exec.CommandContext(ctx, "tshark", "-n", "-r", path, "-d", "udp.port==4791,infiniband",
-		"-Y", "infiniband", "-T", "pdml")
+		"--disable-protocol", "rpcordma", "-Y", "infiniband", "-T", "pdml")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
@@ -152,8 +162,10 @@ func raw(t *testing.T, f pdmlField) []byte {
 }
 
 // record turns tshark's decoding of a frame into a trace.Record, leaving
-// zero what tshark does not decode (opcode name, ICRC check).
-func (f *tsFrame) record(t *testing.T) trace.Record {
+// zero what tshark does not decode (opcode name, ICRC check). With
+// bthOnly, only the IP, UDP and BTH fields are taken: tshark 4.0 decodes
+// nothing after the BTH of an opcode it does not know.
+func (f *tsFrame) record(t *testing.T, bthOnly bool) trace.Record {
 	t.Helper()
 	get := func(m map[string]pdmlField, name string) pdmlField {
 		v, ok := m[name]
@@ -190,6 +202,10 @@ func (f *tsFrame) record(t *testing.T) trace.Record {
 	}
 	b4 := raw(t, resv)[0]
 	x.FECN, x.BECN = b4&0x80 != 0, b4&0x40 != 0
+	r.RoCE = x
+	if bthOnly {
+		return r
+	}
 
 	end := bthHdr.Pos + bthHdr.Size // end of the last extended header
 	for name, h := range f.hdr {
@@ -230,10 +246,10 @@ func (f *tsFrame) record(t *testing.T) trace.Record {
 	crc := get(f.hdr, "infiniband.invariant.crc")
 	x.ICRC = binary.LittleEndian.Uint32(raw(t, crc)) // same bytes, our byte order
 	x.PayloadLen = crc.Pos - end - int(x.Pad)
-	if d, ok := f.field["data.len"]; ok && int(num(t, d)) != x.PayloadLen {
-		t.Errorf("frame %d: tshark data.len %s, header positions give payload %d", r.Frame, d.Show, x.PayloadLen)
+	// tshark's data dissector gets the payload with its pad bytes.
+	if d, ok := f.field["data.len"]; ok && int(num(t, d)) != x.PayloadLen+int(x.Pad) {
+		t.Errorf("frame %d: tshark data.len %s, header positions give payload %d + pad %d", r.Frame, d.Show, x.PayloadLen, x.Pad)
 	}
-	r.RoCE = x
 	return r
 }
 
@@ -243,12 +259,7 @@ func epoch(ts time.Time) string { return fmt.Sprintf("%d.%09d", ts.Unix(), ts.Na
 // TestAgainstTshark decodes every capture with trace and with tshark and
 // compares every RoCE frame field by field.
 func TestAgainstTshark(t *testing.T) {
-	if _, err := exec.LookPath("tshark"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("tshark is not installed; CI must install it (apt-get install -y tshark)")
-		}
-		t.Skip("tshark not installed: apt-get install -y tshark")
-	}
+	needTshark(t)
 	files, _ := filepath.Glob("../../testdata/pcaps/*.pcap*")
 	if len(files) == 0 {
 		t.Fatal("no captures in testdata/pcaps")
@@ -269,31 +280,133 @@ func TestAgainstTshark(t *testing.T) {
 				t.Errorf("trace found %d RoCE frames, tshark %d", len(got), len(want))
 			}
 			t.Logf("%d RoCE frames compared", len(want))
-			for n, tf := range want {
-				r, ok := got[n]
-				if !ok {
-					t.Errorf("frame %d: tshark decodes InfiniBand, trace has no record", n)
-					continue
-				}
-				if r.RoCE == nil {
-					t.Errorf("frame %d: trace error %q; tshark decodes it", n, r.Error)
-					continue
-				}
-				if !r.ICRCOK {
-					t.Errorf("frame %d: ICRC does not check", n)
-				}
-				if e := epoch(r.Time); e != tf.field["timestamp"].Value {
-					t.Errorf("frame %d: time %s, tshark %s", n, e, tf.field["timestamp"].Value)
-				}
-				w := tf.record(t)
-				w.Time = r.Time
-				w.OpcodeName, w.ICRCOK = r.OpcodeName, r.ICRCOK // tshark has no equivalent
-				if !reflect.DeepEqual(r, w) {
-					gj, _ := json.Marshal(r)
-					wj, _ := json.Marshal(w)
-					t.Errorf("frame %d differs:\ntrace  %s\ntshark %s", n, gj, wj)
-				}
-			}
+			compare(t, want, got, nil)
 		})
+	}
+}
+
+// compare checks every frame tshark decoded as InfiniBand against the
+// trace record of the same frame. Opcodes for which bthOnly is true are
+// compared up to the BTH.
+func compare(t *testing.T, want map[int]*tsFrame, got map[int]trace.Record, bthOnly func(bth.Opcode) bool) {
+	t.Helper()
+	for n, tf := range want {
+		r, ok := got[n]
+		if !ok {
+			t.Errorf("frame %d: tshark decodes InfiniBand, trace has no record", n)
+			continue
+		}
+		if r.RoCE == nil {
+			t.Errorf("frame %d: trace error %q; tshark decodes it", n, r.Error)
+			continue
+		}
+		if !r.ICRCOK {
+			t.Errorf("frame %d: ICRC does not check", n)
+		}
+		if e := epoch(r.Time); e != tf.field["timestamp"].Value {
+			t.Errorf("frame %d: time %s, tshark %s", n, e, tf.field["timestamp"].Value)
+		}
+		partial := bthOnly != nil && bthOnly(r.Opcode)
+		w := tf.record(t, partial)
+		w.Time = r.Time
+		w.OpcodeName, w.ICRCOK = r.OpcodeName, r.ICRCOK // tshark has no equivalent
+		if partial {
+			bthPart := *r.RoCE
+			bthPart = trace.RoCE{Opcode: bthPart.Opcode, OpcodeName: bthPart.OpcodeName, DestQP: bthPart.DestQP, PSN: bthPart.PSN,
+				AckReq: bthPart.AckReq, SE: bthPart.SE, MigReq: bthPart.MigReq, Pad: bthPart.Pad, TVer: bthPart.TVer,
+				PKey: bthPart.PKey, FECN: bthPart.FECN, BECN: bthPart.BECN, ICRCOK: bthPart.ICRCOK}
+			r.RoCE = &bthPart
+		}
+		if !reflect.DeepEqual(r, w) {
+			gj, _ := json.Marshal(r)
+			wj, _ := json.Marshal(w)
+			t.Errorf("frame %d differs:\ntrace  %s\ntshark %s", n, gj, wj)
+		}
+	}
+}
+
+// tsharkBTHOnly reports the opcodes whose extended headers tshark 4.0
+// does not decode right, so only their BTH is compared: FLUSH and ATOMIC
+// WRITE (IBTA 1.5) and CNP, which it shows as "Unknown" and decodes no
+// further; and the RD opcodes, whose BTH it takes as 20 bytes long, so it
+// reads the RDETH and everything after it 8 bytes late (IBTA puts the
+// RDETH right after the 12-byte BTH; RoCEv2 carries no RD anyway).
+func tsharkBTHOnly(op bth.Opcode) bool {
+	return op == bth.RCFlush || op == bth.RCAtomicWrite || op == bth.CNPOpcode || op.Info().Class == bth.RD
+}
+
+// TestAgainstTsharkSynthetic covers what the captures do not: every opcode
+// of the table (RC, UC, RD, UD, CNP) with random header fields, FECN and
+// BECN, non-zero pad counts and random payload lengths, written to a pcap
+// and decoded by both.
+func TestAgainstTsharkSynthetic(t *testing.T) {
+	needTshark(t)
+	rng := rand.New(rand.NewPCG(21, 22))
+	var file bytes.Buffer
+	w := pcapgo.NewWriter(&file)
+	if err := w.WriteFileHeader(65535, layers.LinkTypeEthernet); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for v := 0; v < 256; v++ {
+		in, ok := bth.Lookup(bth.Opcode(v))
+		if !ok {
+			continue
+		}
+		for i := 0; i < 4; i++ {
+			plen := 0
+			switch {
+			case in.Op == bth.OpAtomicWrite:
+				plen = 8
+			case in.Has(bth.Payload) && i == 3:
+				plen = 1024 + rng.IntN(4)
+			case in.Has(bth.Payload):
+				plen = rng.IntN(64)
+			}
+			h := bth.Header{Opcode: in.Opcode, SE: rng.IntN(2) == 0, MigReq: rng.IntN(2) == 0, PKey: uint16(rng.Uint32()),
+				FECN: rng.IntN(2) == 0, BECN: rng.IntN(2) == 0, Resv6: uint8(rng.IntN(64)), DestQP: rng.Uint32() & 0xffffff,
+				AckReq: rng.IntN(2) == 0, Resv7: uint8(rng.IntN(128)), PSN: bth.PSN(rng.Uint32() & bth.PSNMask),
+				RETH:      bth.RETHFields{VA: rng.Uint64(), RKey: rng.Uint32(), DMALen: rng.Uint32()},
+				AETH:      bth.AETHFields{Syndrome: reth.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
+				Atomic:    bth.AtomicFields{VA: rng.Uint64(), RKey: rng.Uint32(), SwapAdd: rng.Uint64(), Compare: rng.Uint64()},
+				AtomicAck: rng.Uint64(), Imm: rng.Uint32(), IETHRKey: rng.Uint32(),
+				DETH: bth.DETHFields{QKey: rng.Uint32(), SrcQP: rng.Uint32() & 0xffffff}, FETH: rng.Uint32() & 0x3f, RDETH: rng.Uint32() & 0xffffff}
+			payload := make([]byte, plen)
+			for j := range payload {
+				payload[j] = byte(rng.Uint32())
+			}
+			d := frame(t, rocelayer.Port, h, payload)
+			n++
+			ci := gopacket.CaptureInfo{Timestamp: time.Unix(1700000000+int64(n), int64(n)*1000), CaptureLength: len(d), Length: len(d)}
+			if err := w.WritePacket(ci, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	path := filepath.Join(t.TempDir(), "synthetic.pcap")
+	if err := os.WriteFile(path, file.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := tsharkFrames(t, path)
+	got := map[int]trace.Record{}
+	if err := trace.ReadFile(path, func(r trace.Record) error { got[r.Frame] = r; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(want) != n || len(got) != n {
+		t.Fatalf("%d frames written, tshark decoded %d, trace %d", n, len(want), len(got))
+	}
+	compare(t, want, got, tsharkBTHOnly)
+	t.Logf("%d synthetic frames compared", n)
+}
+
+// needTshark skips the test when tshark is missing, except in CI, where
+// it must be installed.
+func needTshark(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("tshark"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("tshark is not installed; CI must install it (apt-get install -y tshark)")
+		}
+		t.Skip("tshark not installed: apt-get install -y tshark")
 	}
 }
