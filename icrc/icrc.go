@@ -153,6 +153,22 @@ var unzero4 = func() (t [4][256]uint32) {
 	return t
 }()
 
+// unzero undoes four zero-byte steps of r.
+func unzero(r uint32) uint32 {
+	return unzero4[0][byte(r)] ^ unzero4[1][byte(r>>8)] ^ unzero4[2][byte(r>>16)] ^ unzero4[3][r>>24]
+}
+
+// icrcBytes[j][c] is unzero(wide[3-j][c]): what ICRC byte j (0..3) fed
+// after the packet contributes, seen from before the four ICRC bytes.
+var icrcBytes = func() (t [4][256]uint32) {
+	for j := range t {
+		for c := range t[j] {
+			t[j][c] = unzero(wide[3-j][c])
+		}
+	}
+	return t
+}()
+
 // sum returns the ICRC of pkt given the masked IP and UDP headers.
 func sum(ipudp, pkt []byte) uint32 { return sumFrom(prefix(ipudp), pkt) }
 
@@ -171,11 +187,13 @@ func sumFrom(s uint32, pkt []byte) uint32 {
 	after := len(pkt) - Len - bthHead // bytes between byte 4 and the ICRC
 	if pkt[4] == 0 && after < maxShifted {
 		// crc32.Update takes and returns the inverted (final) form.
-		r := ^crc32.Update(^s, table, pkt)
+		// Register after pkt[:len-4] = unzero(R ^ ICRC bytes' terms);
+		// the terms and the mask fix do not depend on R, so they are
+		// looked up while crc32 runs.
 		c := pkt[len(pkt)-Len:]
-		r ^= wide[3][c[0]] ^ wide[2][c[1]] ^ wide[1][c[2]] ^ wide[0][c[3]]
-		r = unzero4[0][byte(r)] ^ unzero4[1][byte(r>>8)] ^ unzero4[2][byte(r>>16)] ^ unzero4[3][r>>24]
-		return ^(r ^ maskFix[after])
+		fix := icrcBytes[0][c[0]] ^ icrcBytes[1][c[1]] ^ icrcBytes[2][c[2]] ^ icrcBytes[3][c[3]] ^ maskFix[after]
+		r := ^crc32.Update(^s, table, pkt)
+		return ^(unzero(r) ^ fix)
 	}
 	var h [bthHead]byte
 	copy(h[:4], pkt)
