@@ -23,6 +23,9 @@ type ppRun struct {
 	NumQP       int  // srq: -q on both sides; 0 for the tools' 16
 	// Timeout bounds the whole run; default 2 minutes.
 	Timeout time.Duration
+	// StatsQuiet is how long rxego waits for silence before reading its
+	// counters (--stats-quiet); 0 for its default.
+	StatsQuiet time.Duration
 }
 
 // role names who listens, for report rows.
@@ -78,40 +81,35 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 	cTool := append([]string{"ibv_" + r.Tool + "_pingpong", "-d", "rxe0", "-g", gidIdx}, common...)
 	rxego := append([]string{"pingpong", "-t", r.Tool, "-g", hostAddr, "-c", "--stats",
 		"-timeout", (timeout - 5*time.Second).String()}, common...)
+	if r.StatsQuiet > 0 {
+		rxego = append(rxego, "--stats-quiet", r.StatsQuiet.String())
+	}
 
 	var h *hostProc
-	var cRes lab.Result
+	var proc *lab.Proc
+	var err error
 	if r.RxegoServer {
 		h = p.startRxego(t, ctx, rxego...)
 		if err := h.waitListen(ctx, p.Port); err != nil {
 			t.Fatalf("rxego server: %v\n%s", err, h.output())
 		}
-		var err error
-		if cRes, err = p.Guest.Run(ctx, append(cTool, p.HostIP)...); err != nil {
-			h.wait(ctx)
-			t.Fatalf("%v\nC client stdout: %s\nrxego server %s", err, cRes.Stdout, h.output())
-		}
-		if err := h.wait(ctx); err != nil {
-			t.Fatalf("rxego server: %v\n%s\nC client stdout: %s", err, h.output(), cRes.Stdout)
-		}
-	} else {
-		proc, err := p.Guest.Start(cTool...)
-		if err != nil {
+		if proc, err = p.Guest.Start(append(cTool, hostAddrTCP(p))...); err != nil {
 			t.Fatal(err)
 		}
-		defer proc.Kill()
+	} else {
+		if proc, err = p.Guest.Start(cTool...); err != nil {
+			t.Fatal(err)
+		}
 		if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
+			proc.Kill()
 			t.Fatal(err)
 		}
 		h = p.startRxego(t, ctx, append(rxego, p.Guest.IP())...)
-		rerr := h.wait(ctx)
-		if rerr != nil {
-			proc.Kill()
-		}
-		cRes, err = proc.Wait(ctx)
-		if rerr != nil || err != nil {
-			t.Fatalf("rxego client: %v\n%s\nC server: %v\nC server stdout: %s", rerr, h.output(), err, cRes.Stdout)
-		}
+	}
+	defer proc.Kill()
+	cRes, cErr, rErr := p.waitBoth(t, ctx, proc, h)
+	if rErr != nil || cErr != nil {
+		t.Fatalf("%s\nrxego: %v\n%s\nC tool: %v\nC stdout: %s", r.role(), rErr, h.output(), cErr, cRes.Stdout)
 	}
 	out := h.stdout.Bytes()
 	want := fmt.Sprintf("%d iters in", r.Iters)
@@ -131,6 +129,53 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 		note = fmt.Sprintf("%s messages verified", m[1])
 	}
 	return Outcome{Note: note, Rxego: stats}
+}
+
+// hostAddrTCP is the address the C tools reach rxego's TCP exchange at:
+// IPv4 always (ibv_srq_pingpong's server listens on IPv4 only, and the
+// RoCE addresses travel inside the exchange).
+func hostAddrTCP(p *Peer) string { return p.HostIP }
+
+// waitBoth waits for the guest's tool and rxego to end. If rxego fails
+// first, the guest's QP states (`rdma res show qp`: PSNs, state) go to the
+// test log before the tool is killed; if the tool ends first, rxego gets a
+// few seconds to finish.
+func (p *Peer) waitBoth(t *testing.T, ctx context.Context, proc *lab.Proc, h *hostProc) (lab.Result, error, error) {
+	t.Helper()
+	type end struct {
+		res lab.Result
+		err error
+	}
+	cDone := make(chan end, 1)
+	go func() {
+		res, err := proc.Wait(ctx)
+		cDone <- end{res, err}
+	}()
+	select {
+	case c := <-cDone:
+		grace, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return c.res, c.err, h.wait(grace)
+	case <-h.done:
+		if h.err != nil {
+			p.logQPState(t)
+			proc.Kill()
+		}
+		c := <-cDone
+		return c.res, c.err, h.err
+	}
+}
+
+// logQPState logs the guest's RDMA QPs (state and PSNs) and counters.
+func (p *Peer) logQPState(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := p.Guest.Run(ctx, "rdma", "-d", "res", "show", "qp")
+	t.Logf("guest QPs (%v):\n%s%s", err, res.Stdout, res.Stderr)
+	if c, err := p.Guest.HWCounters(); err == nil {
+		t.Logf("guest hw_counters: %s", formatCounters(c))
+	}
 }
 
 // gid6Index returns the index of the guest's RoCEv2 GID for its global

@@ -49,6 +49,7 @@ flags:
 	verify := fs.Bool("c", false, "verify every received message (fill byte, echo, or rxego's self-checking pattern)")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
 	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
+	statsQuiet := fs.Duration("stats-quiet", defaultStatsQuiet, "with --stats: first wait until no packet moved for this long (at most 5s)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -79,5 +80,5 @@ flags:
 	}
 	defer cfg.Device.Close()
 	_, err = pingpong.Run(context.Background(), cfg)
-	return errors.Join(err, printStats(os.Stdout, cfg.Device))
+	return errors.Join(err, printStatsQuiet(os.Stdout, cfg.Device, *statsQuiet))
 }

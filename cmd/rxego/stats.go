@@ -15,10 +15,11 @@ import (
 // a tool's output.
 const statsPrefix = "rxego-stats "
 
-// Quiet period printStats waits for, and the most it waits.
+// How long printStats waits for the device to go quiet by default, and at
+// most.
 const (
-	settleQuiet = 100 * time.Millisecond
-	settleMax   = 2 * time.Second
+	defaultStatsQuiet = 250 * time.Millisecond
+	settleMax         = 5 * time.Second
 )
 
 // printStats writes dev's engine and transport counters as one line:
@@ -26,11 +27,17 @@ const (
 // rdma_rxe's hw_counters names (sent_pkts, rcvd_seq_err, ...) so the two
 // sides of an interop run compare directly; transport counters start with
 // "udp_", drop reasons with "drop_". It first waits until the device has
-// neither sent nor received a packet for settleQuiet (at most settleMax):
-// the ACK of the last message received goes out after the run ends, and a
-// peer's last packets may still be arriving.
+// neither sent nor received a packet for defaultStatsQuiet (at most
+// settleMax): the ACK
+// of the last message received goes out after the run ends, and a peer's
+// last packets (a retry of one whose ACK was lost) may still be arriving.
 func printStats(w io.Writer, dev *rxego.Device) error {
-	settle(dev)
+	return printStatsQuiet(w, dev, defaultStatsQuiet)
+}
+
+// printStatsQuiet is printStats with the quiet period given.
+func printStatsQuiet(w io.Writer, dev *rxego.Device, quiet time.Duration) error {
+	settle(dev, quiet)
 	m := engineStats(&dev.Engine().Stats)
 	for k, v := range transportStats(dev.Transport().Stats()) {
 		m[k] = v
@@ -43,15 +50,15 @@ func printStats(w io.Writer, dev *rxego.Device) error {
 	return err
 }
 
-// settle waits until dev's packet counters stop moving.
-func settle(dev *rxego.Device) {
+// settle waits until dev's packet counters stop moving for quiet.
+func settle(dev *rxego.Device, quiet time.Duration) {
 	moved := func() uint64 {
 		s := dev.Transport().Stats()
 		return s.SentPackets + s.RecvPackets + s.Dropped()
 	}
 	last := moved()
 	for deadline := time.Now().Add(settleMax); time.Now().Before(deadline); {
-		time.Sleep(settleQuiet)
+		time.Sleep(quiet)
 		now := moved()
 		if now == last {
 			return

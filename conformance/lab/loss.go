@@ -9,9 +9,10 @@ import (
 )
 
 // lossKey is one direction of traffic: from and to are addresses or the
-// zero Addr for "any".
+// zero Addr for "any"; keepACKs exempts RC Acknowledge packets.
 type lossKey struct {
 	from, to netip.Addr
+	keepACKs bool
 }
 
 // nftTable is the nftables table (bridge family) holding the loss rules.
@@ -23,10 +24,23 @@ const nftTable = "rxegolab"
 // to frames between guests and to and from the host. Percent 0 removes the
 // rule; a second call for the same pair replaces it. Close removes all.
 func (l *Lab) SetLoss(from, to string, percent int) error {
+	return l.setLoss(from, to, percent, false)
+}
+
+// SetLossKeepACKs is SetLoss for every RoCEv2 packet but RC Acknowledge
+// packets (BTH opcode 0x11: ACKs and NAKs), which always pass. It replaces
+// a SetLoss rule for the same pair and the other way round. Tests whose
+// tools exit right after their last message use it: a lost final ACK
+// leaves the peer resending to a QP that no longer exists.
+func (l *Lab) SetLossKeepACKs(from, to string, percent int) error {
+	return l.setLoss(from, to, percent, true)
+}
+
+func (l *Lab) setLoss(from, to string, percent int, keepACKs bool) error {
 	if percent < 0 || percent > 100 {
 		return fmt.Errorf("loss percent %d: want 0 to 100", percent)
 	}
-	var k lossKey
+	k := lossKey{keepACKs: keepACKs}
 	var err error
 	if k.from, err = parseOptAddr(from); err != nil {
 		return err
@@ -37,9 +51,13 @@ func (l *Lab) SetLoss(from, to string, percent int) error {
 	if k.from.IsValid() && k.to.IsValid() && k.from.Is4() != k.to.Is4() {
 		return fmt.Errorf("loss %s -> %s: mixed address families", from, to)
 	}
+	other := k
+	other.keepACKs = !keepACKs
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	old, had := l.loss[k]
+	oldOther, hadOther := l.loss[other]
+	delete(l.loss, other)
 	if percent == 0 {
 		delete(l.loss, k)
 	} else {
@@ -51,6 +69,9 @@ func (l *Lab) SetLoss(from, to string, percent int) error {
 			l.loss[k] = old
 		} else {
 			delete(l.loss, k)
+		}
+		if hadOther {
+			l.loss[other] = oldOther
 		}
 		return err
 	}
@@ -111,10 +132,15 @@ func (l *Lab) lossRules() []string {
 		if (k.from.IsValid() && k.from.Is6()) || (k.to.IsValid() && k.to.Is6()) {
 			fam = "ip6"
 		}
+		match := "udp dport 4791 "
+		if k.keepACKs {
+			// The BTH opcode is the first byte after the UDP header.
+			match += "@th,64,8 != 0x11 "
+		}
 		var m strings.Builder
 		if !k.from.IsValid() && !k.to.IsValid() {
 			// Any address: IPv4 and IPv6 alike.
-			rules = append(rules, "udp dport 4791 "+lossVerdict(pct))
+			rules = append(rules, match+lossVerdict(pct))
 			continue
 		}
 		if k.from.IsValid() {
@@ -123,7 +149,7 @@ func (l *Lab) lossRules() []string {
 		if k.to.IsValid() {
 			fmt.Fprintf(&m, "%s daddr %s ", fam, k.to)
 		}
-		m.WriteString("udp dport 4791 ")
+		m.WriteString(match)
 		m.WriteString(lossVerdict(pct))
 		rules = append(rules, m.String())
 	}

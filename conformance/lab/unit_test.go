@@ -77,11 +77,13 @@ func TestLossRules(t *testing.T) {
 		{from: a("2001:2::11")}:                        50,
 		{}:                                             1,
 		{from: a("198.18.0.13")}:                       100,
+		{from: a("198.18.0.14"), keepACKs: true}:       5,
 	}}
 	want := []string{
 		"ip daddr 198.18.0.1 udp dport 4791 numgen random mod 100 < 5 counter drop",
 		"ip saddr 198.18.0.12 ip daddr 198.18.0.11 udp dport 4791 numgen random mod 100 < 30 counter drop",
 		"ip saddr 198.18.0.13 udp dport 4791 counter drop",
+		"ip saddr 198.18.0.14 udp dport 4791 @th,64,8 != 0x11 numgen random mod 100 < 5 counter drop",
 		"ip6 saddr 2001:2::11 udp dport 4791 numgen random mod 100 < 50 counter drop",
 		"udp dport 4791 numgen random mod 100 < 1 counter drop",
 	}

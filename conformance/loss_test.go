@@ -1,0 +1,121 @@
+package conformance
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lossMu serializes loss cases across kernels: the lab keeps all loss
+// rules in one nftables table that every SetLoss rebuilds, resetting the
+// drop counters a running case reads at its end.
+var lossMu sync.Mutex
+
+// ruleDrops matches one loss rule with its counter in `nft list ruleset`.
+var ruleDrops = regexp.MustCompile(`ip6? saddr (\S+) ip6? daddr (\S+) .*counter packets (\d+)`)
+
+// lossDrops sums, over the bridge's hooks, the packets the lab's loss
+// rules dropped from address from to address to.
+func lossDrops(ruleset, from, to string) uint64 {
+	var n uint64
+	for _, m := range ruleDrops.FindAllStringSubmatch(ruleset, -1) {
+		if m[1] == from && m[2] == to {
+			v, _ := strconv.ParseUint(m[3], 10, 64)
+			n += v
+		}
+	}
+	return n
+}
+
+// lossRetries are the counters loss moves: go-back-N after a sequence
+// NAK (rxe: out_of_seq_request, rcvd_seq_err; rxego: naks_sent,
+// drop_out_of_sequence), timeouts and the duplicates they cause, and
+// stale ACKs for what was already acknowledged.
+var lossRetries = []string{
+	"out_of_seq_request", "rcvd_seq_err", "completer_retry_err", "duplicate_request",
+	"retransmits", "naks_sent", "drop_out_of_sequence", "drop_duplicate", "drop_stale_response",
+}
+
+// lossRun runs r with pct % of RoCE packets dropped in each direction
+// between p's host end and its guest, and returns the outcome with the
+// exact drop counts, so that checkCounters can balance every packet: each
+// one rxego sent was either dropped by the lab or accepted (header and
+// ICRC checked) by rxe, and the other way round.
+func (p *Peer) lossRun(t *testing.T, r ppRun, pct int) Outcome {
+	t.Helper()
+	host, guest := p.HostIP, p.Guest.IP()
+	if r.IPv6 {
+		host, guest = p.HostIP6, p.Guest.IP6()
+	}
+	if err := p.Lab.SetLoss(host, guest, pct); err != nil {
+		t.Fatal(err)
+	}
+	// rxe's ACKs and NAKs pass: the tools exit right after their last
+	// message, and a lost final ACK would leave the peer resending to a
+	// destroyed QP forever (retry_cnt 7 means no limit to rxe, and rxego
+	// does as rxe does). rxego's ACKs are dropped like its data; rxego
+	// lingers (StatsQuiet) to answer rxe's retry of a last message.
+	if err := p.Lab.SetLossKeepACKs(guest, host, pct); err != nil {
+		t.Fatal(err)
+	}
+	out := p.pingpong(t, r)
+	rs, err := p.Lab.LossRuleset()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Lab.ClearLoss(); err != nil {
+		t.Fatal(err)
+	}
+	d := &Drops{ToGuest: lossDrops(rs, host, guest), FromGuest: lossDrops(rs, guest, host)}
+	out.Dropped = d
+	out.Note = fmt.Sprintf("%s; dropped %d to rxe, %d from rxe", out.Note, d.ToGuest, d.FromGuest)
+	// Both directions must really have lost packets, and both sides must
+	// have recovered: rxego by resending, rxe by a NAK-driven go-back-N or
+	// a timeout retry.
+	if d.ToGuest == 0 || d.FromGuest == 0 {
+		t.Errorf("loss rules dropped %d packets to rxe and %d from it; want some each way\n%s", d.ToGuest, d.FromGuest, rs)
+	}
+	return out
+}
+
+// TestLoss runs ibv_rc_pingpong against rxego in both roles with 1 % and
+// 5 % of RoCE packets dropped at random in both directions (from rxe: all
+// but its ACKs and NAKs, see lossRun): rxe's
+// retransmissions reach rxego and rxego's reach rxe, every message is
+// still verified byte for byte, and the packet counts of both sides
+// balance exactly against the lab's drop counters. Iteration counts keep a
+// run well under a minute despite rxe's 67 ms retransmit timer.
+func TestLoss(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		runs := []struct {
+			size, iters, pct int
+		}{
+			{65536, 20, 1},
+			{65536, 10, 5},
+			{1025, 40, 5},
+		}
+		for _, lr := range runs {
+			for _, server := range []bool{true, false} {
+				r := ppRun{Tool: "rc", Size: lr.size, Iters: lr.iters, RxegoServer: server, Timeout: 2 * time.Minute,
+					StatsQuiet: time.Second}
+				c := Case{Name: fmt.Sprintf("%s loss=%d%%", r.name(), lr.pct), Role: r.role(), Expect: lossRetries, Lossy: true}
+				// Held around the whole case so its duration does not
+				// include waiting for the other kernel's.
+				lossMu.Lock()
+				p.Case(t, c, func(t *testing.T) Outcome {
+					out := p.lossRun(t, r, lr.pct)
+					// At 5 % over hundreds of packets each way, both sides
+					// certainly had to resend.
+					if lr.pct >= 5 && out.Rxego != nil && out.Rxego["retransmits"] == 0 {
+						t.Errorf("rxego resent nothing at %d%% loss", lr.pct)
+					}
+					return out
+				})
+				lossMu.Unlock()
+			}
+		}
+	})
+}
