@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -28,6 +29,17 @@ type perfRun struct {
 	IPv6        bool   // use the IPv6 GIDs (the TCP exchange stays on IPv4)
 	// Timeout bounds the whole run; default 2 minutes.
 	Timeout time.Duration
+}
+
+// expect names the counters a run may move besides the timing retries
+// checkCounters allows: a READ or atomic retried on a timeout makes the
+// responder answer again, and responses to the first attempt still in
+// flight reach rxego after it moved on (drop_stale_response).
+func (r perfRun) expect() []string {
+	if strings.HasPrefix(r.Test, "read_") || strings.HasPrefix(r.Test, "atomic_") {
+		return []string{"drop_stale_response"}
+	}
+	return nil
 }
 
 // lat reports whether the run is a latency test.
@@ -105,6 +117,10 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	rxego := append([]string{"perf", r.Test, "-x", hostAddr, "--stats", "--hold", holdFile,
 		"-timeout", (timeout - 10*time.Second).String()}, common...)
 
+	before, err := p.pathDrops(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var h *hostProc
 	guestArgv := tool
 	if r.RxegoServer {
@@ -116,7 +132,8 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	}
 	// The shell prints its PID and execs the tool, so the PID is the
 	// tool's: checkHold reads its memory.
-	proc, err := p.Guest.Start(append([]string{"sh", "-c", `echo $$; exec "$@"`, "sh"}, guestArgv...)...)
+	var proc *lab.Proc
+	proc, err = p.Guest.Start(append([]string{"sh", "-c", `echo $$; exec "$@"`, "sh"}, guestArgv...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,6 +175,11 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	if err != nil {
 		t.Fatal(err)
 	}
+	after, err := p.pathDrops(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drops := Drops{ToGuest: after.ToGuest - before.ToGuest, FromGuest: after.FromGuest - before.FromGuest}
 	note := ""
 	if m != nil {
 		note = fmt.Sprintf("rxego checks %s/%s (%s)", m[1], m[2], m[3])
@@ -165,7 +187,10 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	if held > 0 {
 		note += fmt.Sprintf("; perftest memory: %d ranges verified", held)
 	}
-	return Outcome{Note: note, Rxego: stats}
+	if drops != (Drops{}) {
+		note += fmt.Sprintf("; lab dropped %d packets to the guest, %d from it", drops.ToGuest, drops.FromGuest)
+	}
+	return Outcome{Note: note, Rxego: stats, Dropped: &drops}
 }
 
 // holdCheck is one entry of the file `rxego perf --hold` writes.
@@ -271,4 +296,60 @@ func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) {
 	if !(silentServer && !r.RxegoServer) {
 		check("perftest", tool)
 	}
+}
+
+// pathDrops counts packets dropped on the way to p's guest (the host
+// end of its tap, the guest's NIC and its backlog) and on the way back
+// (the guest's qdisc and NIC, the tap's receive side), so a case can account for
+// packets lost to an overrun of the emulated guest rather than count them
+// against rxego: a READ responder bursts a megabyte of responses at once.
+func (p *Peer) pathDrops(ctx context.Context) (Drops, error) {
+	var d Drops
+	ip := p.Guest.IP()
+	tap := "tap" + ip[strings.LastIndexByte(ip, '.')+1:]
+	out, err := exec.CommandContext(ctx, "ip", "-n", p.Lab.Name(), "-s", "-j", "link", "show", "dev", tap).Output()
+	if err != nil {
+		return d, fmt.Errorf("ip link show %s: %w", tap, err)
+	}
+	var links []struct {
+		Stats64 struct {
+			RX struct{ Dropped uint64 } `json:"rx"`
+			TX struct{ Dropped uint64 } `json:"tx"`
+		} `json:"stats64"`
+	}
+	if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
+		return d, fmt.Errorf("ip link show %s: %q: %v", tap, out, err)
+	}
+	d.ToGuest += links[0].Stats64.TX.Dropped
+	d.FromGuest += links[0].Stats64.RX.Dropped
+	stat := func(name string) uint64 {
+		b, err := p.Guest.ReadFile("/sys/class/net/eth0/statistics/" + name)
+		if err != nil {
+			return 0
+		}
+		v, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+		return v
+	}
+	d.ToGuest += stat("rx_dropped") + stat("rx_missed_errors") + stat("rx_fifo_errors")
+	d.FromGuest += stat("tx_dropped")
+	// The guest's qdisc drops what rxe hands it faster than virtio sends;
+	// rxe has counted those as sent.
+	if res, err := p.Guest.Run(ctx, "tc", "-s", "-j", "qdisc", "show", "dev", "eth0"); err == nil {
+		var qs []struct{ Drops uint64 }
+		if json.Unmarshal(res.Stdout, &qs) == nil {
+			for _, q := range qs {
+				d.FromGuest += q.Drops
+			}
+		}
+	}
+	// Column 2 of softnet_stat: packets the guest's backlog dropped.
+	if b, err := p.Guest.ReadFile("/proc/net/softnet_stat"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if f := strings.Fields(line); len(f) > 1 {
+				v, _ := strconv.ParseUint(f[1], 16, 64)
+				d.ToGuest += v
+			}
+		}
+	}
+	return d, nil
 }

@@ -13,7 +13,7 @@ func TestPerftest(t *testing.T) {
 		for _, r := range perftestMatrix() {
 			for _, server := range []bool{true, false} {
 				r.RxegoServer = server
-				p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome {
+				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
 					return p.perf(t, r)
 				})
 			}
@@ -64,7 +64,7 @@ func TestPerftestIPv6(t *testing.T) {
 			}
 			for _, server := range []bool{true, false} {
 				r.RxegoServer = server
-				p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome {
+				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
 					return p.perf(t, r)
 				})
 			}
