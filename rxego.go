@@ -128,6 +128,11 @@ type Options struct {
 	Window int
 	// DataTOS is the IP TOS of data packets: DSCP<<2 | ECN bits.
 	DataTOS uint8
+	// Congestion configures DCQCN (reaction point, notification point,
+	// pacing); nil means on with NVIDIA's defaults
+	// (congestion.NVIDIAParams at qp.DefaultLineRate). Set Off to disable
+	// it, or RP to congestion.PaperParams for the DCQCN paper's values.
+	Congestion *qp.CongestionConfig
 }
 
 // Device is one RoCEv2 port: a UDP endpoint on one local address and the
@@ -184,7 +189,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 	clock := qp.NewMonoClock()
 	d.eng, err = qp.NewEngine(qp.Config{
 		Local: local.Addr(), Port: local.Port(), Clock: clock, Out: (*deviceOut)(d), MRs: d.mrs,
-		Window: o.Window, DataTOS: o.DataTOS,
+		Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
 	})
 	if err != nil {
 		conn.Close()
