@@ -29,6 +29,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/mr"
@@ -133,6 +134,12 @@ type Options struct {
 	// (congestion.NVIDIAParams at qp.DefaultLineRate). Set Off to disable
 	// it, or RP to congestion.PaperParams for the DCQCN paper's values.
 	Congestion *qp.CongestionConfig
+	// BusyPoll, when positive, makes the receive loop poll the socket
+	// without blocking for up to this long after the last packet before it
+	// sleeps (transport.Options.BusyPoll): lower latency for a spinning
+	// CPU. Pair it with a CQ polled in a loop, or with CQ.PollWait, which
+	// the receive loop wakes on the same processor.
+	BusyPoll time.Duration
 }
 
 // Device is one RoCEv2 port: a UDP endpoint on one local address and the
@@ -178,6 +185,9 @@ func Open(addr string, opts *Options) (*Device, error) {
 	}
 	conn := o.Conn
 	if conn == nil {
+		if o.Transport.BusyPoll == 0 {
+			o.Transport.BusyPoll = o.BusyPoll
+		}
 		conn, err = transport.Listen(local, o.Transport)
 		if err != nil {
 			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
@@ -204,15 +214,32 @@ func Open(addr string, opts *Options) (*Device, error) {
 // deviceOut adapts the device's Conn to the engine's Output.
 type deviceOut Device
 
-// Emit sends the engine's packets in one batch.
+// Emit sends the engine's packets in one batch. Runs of packets the engine
+// built back to back in memory, to the same peer with the same TOS, of
+// equal length (the last may be shorter), go out as one GSO message each:
+// a multi-packet message crosses the kernel in a few large datagrams, and
+// the transport still writes every segment's ICRC for the IP ID it will
+// carry.
 func (o *deviceOut) Emit(pkts []qp.OutPacket) {
 	d := (*Device)(o)
 	d.sendMu.Lock()
 	defer d.sendMu.Unlock()
 	msgs := d.msgs[:0]
-	for _, p := range pkts {
-		msgs = append(msgs, transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
+	for i := 0; i < len(pkts); {
+		k := runLen(pkts[i:], transport.MaxSegments)
+		p := &pkts[i]
+		m := transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS}
+		if k > 1 {
+			n := 0
+			for _, q := range pkts[i : i+k] {
+				n += len(q.Buf)
+			}
+			m.Buf, m.Seg = p.Buf[:n], len(p.Buf)
+		}
+		msgs = append(msgs, m)
+		i += k
 	}
+	d.msgs = msgs // keep the grown array for the next call
 	for len(msgs) > 0 {
 		n, err := d.conn.Send(msgs)
 		if err != nil {
@@ -223,7 +250,41 @@ func (o *deviceOut) Emit(pkts []qp.OutPacket) {
 		}
 		msgs = msgs[min(n, len(msgs)):]
 	}
-	d.msgs = msgs[:0]
+	clear(d.msgs) // do not keep the engine's buffers alive
+}
+
+// maxRunBytes is the most bytes of RoCE packets one GSO datagram carries:
+// the largest UDP payload over IPv4 (IPv6 allows a few bytes more).
+const maxRunBytes = 65535 - 20 - 8
+
+// runLen returns how many packets from pkts[0] form one GSO run, at most
+// limit: each packet starts where the one before it ends in memory (the
+// engine builds them back to back in one slab), all go to the same peer
+// with the same TOS, all but the last have pkts[0]'s length and the last
+// is not longer, and together they fit one UDP datagram.
+func runLen(pkts []qp.OutPacket, limit int) int {
+	first := &pkts[0]
+	seg, total := len(first.Buf), len(first.Buf)
+	k := 1
+	for ; k < len(pkts) && k < limit; k++ {
+		prev, p := &pkts[k-1], &pkts[k]
+		if len(prev.Buf) != seg || len(p.Buf) == 0 || len(p.Buf) > seg ||
+			p.Dest != first.Dest || p.TOS != first.TOS ||
+			total+len(p.Buf) > maxRunBytes || !adjacent(prev.Buf, p.Buf) {
+			break
+		}
+		total += len(p.Buf)
+	}
+	return k
+}
+
+// adjacent reports whether b starts right where a ends, inside a's
+// capacity (see qp.Output), so a[:len(a)+len(b)] covers both.
+func adjacent(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 || cap(a) < len(a)+len(b) {
+		return false
+	}
+	return &a[:len(a)+1][len(a)] == &b[0]
 }
 
 func (d *Device) receiveLoop() {

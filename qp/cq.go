@@ -19,7 +19,9 @@ type CQ struct {
 	head    int // next to poll
 	n       int // entries present
 	overrun bool
-	notify  chan struct{} // closed-and-replaced broadcast when entries arrive
+	waiters int           // goroutines in Wait
+	bell    chan struct{} // a token when entries arrive while someone waits
+	done    chan struct{} // closed by Close
 	closed  bool
 }
 
@@ -28,7 +30,18 @@ func NewCQ(depth int) (*CQ, error) {
 	if depth <= 0 || depth > 1<<22 {
 		return nil, errors.New("qp: CQ depth must be 1..4194304")
 	}
-	return &CQ{ring: make([]WC, depth), notify: make(chan struct{})}, nil
+	return &CQ{ring: make([]WC, depth), bell: make(chan struct{}, 1), done: make(chan struct{})}, nil
+}
+
+// ring wakes one waiter, without blocking and without allocating: the
+// bell holds at most one token. c.mu is held.
+func (c *CQ) ringBell() {
+	if c.waiters > 0 {
+		select {
+		case c.bell <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Depth returns the CQ's capacity.
@@ -45,8 +58,7 @@ func (c *CQ) push(wc WC) bool {
 	c.ring[(c.head+c.n)%len(c.ring)] = wc
 	c.n++
 	if c.n == 1 {
-		close(c.notify)
-		c.notify = make(chan struct{})
+		c.ringBell()
 	}
 	return true
 }
@@ -85,22 +97,33 @@ func (c *CQ) Err() error {
 // Wait blocks until at least one completion is waiting, ctx is done, or
 // the CQ is closed.
 func (c *CQ) Wait(ctx context.Context) error {
-	for {
-		c.mu.Lock()
+	c.mu.Lock()
+	c.waiters++
+	defer func() {
+		c.waiters--
 		if c.n > 0 {
-			c.mu.Unlock()
+			c.ringBell() // the token this waiter took may have been another's too
+		}
+		c.mu.Unlock()
+	}()
+	for {
+		if c.n > 0 {
 			return nil
 		}
 		if c.closed {
-			c.mu.Unlock()
 			return errors.New("qp: CQ closed")
 		}
-		ch := c.notify
 		c.mu.Unlock()
+		var err error
 		select {
-		case <-ch:
+		case <-c.bell:
+		case <-c.done:
 		case <-ctx.Done():
-			return ctx.Err()
+			err = ctx.Err()
+		}
+		c.mu.Lock()
+		if err != nil && c.n == 0 {
+			return err
 		}
 	}
 }
@@ -124,7 +147,6 @@ func (c *CQ) Close() {
 	defer c.mu.Unlock()
 	if !c.closed {
 		c.closed = true
-		close(c.notify)
-		c.notify = make(chan struct{})
+		close(c.done)
 	}
 }

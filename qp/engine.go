@@ -28,7 +28,6 @@
 package qp
 
 import (
-	"container/heap"
 	"errors"
 	"net/netip"
 	"sync"
@@ -51,6 +50,12 @@ type OutPacket struct {
 }
 
 // Output sends packets. The engine reuses each Buf once Emit returns.
+//
+// The engine builds a batch's packets back to back in one slab, and each
+// Buf's capacity reaches to the end of that slab: an Output may find runs
+// of packets adjacent in memory (&a[:len(a)+1][len(a)] == &b[0]) and send
+// each run as one buffer (UDP GSO) without copying. An Output must never
+// append to a Buf.
 type Output interface {
 	Emit(pkts []OutPacket)
 }
@@ -88,7 +93,14 @@ const DefaultWindow = 256
 // payload plus the longest header set and the ICRC.
 const MaxPacket = 4096 + 64
 
-const outBatch = 64
+// outBatch is the most packets queued before they are handed to the
+// Output; slabSize is the bytes they may take. A 64 KiB message at MTU
+// 1024 is 64 packets, so a batch holds several such messages and the
+// Output sees long runs.
+const (
+	outBatch = 256
+	slabSize = 512 << 10
+)
 
 // Engine runs the transport for a set of QPs. See the package comment.
 type Engine struct {
@@ -98,8 +110,9 @@ type Engine struct {
 	qps     map[uint32]*QP
 	nextQPN uint32
 
-	outq []OutPacket
-	free [][]byte
+	outq    []OutPacket
+	slab    []byte // packets of outq, back to back
+	slabOff int    // first free byte of slab
 
 	cc       CongestionConfig
 	timers   timerHeap
@@ -191,14 +204,11 @@ func (e *Engine) Tick() {
 func (e *Engine) NextDeadline() (time.Duration, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for e.timers.Len() > 0 {
-		t := e.timers[0]
-		if t.qp.deadline[t.kind] == t.at && !t.qp.destroyed {
-			return t.at, true
-		}
-		heap.Pop(&e.timers)
+	e.skim()
+	if e.timers.Len() == 0 {
+		return 0, false
 	}
-	return 0, false
+	return e.timers[0].at, true
 }
 
 // QP returns the QP with number n, if the engine has it.
@@ -229,28 +239,39 @@ func (e *Engine) emit(buf []byte, dest netip.AddrPort, tos uint8) {
 	}
 }
 
-// flush hands queued packets to the output and recycles their buffers.
+// flush hands queued packets to the output and reclaims the slab.
 func (e *Engine) flush() {
 	if len(e.outq) == 0 {
+		e.slabOff = 0
 		return
 	}
 	e.cfg.Out.Emit(e.outq)
-	for i := range e.outq {
-		e.free = append(e.free, e.outq[i].Buf[:cap(e.outq[i].Buf)])
-		e.outq[i] = OutPacket{}
-	}
+	clear(e.outq)
 	e.outq = e.outq[:0]
+	e.slabOff = 0
 }
 
-// buf returns a packet buffer of n bytes.
+// buf returns a buffer of n bytes (at most MaxPacket) for the next packet:
+// the next free bytes of the slab, flushing the queue first when the slab
+// is full. Consecutive packets are adjacent in memory, so the Output can
+// send a message's packets as one GSO run. The buffer is valid until the
+// next flush; one that is not emitted must be returned with unbuf before
+// the next call to buf.
 func (e *Engine) buf(n int) []byte {
-	if k := len(e.free); k > 0 {
-		b := e.free[k-1]
-		e.free = e.free[:k-1]
-		return b[:n]
+	if e.slab == nil {
+		e.slab = make([]byte, slabSize)
+		e.outq = make([]OutPacket, 0, outBatch)
 	}
-	return make([]byte, n, MaxPacket)
+	if e.slabOff+n > len(e.slab) {
+		e.flush()
+	}
+	b := e.slab[e.slabOff : e.slabOff+n]
+	e.slabOff += n
+	return b
 }
+
+// unbuf gives back the buffer the last buf call returned, unsent.
+func (e *Engine) unbuf(b []byte) { e.slabOff -= len(b) }
 
 // Timers.
 
@@ -270,17 +291,57 @@ type timerEntry struct {
 	kind timerKind
 }
 
+// timerHeap is a binary min-heap of timer entries by time. It is typed
+// (no container/heap) so pushing and popping never allocate.
+//
+// Re-arming a timer for a later time pushes nothing: the entry already
+// queued stays, and when it comes due it is pushed again for the
+// deadline the QP holds then. So a retransmission timer restarted by every
+// acknowledgement costs a store, not a heap operation, and the heap holds
+// about one entry per armed timer. q.queued[kind] is the time of the entry
+// that speaks for (q, kind); any other entry for it is an orphan, skipped
+// when it surfaces.
 type timerHeap []timerEntry
 
-func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerEntry)) }
-func (h *timerHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
+func (h timerHeap) Len() int { return len(h) }
+
+func (h *timerHeap) push(t timerEntry) {
+	*h = append(*h, t)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if s[p].at <= s[i].at {
+			break
+		}
+		s[p], s[i] = s[i], s[p]
+		i = p
+	}
+}
+
+func (h *timerHeap) pop() timerEntry {
+	s := *h
+	top := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s[n] = timerEntry{}
+	s = s[:n]
+	for i := 0; ; {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && s[r].at < s[l].at {
+			m = r
+		}
+		if s[i].at <= s[m].at {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return top
 }
 
 // schedule arms timer kind of q at time at (replacing an earlier arming).
@@ -289,7 +350,11 @@ func (e *Engine) schedule(q *QP, kind timerKind, at time.Duration) {
 		at = 1 // 0 means disarmed
 	}
 	q.deadline[kind] = at
-	heap.Push(&e.timers, timerEntry{at, q, kind})
+	if q.queued[kind] != 0 && q.queued[kind] <= at {
+		return // the queued entry comes first and re-queues itself
+	}
+	q.queued[kind] = at
+	e.timers.push(timerEntry{at, q, kind})
 	if e.wakeFunc != nil && e.timers[0].at == at {
 		e.wakeFunc(at)
 	}
@@ -297,13 +362,43 @@ func (e *Engine) schedule(q *QP, kind timerKind, at time.Duration) {
 
 func (e *Engine) cancel(q *QP, kind timerKind) { q.deadline[kind] = 0 }
 
-func (e *Engine) runTimers(now time.Duration) {
-	for e.timers.Len() > 0 && e.timers[0].at <= now {
-		t := heap.Pop(&e.timers).(timerEntry)
+// live reports whether heap entry t still speaks for its timer.
+func (t *timerEntry) live() bool {
+	q := t.qp
+	return q.queued[t.kind] == t.at && !q.destroyed && q.deadline[t.kind] != 0
+}
+
+// skim pops entries from the top of the heap that no longer matter: orphans,
+// disarmed timers, and entries whose timer was re-armed later (which go
+// back in at the new time).
+func (e *Engine) skim() {
+	for e.timers.Len() > 0 {
+		t := &e.timers[0]
 		q := t.qp
-		if q.destroyed || q.deadline[t.kind] != t.at {
-			continue // stale
+		if t.live() && q.deadline[t.kind] <= t.at {
+			return
 		}
+		x := e.timers.pop()
+		if q.queued[x.kind] != x.at {
+			continue // an orphan
+		}
+		q.queued[x.kind] = 0
+		if d := q.deadline[x.kind]; d != 0 && !q.destroyed {
+			q.queued[x.kind] = d
+			e.timers.push(timerEntry{d, q, x.kind})
+		}
+	}
+}
+
+func (e *Engine) runTimers(now time.Duration) {
+	for {
+		e.skim()
+		if e.timers.Len() == 0 || e.timers[0].at > now {
+			return
+		}
+		t := e.timers.pop()
+		q := t.qp
+		q.queued[t.kind] = 0
 		q.deadline[t.kind] = 0
 		switch t.kind {
 		case timerRetransmit:

@@ -62,7 +62,8 @@ type QP struct {
 	state     State
 	attr      Attr
 	mtu       int
-	deadline  [numTimers]time.Duration
+	deadline  [numTimers]time.Duration // when each timer fires; 0: disarmed
+	queued    [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
 
 	sq       []sendWQE
 	sqHead   uint64 // oldest WQE not completed

@@ -282,7 +282,7 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 		h.Set(qkey, q.num)
 	}
 	if err := e.gather(q, w, r.off, buf[p.Info.HdrLen:p.Info.HdrLen+n]); err != nil {
-		e.free = append(e.free, buf)
+		e.unbuf(buf)
 		e.failWQE(q, w, WCLocProtErr)
 		return false
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,6 +36,7 @@ type udpConn struct {
 	mode   RecvMode
 	tos    uint8 // default TOS, for the Tap
 	gro    bool
+	busy   time.Duration // Options.BusyPoll
 	gso    atomic.Bool
 	closed atomic.Bool
 	file   *os.File
@@ -324,6 +326,8 @@ type recvState struct {
 	n     int // datagrams read by the last call
 	errno unix.Errno
 	fn    func(fd uintptr) bool
+	poll  func(fd uintptr) // fn once, without waiting: busy polling
+	got   bool             // poll's result
 
 	next  int    // next datagram to start
 	data  []byte // packets of the current datagram not yet delivered
@@ -371,6 +375,7 @@ func (r *recvState) init(batch, slot int) {
 		r.n, r.errno = 0, unix.EINTR
 		return true
 	}
+	r.poll = func(fd uintptr) { r.got = r.fn(fd) }
 }
 
 // Recv implements Conn.
@@ -468,8 +473,10 @@ func (c *udpConn) readBatch() error {
 	if c.raw != nil {
 		rc = c.rrc
 	}
-	if err := rc.Read(r.fn); err != nil {
-		return c.mapClosed(err)
+	if !c.spin(rc) {
+		if err := rc.Read(r.fn); err != nil {
+			return c.mapClosed(err)
+		}
 	}
 	c.ctr.recvCalls.Add(1)
 	if r.errno != 0 {
@@ -478,6 +485,29 @@ func (c *udpConn) readBatch() error {
 	}
 	c.ctr.recvDatagrams.Add(uint64(r.n))
 	return nil
+}
+
+// spin busy-polls rc for up to c.busy and reports whether a call
+// completed (with datagrams or an error in r.n and r.errno).
+func (c *udpConn) spin(rc syscall.RawConn) bool {
+	if c.busy <= 0 {
+		return false
+	}
+	r := &c.r
+	end := time.Now().Add(c.busy)
+	for {
+		r.got = false
+		if err := rc.Control(r.poll); err != nil {
+			return false // closed: Read reports it
+		}
+		if r.got {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+		runtime.Gosched()
+	}
 }
 
 // startDatagram sets up the walk through datagram r.next. bad reports a

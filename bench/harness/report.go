@@ -1,0 +1,255 @@
+package harness
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// Summary is a one-line account of a result, for progress output.
+func (r Result) Summary() string {
+	if r.Err != "" {
+		return "error: " + r.Err
+	}
+	var parts []string
+	if r.Bytes > 0 {
+		parts = append(parts, fmt.Sprintf("%.2f Gbit/s", r.Gbps()))
+	}
+	if r.Msgs > 0 {
+		parts = append(parts, fmt.Sprintf("%.3f M/s", r.Rate()/1e6))
+	}
+	if r.Samples > 0 {
+		parts = append(parts, fmt.Sprintf("p50 %s p99 %s", us(r.P50), us(r.P99)))
+	}
+	if r.MemPerQP > 0 {
+		parts = append(parts, fmt.Sprintf("%.0f B/QP", r.MemPerQP))
+	}
+	if r.Packets > 0 {
+		parts = append(parts, fmt.Sprintf("%.3f allocs/pkt", r.AllocsPerPkt))
+	}
+	if n := r.Counters["client.retransmits"] + r.Counters["server.retransmits"]; n > 0 {
+		parts = append(parts, fmt.Sprintf("%d retransmits", n))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1f us", float64(d)/1e3) }
+
+// results indexes a run's results.
+type results []Result
+
+func (rs results) find(f func(c Case) bool) (Result, bool) {
+	for _, r := range rs {
+		if f(r.Case) && r.Err == "" {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+func (rs results) udpBW(mode string, size int) (Result, bool) {
+	return rs.find(func(c Case) bool { return c.Kind == UDPBW && c.Mode == mode && c.Size == size })
+}
+
+func (rs results) kind(k Kind) (Result, bool) {
+	return rs.find(func(c Case) bool { return c.Kind == k })
+}
+
+func (rs results) udpPing(busy bool) (Result, bool) {
+	return rs.find(func(c Case) bool { return c.Kind == UDPPing && c.Busy == busy })
+}
+
+func (rs results) rxBW(op string, size, mtu int) (Result, bool) {
+	return rs.find(func(c Case) bool { return c.Kind == RxegoBW && c.Op == op && c.Size == size && c.MTU == mtu })
+}
+
+func (rs results) rxLat(op string, busy bool) (Result, bool) {
+	return rs.find(func(c Case) bool { return c.Kind == RxegoLat && c.Op == op && c.Busy == busy })
+}
+
+// ratio formats a/b as "1.23x", or "–" when either is missing.
+func ratio(a, b float64) string {
+	if a <= 0 || b <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
+}
+
+func gbps(r Result, ok bool) string {
+	if !ok {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r.Gbps())
+}
+
+func wait(busy bool) string {
+	if busy {
+		return "busy-poll"
+	}
+	return "blocking"
+}
+
+// WriteReport prints the markdown report of a run.
+func WriteReport(w io.Writer, list []Result) {
+	rs := results(list)
+	host, _ := os.Hostname()
+	fmt.Fprintf(w, "# rxego-bench, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(w, "%s, %s/%s, %d CPUs, %s; two processes on loopback, run one case at a time.\n\n",
+		host, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), kernel())
+
+	fmt.Fprintln(w, "## Yardsticks")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| measurement | Gbit/s | M datagrams/s | p50 | p99 |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+	for _, r := range rs {
+		switch r.Case.Kind {
+		case TCPBW, TCPPing, UDPBW, UDPPing:
+		default:
+			continue
+		}
+		row := []string{r.Case.Name(), "", "", "", ""}
+		if r.Err != "" {
+			row[1] = "error"
+		}
+		if r.Bytes > 0 {
+			row[1] = fmt.Sprintf("%.2f", r.Gbps())
+		}
+		if r.Msgs > 0 {
+			row[2] = fmt.Sprintf("%.3f", r.Rate()/1e6)
+		}
+		if r.Samples > 0 {
+			row[3], row[4] = us(r.P50), us(r.P99)
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "UDP: a CRC-32 over every datagram (GSO: every segment) on send and receive, as rxego's ICRC; received rate. single = one datagram per system call, mmsg = sendmmsg/recvmmsg of 64, gso = 64 KiB GSO sends with GRO on receive.")
+	fmt.Fprintln(w)
+
+	tcp, tcpOK := rs.kind(TCPBW)
+	fmt.Fprintln(w, "## rxego bandwidth (RC, one QP)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| operation | message | MTU | Gbit/s | vs UDP GSO/GRO at the MTU | vs TCP | allocs/packet | retransmits |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range rs {
+		c := r.Case
+		if c.Kind != RxegoBW {
+			continue
+		}
+		if r.Err != "" {
+			fmt.Fprintf(w, "| %s | %s | %d | error | | | | |\n", strings.ToUpper(c.Op), sizeName(c.Size), c.MTU)
+			continue
+		}
+		u, _ := rs.udpBW(UDPGSO, c.MTU)
+		retr := r.Counters["client.retransmits"] + r.Counters["server.retransmits"]
+		fmt.Fprintf(w, "| %s | %s | %d | %.2f | %s | %s | %.3f | %d |\n", strings.ToUpper(c.Op), sizeName(c.Size), c.MTU,
+			r.Gbps(), ratio(r.Gbps(), u.Gbps()), ratio(r.Gbps(), tcp.Gbps()), r.AllocsPerPkt, retr)
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintln(w, "## rxego latency (64 bytes, round trip)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| operation | wait | p50 | p99 | UDP ping-pong p50 (same wait) | p50 vs UDP |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
+	for _, r := range rs {
+		c := r.Case
+		if c.Kind != RxegoLat {
+			continue
+		}
+		if r.Err != "" {
+			fmt.Fprintf(w, "| %s | %s | error | | | |\n", strings.ToUpper(c.Op), wait(c.Busy))
+			continue
+		}
+		u, _ := rs.udpPing(c.Busy)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", strings.ToUpper(c.Op), wait(c.Busy), us(r.P50), us(r.P99),
+			us(u.P50), ratio(float64(r.P50), float64(u.P50)))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "SEND: ping-pong (the server sends each message back); WRITE, READ, atomic (fetch-and-add): post to completion.")
+	fmt.Fprintln(w)
+
+	if r, ok := rs.kind(RxegoRate); ok {
+		u, _ := rs.udpBW(UDPMmsg, 64)
+		fmt.Fprintln(w, "## rxego message rate")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| measurement | M messages/s | UDP mmsg 64 B datagrams/s | ratio | allocs/packet |")
+		fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+		fmt.Fprintf(w, "| WRITE 64 B, depth %d | %.3f | %.3f M | %s | %.3f |\n\n", r.Case.Depth, r.Rate()/1e6, u.Rate()/1e6,
+			ratio(r.Rate(), u.Rate()), r.AllocsPerPkt)
+	}
+	if r, ok := rs.kind(RxegoScale); ok {
+		fmt.Fprintln(w, "## rxego scale")
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| QPs | heap per idle QP | heap for all | WRITE throughput | messages/s | QPs that carried no traffic |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+		fmt.Fprintf(w, "| %d | %.0f B | %.1f MiB | %.2f Gbit/s | %.0f | %d |\n\n", r.Case.QPs, r.MemPerQP,
+			float64(r.MemTotal)/(1<<20), r.Gbps(), r.Rate(), r.Counters["client.qps_without_traffic"])
+	}
+
+	fmt.Fprintln(w, "## Targets")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | measured | met |")
+	fmt.Fprintln(w, "|---|---:|---|")
+	target := func(name string, val float64, want float64, unit string, ok bool) {
+		if !ok || val <= 0 {
+			fmt.Fprintf(w, "| %s | – | not measured |\n", name)
+			return
+		}
+		met := "yes"
+		if val < want {
+			met = "**no**"
+		}
+		fmt.Fprintf(w, "| %s | %.2f%s | %s |\n", name, val, unit, met)
+	}
+	atMost := func(name string, val, want float64, ok bool) {
+		if !ok || val <= 0 {
+			fmt.Fprintf(w, "| %s | – | not measured |\n", name)
+			return
+		}
+		met := "yes"
+		if val > want {
+			met = "**no**"
+		}
+		fmt.Fprintf(w, "| %s | %.2fx | %s |\n", name, val, met)
+	}
+	w4, ok4 := rs.rxBW("write", 64<<10, 4096)
+	w1, ok1 := rs.rxBW("write", 64<<10, 1024)
+	g4, okg := rs.udpBW(UDPGSO, 4096)
+	target("WRITE 64 KiB, MTU 4096, vs TCP (>= 1.5x)", w4.Gbps()/tcp.Gbps(), 1.5, "x", ok4 && tcpOK)
+	target("WRITE 64 KiB, MTU 4096, vs UDP GSO/GRO 4 KiB (>= 0.6x)", w4.Gbps()/g4.Gbps(), 0.6, "x", ok4 && okg)
+	target("WRITE 64 KiB, MTU 1024, vs TCP (>= 1x)", w1.Gbps()/tcp.Gbps(), 1, "x", ok1 && tcpOK)
+	for _, busy := range []bool{false, true} {
+		s, ok := rs.rxLat("send", busy)
+		u, uok := rs.udpPing(busy)
+		atMost(fmt.Sprintf("SEND 64 B ping-pong p50 vs UDP, %s (<= 1.3x)", wait(busy)), float64(s.P50)/float64(u.P50), 1.3, ok && uok)
+	}
+	rate, rok := rs.kind(RxegoRate)
+	target("WRITE 64 B message rate, depth 128 (>= 2 M/s)", rate.Rate()/1e6, 2, " M/s", rok)
+	if sc, ok := rs.kind(RxegoScale); ok && sc.Case.QPs > 0 {
+		mib := sc.MemPerQP * 10000 / (1 << 20)
+		met := "yes"
+		if mib > 40 {
+			met = "**no**"
+		}
+		fmt.Fprintf(w, "| 10,000 idle RC QPs under 40 MiB | %.1f MiB | %s |\n", mib, met)
+	}
+	var worst float64
+	for _, r := range rs {
+		if r.Packets > 0 && r.AllocsPerPkt > worst {
+			worst = r.AllocsPerPkt
+		}
+	}
+	fmt.Fprintf(w, "| zero allocations per packet (largest seen in a bandwidth or rate run) | %.4f | %s |\n", worst,
+		map[bool]string{true: "yes (see go test -run Allocs for the exact per-path checks)", false: "**no**"}[worst < 0.01])
+}
+
+func kernel() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return runtime.GOOS
+	}
+	return "Linux " + strings.TrimSpace(string(b))
+}

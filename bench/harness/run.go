@@ -1,0 +1,273 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Suite returns the cases of a full run: the yardsticks first, then rxego.
+// quick shortens every measurement and keeps one size per family, for a
+// smoke run.
+func Suite(quick bool) []Case {
+	warm, dur := 300*time.Millisecond, 1500*time.Millisecond
+	if quick {
+		warm, dur = 100*time.Millisecond, 300*time.Millisecond
+	}
+	var cs []Case
+	add := func(c Case) {
+		c.Warmup, c.Duration = warm, dur
+		cs = append(cs, c)
+	}
+	add(Case{Kind: TCPBW})
+	add(Case{Kind: TCPPing})
+	for _, size := range []int{1024, 4096} {
+		for _, mode := range []string{UDPSingle, UDPMmsg, UDPGSO} {
+			add(Case{Kind: UDPBW, Mode: mode, Size: size})
+		}
+	}
+	add(Case{Kind: UDPBW, Mode: UDPMmsg, Size: 64})
+	add(Case{Kind: UDPPing})
+	add(Case{Kind: UDPPing, Busy: true})
+	sizes := []int{4 << 10, 64 << 10, 1 << 20}
+	if quick {
+		sizes = []int{64 << 10}
+	}
+	for _, op := range []string{"write", "read", "send"} {
+		for _, mtu := range []int{1024, 4096} {
+			for _, size := range sizes {
+				add(Case{Kind: RxegoBW, Op: op, Size: size, MTU: mtu, Depth: bwDepth(size)})
+			}
+		}
+	}
+	for _, busy := range []bool{false, true} {
+		for _, op := range []string{"send", "write", "read", "atomic"} {
+			add(Case{Kind: RxegoLat, Op: op, MTU: 1024, Busy: busy})
+		}
+	}
+	add(Case{Kind: RxegoRate, MTU: 1024, Depth: 128})
+	qps := 10000
+	if quick {
+		qps = 1000
+	}
+	add(Case{Kind: RxegoScale, MTU: 4096, Size: 4096, QPs: qps})
+	return cs
+}
+
+// bwDepth keeps about 4 MiB in flight, between 2 and 64 messages.
+func bwDepth(size int) int { return max(2, min(64, (4<<20)/size)) }
+
+// RunCase runs c in two child processes of exe ("exe peer ...").
+func RunCase(exe string, c Case) (Result, error) {
+	spec, err := json.Marshal(c)
+	if err != nil {
+		return Result{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c)+time.Duration(c.QPs)*time.Millisecond+30*time.Second)
+	defer cancel()
+	srv, err := startPeer(ctx, exe, "server", string(spec), "")
+	if err != nil {
+		return Result{}, err
+	}
+	defer srv.kill()
+	line, err := srv.line("ctl ")
+	if err != nil {
+		return Result{}, fmt.Errorf("server: %w%s", err, srv.stderr())
+	}
+	cli, err := startPeer(ctx, exe, "client", string(spec), line)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cli.kill()
+	cr, cerr := cli.result()
+	sr, serr := srv.result()
+	r := merge(cr, sr)
+	r.Case = c
+	if cerr != nil || serr != nil {
+		return r, fmt.Errorf("%v%s / %v%s", cerr, cli.stderr(), serr, srv.stderr())
+	}
+	if r.Err != "" {
+		return r, errors.New(r.Err)
+	}
+	return r, nil
+}
+
+// child is a running peer process.
+type child struct {
+	cmd    *exec.Cmd
+	out    *bufio.Reader
+	errBuf *strings.Builder
+	done   bool
+}
+
+func startPeer(ctx context.Context, exe, role, spec, ctlAddr string) (*child, error) {
+	args := []string{"peer", "-role", role, "-case", spec}
+	if ctlAddr != "" {
+		args = append(args, "-ctl", ctlAddr)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	ch := &child{cmd: cmd, out: bufio.NewReader(out), errBuf: &strings.Builder{}}
+	cmd.Stderr = ch.errBuf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+// line reads stdout until a line starting with prefix and returns the rest.
+func (c *child) line(prefix string) (string, error) {
+	for {
+		l, err := c.out.ReadString('\n')
+		if strings.HasPrefix(l, prefix) {
+			return strings.TrimSpace(strings.TrimPrefix(l, prefix)), nil
+		}
+		if err != nil {
+			return "", fmt.Errorf("no %q line: %w", strings.TrimSpace(prefix), err)
+		}
+	}
+}
+
+// result reads the child's result line and waits for it to exit.
+func (c *child) result() (Result, error) {
+	var r Result
+	l, lerr := c.line("result ")
+	if lerr == nil {
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			lerr = err
+		}
+	}
+	_, _ = io.Copy(io.Discard, c.out)
+	werr := c.cmd.Wait()
+	c.done = true
+	if lerr != nil {
+		return r, lerr
+	}
+	if werr != nil && r.Err == "" {
+		return r, werr
+	}
+	return r, nil
+}
+
+func (c *child) kill() {
+	if !c.done && c.cmd.Process != nil {
+		_ = c.cmd.Process.Kill()
+		_ = c.cmd.Wait()
+		c.done = true
+	}
+}
+
+func (c *child) stderr() string {
+	if s := strings.TrimSpace(c.errBuf.String()); s != "" {
+		return " (stderr: " + s + ")"
+	}
+	return ""
+}
+
+// Main is the command: "rxego-bench [flags]" runs the suite and prints the
+// report; "rxego-bench peer ..." is a child process.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "peer" {
+		if err := Peer(args[1:], stdout); err != nil {
+			fmt.Fprintln(stderr, "rxego-bench peer:", err)
+			return 1
+		}
+		return 0
+	}
+	fs := flag.NewFlagSet("rxego-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	quick := fs.Bool("quick", false, "short measurements, fewer sizes (a smoke run of about a minute)")
+	run := fs.String("run", "", "only cases whose name matches this regular expression")
+	list := fs.Bool("list", false, "list the cases and exit")
+	dur := fs.Duration("duration", 0, "measured interval per case (default 1.5s, -quick 0.3s)")
+	jsonOut := fs.String("json", "", "also write every result as JSON lines to this file")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: rxego-bench [flags]\n\nMeasures rxego, raw UDP and TCP between two processes on loopback and prints a markdown report.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cases := Suite(*quick)
+	if *run != "" {
+		re, err := regexp.Compile(*run)
+		if err != nil {
+			fmt.Fprintln(stderr, "rxego-bench: -run:", err)
+			return 2
+		}
+		cases = filterCases(cases, re)
+	}
+	if *dur > 0 {
+		for i := range cases {
+			cases[i].Duration = *dur
+		}
+	}
+	if *list {
+		for _, c := range cases {
+			fmt.Fprintln(stdout, c.Name())
+		}
+		return 0
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, "rxego-bench:", err)
+		return 1
+	}
+	var jw io.Writer
+	if *jsonOut != "" {
+		f, err := os.Create(*jsonOut)
+		if err != nil {
+			fmt.Fprintln(stderr, "rxego-bench:", err)
+			return 1
+		}
+		defer f.Close()
+		jw = f
+	}
+	results := make([]Result, 0, len(cases))
+	start := time.Now()
+	failed := 0
+	for i, c := range cases {
+		fmt.Fprintf(stderr, "[%2d/%d] %-44s ", i+1, len(cases), c.Name())
+		r, err := RunCase(exe, c)
+		if err != nil {
+			failed++
+			r.Err = err.Error()
+			fmt.Fprintf(stderr, "FAILED: %v\n", err)
+		} else {
+			fmt.Fprintln(stderr, r.Summary())
+		}
+		results = append(results, r)
+		if jw != nil {
+			b, _ := json.Marshal(r)
+			fmt.Fprintf(jw, "%s\n", b)
+		}
+	}
+	fmt.Fprintf(stderr, "done in %v\n", time.Since(start).Round(time.Second))
+	WriteReport(stdout, results)
+	if failed > 0 {
+		return 1
+	}
+	return 0
+}
+
+func filterCases(cs []Case, re *regexp.Regexp) []Case {
+	var out []Case
+	for _, c := range cs {
+		if re.MatchString(c.Name()) {
+			out = append(out, c)
+		}
+	}
+	return out
+}

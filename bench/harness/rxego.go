@@ -1,0 +1,545 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
+)
+
+func init() {
+	runners[RxegoBW] = rxegoBW
+	runners[RxegoLat] = rxegoLat
+	runners[RxegoRate] = rxegoRate
+	runners[RxegoScale] = rxegoScale
+}
+
+// busyPoll is how long a busy-polling device's receive loop spins after
+// its last packet before it blocks.
+const busyPoll = 200 * time.Microsecond
+
+// openDevice opens an rxego device on a random loopback address (port
+// 4791 must be free on it), retrying when the address is taken.
+func openDevice(busy bool) (*rxego.Device, error) {
+	var o rxego.Options
+	if busy {
+		o.BusyPoll = busyPoll
+	}
+	var last error
+	for range 50 {
+		a := netip.AddrFrom4([4]byte{127, byte(100 + rand.IntN(100)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
+		d, err := rxego.Open(a.String(), &o)
+		if err == nil {
+			return d, nil
+		}
+		last = err
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	return nil, last
+}
+
+// rxHello is what each side tells the other: where its device and QPs
+// are, and (server) which memory the client may access.
+type rxHello struct {
+	Addr netip.AddrPort
+	QPNs []uint32
+	PSN  uint32
+	VA   uint64
+	RKey uint32
+}
+
+// rxSide is one side's device, memory and QPs.
+type rxSide struct {
+	// heapBefore is the live heap just before the QPs were made, when
+	// rxSetup was asked to measure it.
+	heapBefore uint64
+	dev        *rxego.Device
+	pd         *rxego.PD
+	mr         *rxego.MR
+	cq         *rxego.CQ
+	qps        []*rxego.QP
+}
+
+func (s *rxSide) close() {
+	if s.dev != nil {
+		s.dev.Close()
+	}
+}
+
+// rxSetup opens a device with nqp RC QPs and an MR of memSize bytes and
+// connects them to the other side's. The client speaks first, so the
+// server's QPs are at RTS before the client sends anything.
+func rxSetup(p *peer, nqp, memSize, sendWR, recvWR, cqDepth int, measureHeap bool) (*rxSide, rxHello, error) {
+	s := &rxSide{}
+	var err error
+	if s.dev, err = openDevice(p.c.Busy); err != nil {
+		return s, rxHello{}, err
+	}
+	s.pd, _ = s.dev.AllocPD()
+	s.mr, err = s.pd.RegMR(make([]byte, memSize), rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead|rxego.AccessRemoteAtomic)
+	if err != nil {
+		return s, rxHello{}, err
+	}
+	if s.cq, err = s.dev.CreateCQ(cqDepth); err != nil {
+		return s, rxHello{}, err
+	}
+	me := rxHello{Addr: s.dev.Addr(), PSN: rand.Uint32() & 0xffffff, VA: s.mr.IOVA(), RKey: s.mr.RKey(),
+		QPNs: make([]uint32, 0, nqp)}
+	s.qps = make([]*rxego.QP, 0, nqp)
+	if measureHeap {
+		s.heapBefore = heapInUse()
+	}
+	for range nqp {
+		q, err := s.pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: s.cq, RecvCQ: s.cq,
+			Caps: rxego.Caps{MaxSendWR: sendWR, MaxRecvWR: recvWR, MaxInlineData: 64}})
+		if err != nil {
+			return s, rxHello{}, err
+		}
+		if err := rxego.InitQP(q, 0); err != nil {
+			return s, rxHello{}, err
+		}
+		s.qps = append(s.qps, q)
+		me.QPNs = append(me.QPNs, q.Num())
+	}
+	var them rxHello
+	connect := func() error {
+		if len(them.QPNs) != nqp {
+			return fmt.Errorf("peer has %d QPs, want %d", len(them.QPNs), nqp)
+		}
+		for i, q := range s.qps {
+			err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: them.Addr, QPN: them.QPNs[i], PSN: them.PSN},
+				&rxego.ConnectOptions{MTU: mtuOf(p.c.MTU), LocalPSN: me.PSN, MaxRdAtomic: 16, Timeout: 14, MinRNRTimer: 1})
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if p.server {
+		if err := p.ctl.recv(&them); err != nil {
+			return s, them, err
+		}
+		if err := connect(); err != nil {
+			return s, them, err
+		}
+		return s, them, p.ctl.send(me)
+	}
+	if err := p.ctl.send(me); err != nil {
+		return s, them, err
+	}
+	if err := p.ctl.recv(&them); err != nil {
+		return s, them, err
+	}
+	return s, them, connect()
+}
+
+func mtuOf(n int) rxego.MTU {
+	switch n {
+	case 256:
+		return qp.MTU256
+	case 512:
+		return qp.MTU512
+	case 2048:
+		return qp.MTU2048
+	case 4096:
+		return qp.MTU4096
+	}
+	return qp.MTU1024
+}
+
+// waitCQ waits for completions: spinning on Poll when busy, else blocking.
+func waitCQ(ctx context.Context, cq *rxego.CQ, wcs []rxego.WC, busy bool) (int, error) {
+	if !busy {
+		return cq.PollWait(ctx, wcs)
+	}
+	for i := 0; ; i++ {
+		if n := cq.Poll(wcs); n > 0 {
+			return n, nil
+		}
+		if i&1023 == 1023 && ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		runtime.Gosched()
+	}
+}
+
+// checkWCs fails on the first unsuccessful completion.
+func checkWCs(wcs []rxego.WC) error {
+	for _, wc := range wcs {
+		if wc.Status != qp.WCSuccess {
+			return fmt.Errorf("completion of wr %d: %v", wc.ID, wc.Status)
+		}
+	}
+	return nil
+}
+
+// caseTimeout bounds one side's work on a case.
+func caseTimeout(c Case) time.Duration { return c.Warmup + c.Duration + 60*time.Second }
+
+// allocMeter counts heap allocations between two points.
+type allocMeter struct{ mallocs uint64 }
+
+func (a *allocMeter) start() {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	a.mallocs = ms.Mallocs
+}
+
+func (a *allocMeter) stop() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.Mallocs - a.mallocs
+}
+
+// counters collects the engine and transport figures worth reporting.
+func counters(d *rxego.Device) map[string]uint64 {
+	e := &d.Engine().Stats
+	t := d.Transport().Stats()
+	var drops uint64
+	for i := range e.Drops {
+		drops += e.Drops[i].Load()
+	}
+	return map[string]uint64{
+		"sent_pkts": e.SentPkts.Load(), "rcvd_pkts": e.RcvdPkts.Load(), "retransmits": e.Retransmits.Load(),
+		"rcvd_seq_err": e.RcvdSeqErr.Load(), "rnr_naks_sent": e.SendRNRErr.Load(), "engine_drops": drops,
+		"gso_sends": t.GSOSends, "gso_segments": t.GSOSegments, "gro_batches": t.GROBatches,
+		"send_calls": t.SendCalls, "recv_calls": t.RecvCalls, "overflow_drops": t.Drops[transport.DropOverflow],
+	}
+}
+
+// packets is the engine's packet count in both directions.
+func packets(d *rxego.Device) uint64 {
+	return d.Engine().Stats.SentPkts.Load() + d.Engine().Stats.RcvdPkts.Load()
+}
+
+func opcodeOf(op string) (rxego.SendWR, error) {
+	switch op {
+	case "write":
+		return rxego.SendWR{Opcode: rxego.WRWrite}, nil
+	case "read":
+		return rxego.SendWR{Opcode: rxego.WRRead}, nil
+	case "send":
+		return rxego.SendWR{Opcode: rxego.WRSend}, nil
+	case "atomic":
+		return rxego.SendWR{Opcode: rxego.WRFetchAdd, CompareAdd: 1}, nil
+	}
+	return rxego.SendWR{}, fmt.Errorf("unknown operation %q", op)
+}
+
+// rxegoBW: the client keeps Depth messages of Size bytes in flight on one
+// QP for the measured interval; a SEND server keeps receives posted.
+func rxegoBW(p *peer) (Result, error) {
+	c := p.c
+	depth := c.Depth
+	mem := c.Size
+	if p.server && c.Op == "send" {
+		mem = c.Size * depth
+	}
+	s, them, err := rxSetup(p, 1, mem, depth, depth, 2*depth+16, false)
+	defer s.close()
+	if err != nil {
+		return Result{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
+	defer cancel()
+	q := s.qps[0]
+	wcs := make([]rxego.WC, 64)
+	if p.server {
+		if c.Op == "send" {
+			return serveRecvs(ctx, p, s, c.Size, depth)
+		}
+		err := p.ctl.expect("done")
+		return Result{Counters: counters(s.dev)}, err
+	}
+	wr, err := opcodeOf(c.Op)
+	if err != nil {
+		return Result{}, err
+	}
+	wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA(), Length: uint32(c.Size), LKey: s.mr.LKey()}}
+	wr.RemoteAddr, wr.RKey, wr.Flags = them.VA, them.RKey, rxego.SendSignaled
+	var res Result
+	var am allocMeter
+	var pkts0 uint64
+	w := newWindow(c)
+	inflight := 0
+	for {
+		for inflight < depth {
+			if err := q.PostSend(wr); err != nil {
+				return res, err
+			}
+			inflight++
+		}
+		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		if err != nil {
+			return res, err
+		}
+		if err := checkWCs(wcs[:n]); err != nil {
+			return res, err
+		}
+		inflight -= n
+		now := time.Now()
+		was := w.on
+		measuring, done := w.tick(now)
+		if measuring && !was {
+			am.start()
+			pkts0 = packets(s.dev)
+			continue // completions before the start do not count
+		}
+		if measuring {
+			res.Msgs += uint64(n)
+		}
+		if done {
+			res.Elapsed = w.elapsed(now)
+			res.Packets = packets(s.dev) - pkts0
+			res.AllocsPerPkt = float64(am.stop()) / float64(max(res.Packets, 1))
+			break
+		}
+	}
+	res.Bytes = res.Msgs * uint64(c.Size)
+	// Let the last messages complete, so the server sees no loss.
+	for inflight > 0 {
+		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		if err != nil {
+			return res, err
+		}
+		inflight -= n
+	}
+	res.Counters = counters(s.dev)
+	return res, p.ctl.send(signal{"done"})
+}
+
+// serveRecvs keeps depth receives of size bytes posted until the client
+// says it is done.
+func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Result, error) {
+	q := s.qps[0]
+	post := func(i int) error {
+		return q.PostRecv(rxego.RecvWR{ID: uint64(i), SGL: []rxego.SGE{{Addr: s.mr.IOVA() + uint64(i*size), Length: uint32(size), LKey: s.mr.LKey()}}})
+	}
+	for i := range depth {
+		if err := post(i); err != nil {
+			return Result{}, err
+		}
+	}
+	stop := p.ctl.watch()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for !stop.Load() && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
+	wcs := make([]rxego.WC, 64)
+	for {
+		n, err := waitCQ(ctx, s.cq, wcs, p.c.Busy)
+		if err != nil {
+			if stop.Load() {
+				return Result{Counters: counters(s.dev)}, nil
+			}
+			return Result{}, err
+		}
+		if err := checkWCs(wcs[:n]); err != nil {
+			return Result{}, err
+		}
+		for _, wc := range wcs[:n] {
+			if err := post(int(wc.ID)); err != nil {
+				return Result{}, err
+			}
+		}
+	}
+}
+
+// rxegoLat measures round trips of 64-byte operations, one at a time:
+// SEND is a ping-pong (the server sends each message back); WRITE, READ
+// and atomic fetch-and-add time a post to its completion.
+func rxegoLat(p *peer) (Result, error) {
+	c := p.c
+	const size = 64
+	s, them, err := rxSetup(p, 1, 4096, 16, 16, 64, false)
+	defer s.close()
+	if err != nil {
+		return Result{}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
+	defer cancel()
+	q := s.qps[0]
+	wcs := make([]rxego.WC, 4)
+	recv := rxego.RecvWR{SGL: []rxego.SGE{{Addr: s.mr.IOVA() + 2048, Length: size, LKey: s.mr.LKey()}}}
+	send := rxego.SendWR{Opcode: rxego.WRSend, Flags: rxego.SendInline, Inline: make([]byte, size)}
+	if c.Op == "send" {
+		for range 8 {
+			if err := q.PostRecv(recv); err != nil {
+				return Result{}, err
+			}
+		}
+	}
+	if p.server {
+		if c.Op != "send" {
+			err := p.ctl.expect("done")
+			return Result{Counters: counters(s.dev)}, err
+		}
+		stop := p.ctl.watch()
+		for !stop.Load() {
+			// Echo each message; poll with a timeout so the stop
+			// signal is seen even when the client has gone quiet.
+			wctx, wcancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			n, err := waitCQ(wctx, s.cq, wcs, c.Busy)
+			wcancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return Result{}, err
+				}
+				continue
+			}
+			if err := checkWCs(wcs[:n]); err != nil {
+				return Result{}, err
+			}
+			for range n {
+				if err := q.PostRecv(recv); err != nil {
+					return Result{}, err
+				}
+				if err := q.PostSend(send); err != nil {
+					return Result{}, err
+				}
+			}
+		}
+		return Result{Counters: counters(s.dev)}, nil
+	}
+	wr, err := opcodeOf(c.Op)
+	if err != nil {
+		return Result{}, err
+	}
+	switch c.Op {
+	case "send":
+		wr = send
+	case "atomic":
+		wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA(), Length: 8, LKey: s.mr.LKey()}}
+		wr.RemoteAddr, wr.RKey, wr.Flags = them.VA, them.RKey, rxego.SendSignaled
+	default:
+		wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA(), Length: size, LKey: s.mr.LKey()}}
+		wr.RemoteAddr, wr.RKey, wr.Flags = them.VA+1024, them.RKey, rxego.SendSignaled
+	}
+	samples := make([]time.Duration, 0, 1<<20)
+	w := newWindow(c)
+	var res Result
+	for {
+		t0 := time.Now()
+		if err := q.PostSend(wr); err != nil {
+			return res, err
+		}
+		n, err := waitCQ(ctx, s.cq, wcs[:1], c.Busy)
+		if err != nil {
+			return res, err
+		}
+		if err := checkWCs(wcs[:n]); err != nil {
+			return res, err
+		}
+		if c.Op == "send" {
+			if err := q.PostRecv(recv); err != nil {
+				return res, err
+			}
+		}
+		now := time.Now()
+		measuring, done := w.tick(now)
+		if measuring && len(samples) < cap(samples) {
+			samples = append(samples, now.Sub(t0))
+		}
+		if done {
+			res.Elapsed = w.elapsed(now)
+			break
+		}
+	}
+	res.Samples = len(samples)
+	res.P50, res.P99 = percentiles(samples)
+	res.Counters = counters(s.dev)
+	return res, p.ctl.send(signal{"done"})
+}
+
+// rateBatch is how many WRITEs one PostSend carries; only the last of
+// each is signaled, as perftest's completion moderation does.
+const rateBatch = 32
+
+// rxegoRate keeps Depth 64-byte inline WRITEs in flight.
+func rxegoRate(p *peer) (Result, error) {
+	c := p.c
+	const size = 64
+	depth := max(c.Depth/rateBatch*rateBatch, rateBatch)
+	s, them, err := rxSetup(p, 1, 4096, depth, 16, 64, false)
+	defer s.close()
+	if err != nil {
+		return Result{}, err
+	}
+	if p.server {
+		err := p.ctl.expect("done")
+		return Result{Counters: counters(s.dev)}, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
+	defer cancel()
+	q := s.qps[0]
+	wrs := make([]rxego.SendWR, rateBatch)
+	payload := make([]byte, size)
+	for i := range wrs {
+		wrs[i] = rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendInline, Inline: payload,
+			RemoteAddr: them.VA, RKey: them.RKey}
+	}
+	wrs[rateBatch-1].Flags |= rxego.SendSignaled
+	wcs := make([]rxego.WC, 16)
+	var res Result
+	var am allocMeter
+	var pkts0 uint64
+	w := newWindow(c)
+	inflight := 0
+	for {
+		for inflight+rateBatch <= depth {
+			if err := q.PostSend(wrs...); err != nil {
+				return res, err
+			}
+			inflight += rateBatch
+		}
+		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		if err != nil {
+			return res, err
+		}
+		if err := checkWCs(wcs[:n]); err != nil {
+			return res, err
+		}
+		inflight -= n * rateBatch
+		now := time.Now()
+		was := w.on
+		measuring, done := w.tick(now)
+		if measuring && !was {
+			am.start()
+			pkts0 = packets(s.dev)
+			continue
+		}
+		if measuring {
+			res.Msgs += uint64(n * rateBatch)
+		}
+		if done {
+			res.Elapsed = w.elapsed(now)
+			res.Packets = packets(s.dev) - pkts0
+			res.AllocsPerPkt = float64(am.stop()) / float64(max(res.Packets, 1))
+			break
+		}
+	}
+	res.Bytes = res.Msgs * size
+	for inflight > 0 {
+		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		if err != nil {
+			return res, err
+		}
+		inflight -= n * rateBatch
+	}
+	res.Counters = counters(s.dev)
+	return res, p.ctl.send(signal{"done"})
+}

@@ -1,0 +1,111 @@
+package harness
+
+import (
+	"context"
+	"runtime"
+	"time"
+
+	"github.com/rxego/rxego"
+)
+
+// Scale case parameters: each QP's queues, and the WRITEs in flight over
+// all QPs together (each QP has at most one).
+const (
+	scaleSendWR   = 4
+	scaleRecvWR   = 4
+	scaleInflight = 512
+)
+
+// heapInUse returns the live heap after a collection.
+func heapInUse() uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// rxegoScale connects QPs RC QPs on each side, measures the client's heap
+// per idle connected QP, then has every QP carry Size-byte WRITEs, one at a
+// time, scaleInflight over all QPs at once, round robin.
+func rxegoScale(p *peer) (Result, error) {
+	c := p.c
+	s, them, err := rxSetup(p, c.QPs, c.Size, scaleSendWR, scaleRecvWR, scaleInflight*2, true)
+	defer s.close()
+	if err != nil {
+		return Result{}, err
+	}
+	var res Result
+	// QPs, their queues and their connected state; the heap also holds
+	// the slices of QP pointers and numbers this function keeps.
+	total := heapInUse() - s.heapBefore
+	res.MemTotal = total
+	res.MemPerQP = float64(total) / float64(c.QPs)
+	if p.server {
+		err := p.ctl.expect("done")
+		res.Counters = counters(s.dev)
+		return res, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c)+time.Duration(c.QPs)*time.Millisecond)
+	defer cancel()
+	wr := rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
+		SGL:        []rxego.SGE{{Addr: s.mr.IOVA(), Length: uint32(c.Size), LKey: s.mr.LKey()}},
+		RemoteAddr: them.VA, RKey: them.RKey}
+	busy := make([]bool, len(s.qps))
+	done := make([]uint32, len(s.qps))
+	next, inflight := 0, 0
+	wcs := make([]rxego.WC, 64)
+	w := newWindow(c)
+	for {
+		for inflight < scaleInflight {
+			// The next idle QP in round-robin order.
+			for busy[next] {
+				next = (next + 1) % len(s.qps)
+			}
+			wr.ID = uint64(next)
+			if err := s.qps[next].PostSend(wr); err != nil {
+				return res, err
+			}
+			busy[next] = true
+			next = (next + 1) % len(s.qps)
+			inflight++
+		}
+		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		if err != nil {
+			return res, err
+		}
+		if err := checkWCs(wcs[:n]); err != nil {
+			return res, err
+		}
+		now := time.Now()
+		measuring, fin := w.tick(now)
+		for _, wc := range wcs[:n] {
+			busy[wc.ID] = false
+			if measuring {
+				done[wc.ID]++
+				res.Msgs++
+			}
+		}
+		inflight -= n
+		if fin {
+			res.Elapsed = w.elapsed(now)
+			break
+		}
+	}
+	res.Bytes = res.Msgs * uint64(c.Size)
+	for inflight > 0 {
+		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		if err != nil {
+			return res, err
+		}
+		inflight -= n
+	}
+	res.Counters = counters(s.dev)
+	var idle uint64
+	for _, d := range done {
+		if d == 0 {
+			idle++
+		}
+	}
+	res.Counters["qps_without_traffic"] = idle
+	return res, p.ctl.send(signal{"done"})
+}

@@ -1,0 +1,146 @@
+package harness
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"time"
+)
+
+func init() {
+	runners[TCPBW] = tcpBW
+	runners[TCPPing] = tcpPing
+}
+
+// tcpChunk is the bytes per write and read of the TCP stream.
+const tcpChunk = 256 << 10
+
+type tcpHello struct{ Addr string }
+
+// tcpConnect makes the data connection: the server listens on loopback
+// and tells the client where.
+func tcpConnect(p *peer) (net.Conn, error) {
+	if p.server {
+		ln, err := net.ListenTCP("tcp4", net.TCPAddrFromAddrPort(netip.MustParseAddrPort("127.0.0.1:0")))
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		if err := p.ctl.send(tcpHello{ln.Addr().String()}); err != nil {
+			return nil, err
+		}
+		ln.SetDeadline(time.Now().Add(acceptTimeout))
+		return ln.Accept()
+	}
+	var h tcpHello
+	if err := p.ctl.recv(&h); err != nil {
+		return nil, err
+	}
+	return net.DialTimeout("tcp", h.Addr, acceptTimeout)
+}
+
+// tcpBW: the client writes as fast as it can; the server counts what it
+// reads in the measured interval, then closes the connection.
+func tcpBW(p *peer) (Result, error) {
+	c := p.c
+	conn, err := tcpConnect(p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close()
+	buf := make([]byte, tcpChunk)
+	if !p.server {
+		stop := p.ctl.watch()
+		for {
+			if _, err := conn.Write(buf); err != nil {
+				// The server closes the connection after its "stop".
+				for i := 0; i < 100 && !stop.Load(); i++ {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if stop.Load() {
+					return Result{}, nil
+				}
+				return Result{}, err
+			}
+		}
+	}
+	conn.SetReadDeadline(time.Now().Add(caseTimeout(c)))
+	w := newWindow(c)
+	var res Result
+	for {
+		n, err := conn.Read(buf)
+		if err != nil {
+			return res, err
+		}
+		now := time.Now()
+		measuring, done := w.tick(now)
+		if measuring {
+			res.Bytes += uint64(n)
+		}
+		if done {
+			res.Elapsed = w.elapsed(now)
+			break
+		}
+	}
+	if res.Bytes == 0 {
+		return res, errors.New("no data arrived")
+	}
+	return res, p.ctl.send(signal{"stop"})
+}
+
+// tcpPing: 64-byte ping-pong over one connection (Nagle off, Go's
+// default), blocking reads.
+func tcpPing(p *peer) (Result, error) {
+	c := p.c
+	conn, err := tcpConnect(p)
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close()
+	buf := make([]byte, 64)
+	full := func() error {
+		for got := 0; got < len(buf); {
+			n, err := conn.Read(buf[got:])
+			if err != nil {
+				return err
+			}
+			got += n
+		}
+		return nil
+	}
+	if p.server {
+		for {
+			if err := full(); err != nil {
+				return Result{}, nil // the client closed: done
+			}
+			if _, err := conn.Write(buf); err != nil {
+				return Result{}, err
+			}
+		}
+	}
+	conn.SetDeadline(time.Now().Add(caseTimeout(c)))
+	samples := make([]time.Duration, 0, 1<<20)
+	w := newWindow(c)
+	var res Result
+	for {
+		t0 := time.Now()
+		if _, err := conn.Write(buf); err != nil {
+			return res, err
+		}
+		if err := full(); err != nil {
+			return res, err
+		}
+		now := time.Now()
+		measuring, done := w.tick(now)
+		if measuring && len(samples) < cap(samples) {
+			samples = append(samples, now.Sub(t0))
+		}
+		if done {
+			res.Elapsed = w.elapsed(now)
+			break
+		}
+	}
+	res.Samples = len(samples)
+	res.P50, res.P99 = percentiles(samples)
+	return res, nil
+}

@@ -1,0 +1,42 @@
+package harness
+
+import (
+	"slices"
+	"time"
+)
+
+// window times a measurement: a warm-up, then the measured interval.
+type window struct {
+	c     Case
+	start time.Time // the measured interval's start, once it began
+	on    bool
+	begin time.Time
+}
+
+func newWindow(c Case) *window { return &window{c: c, begin: time.Now()} }
+
+// tick reports the phase at now: false, false while warming up; true,
+// false while measuring; done when the interval is over. The first tick
+// in the measured interval sets the start.
+func (w *window) tick(now time.Time) (measuring, done bool) {
+	if !w.on {
+		if now.Sub(w.begin) < w.c.Warmup {
+			return false, false
+		}
+		w.on, w.start = true, now
+	}
+	return true, now.Sub(w.start) >= w.c.Duration
+}
+
+// elapsed is the measured time up to now.
+func (w *window) elapsed(now time.Time) time.Duration { return now.Sub(w.start) }
+
+// percentiles returns the 50th and 99th percentile of samples (sorted in
+// place).
+func percentiles(s []time.Duration) (p50, p99 time.Duration) {
+	if len(s) == 0 {
+		return 0, 0
+	}
+	slices.Sort(s)
+	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
+}

@@ -1,0 +1,100 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/qp"
+)
+
+// pair is two connected devices on loopback for in-process benchmarks.
+type pair struct {
+	devs [2]*rxego.Device
+	qps  [2]*rxego.QP
+	mrs  [2]*rxego.MR
+	cqs  [2]*rxego.CQ
+}
+
+func newPair(tb testing.TB, mtu qp.MTU, size int, depth int) *pair {
+	tb.Helper()
+	p := &pair{}
+	for i := range p.devs {
+		d := testaddr.Open(tb, nil)
+		pd, _ := d.AllocPD()
+		var err error
+		p.cqs[i], _ = d.CreateCQ(4 * depth)
+		p.qps[i], err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: p.cqs[i], RecvCQ: p.cqs[i],
+			Caps: rxego.Caps{MaxSendWR: depth, MaxRecvWR: depth}})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		p.mrs[i], _ = pd.RegMR(make([]byte, size), rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead)
+		p.devs[i] = d
+	}
+	for i := range 2 {
+		o := 1 - i
+		err := rxego.ConnectRC(p.qps[i], rxego.RemoteQP{Addr: p.devs[o].Addr(), QPN: p.qps[o].Num()},
+			&rxego.ConnectOptions{MTU: mtu, MaxRdAtomic: 16, Timeout: 12})
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return p
+}
+
+// stream keeps depth messages of size bytes in flight for b.N messages.
+func (p *pair) stream(b *testing.B, op qp.WROpcode, size, depth int) {
+	wr := rxego.SendWR{Opcode: op, SGL: []rxego.SGE{{Addr: p.mrs[0].IOVA(), Length: uint32(size), LKey: p.mrs[0].LKey()}},
+		RemoteAddr: p.mrs[1].IOVA(), RKey: p.mrs[1].RKey(), Flags: rxego.SendSignaled}
+	wcs := make([]rxego.WC, 64)
+	inflight, done := 0, 0
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for done < b.N {
+		for inflight < depth && done+inflight < b.N {
+			if err := p.qps[0].PostSend(wr); err != nil {
+				b.Fatal(err)
+			}
+			inflight++
+		}
+		n, err := p.cqs[0].PollWait(ctx, wcs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != 0 {
+				b.Fatalf("completion %v", wc.Status)
+			}
+		}
+		inflight -= n
+		done += n
+	}
+}
+
+func BenchmarkRCWrite(b *testing.B) {
+	for _, mtu := range []qp.MTU{qp.MTU1024, qp.MTU4096} {
+		for _, size := range []int{4 << 10, 64 << 10, 1 << 20} {
+			b.Run(fmt.Sprintf("mtu%d/%dKiB", mtu.Bytes(), size>>10), func(b *testing.B) {
+				depth := max(2, min(64, (4<<20)/size))
+				p := newPair(b, mtu, size, depth)
+				p.stream(b, qp.WRWrite, size, depth)
+			})
+		}
+	}
+}
+
+func BenchmarkRCRead(b *testing.B) {
+	for _, size := range []int{4 << 10, 64 << 10} {
+		b.Run(fmt.Sprintf("mtu4096/%dKiB", size>>10), func(b *testing.B) {
+			depth := 16
+			p := newPair(b, qp.MTU4096, size, depth)
+			p.stream(b, qp.WRRead, size, depth)
+		})
+	}
+}

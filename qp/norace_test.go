@@ -1,0 +1,5 @@
+//go:build !race
+
+package qp
+
+const raceEnabled = false
