@@ -86,7 +86,8 @@ func (t *idTap) Packet(dir transport.Dir, _ time.Time, _, _ netip.AddrPort, _ ui
 	}
 }
 
-func (t *idTap) Drop(transport.DropReason, time.Time, netip.AddrPort, netip.AddrPort, uint8, []byte) {}
+func (t *idTap) Drop(transport.DropReason, time.Time, netip.AddrPort, netip.AddrPort, uint8, []byte) {
+}
 
 func (t *idTap) ids() []uint16 {
 	t.mu.Lock()
