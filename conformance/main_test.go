@@ -301,6 +301,9 @@ type Case struct {
 	// Tail says the tool may exit with messages in flight, so each side
 	// may have sent packets the other never counted.
 	Tail bool
+	// Require names counters that must have moved, as "rxe:NAME" or
+	// "rxego:NAME": proof that the case exercised what it is about.
+	Require []string
 }
 
 // Outcome is what a case's body hands back for its row.
@@ -421,6 +424,16 @@ func checkCounters(t *testing.T, c Case, rxe map[string]uint64, out Outcome) {
 		}
 	}
 	bad("rxe", rxe)
+	for _, r := range c.Require {
+		side, name, _ := strings.Cut(r, ":")
+		m := rxe
+		if side == "rxego" {
+			m = out.Rxego
+		}
+		if m[name] == 0 {
+			t.Errorf("%s counter %s did not move: the case did not exercise what it tests", side, name)
+		}
+	}
 	if out.Rxego == nil {
 		return
 	}
@@ -432,8 +445,8 @@ func checkCounters(t *testing.T, c Case, rxe map[string]uint64, out Outcome) {
 		if rxe["duplicate_request"] > rx["retransmits"] {
 			t.Errorf("rxe counted %d duplicate requests, rxego resent only %d packets", rxe["duplicate_request"], rx["retransmits"])
 		}
-		if rx["retransmits"] > 0 && rx["completer_retry_err"] == 0 {
-			t.Errorf("rxego resent %d packets without a timeout retry", rx["retransmits"])
+		if rx["retransmits"] > 0 && rx["completer_retry_err"] == 0 && rx["rcvd_rnr_err"] == 0 {
+			t.Errorf("rxego resent %d packets without a timeout retry or an RNR NAK", rx["retransmits"])
 		}
 		if rx["duplicate_request"] > 0 && rxe["completer_retry_err"] == 0 {
 			t.Errorf("rxego counted %d duplicate requests, rxe never retried", rx["duplicate_request"])
