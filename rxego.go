@@ -140,6 +140,10 @@ type Options struct {
 	// CPU. Pair it with a CQ polled in a loop, or with CQ.PollWait, which
 	// the receive loop wakes on the same processor.
 	BusyPoll time.Duration
+	// Tap, when set, sees every packet the device sends, receives and
+	// drops from the moment it opens: a transport/pcaptap Writer records
+	// them as pcapng. Device.SetTap changes it later.
+	Tap transport.Tap
 }
 
 // Device is one RoCEv2 port: a UDP endpoint on one local address and the
@@ -194,6 +198,9 @@ func Open(addr string, opts *Options) (*Device, error) {
 		}
 	} else {
 		local = conn.LocalAddr()
+	}
+	if o.Tap != nil {
+		conn.SetTap(o.Tap)
 	}
 	d := &Device{conn: conn, mrs: mr.NewTable(), local: local, stop: make(chan struct{})}
 	clock := qp.NewMonoClock()

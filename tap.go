@@ -1,0 +1,10 @@
+package rxego
+
+import "github.com/rxego/rxego/transport"
+
+// SetTap installs t as the observer of every packet the device sends,
+// receives and drops (nil removes it): a transport/pcaptap Writer records
+// them as pcapng, `rxego trace` and the demo draw them. It replaces the
+// Tap given in Options. Packets already in flight when SetTap returns may
+// still reach the previous Tap.
+func (d *Device) SetTap(t transport.Tap) { d.conn.SetTap(t) }
