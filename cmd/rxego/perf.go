@@ -46,6 +46,7 @@ func runPerf(args []string) error {
 	port := fs.Int("p", perftest.DefaultPort, "TCP port of the exchange")
 	gid := fs.String("x", "", "local RoCE address (the GID as an IP address); a GID index is accepted for compatibility")
 	addr := fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
+	conn := fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
 	_ = fs.String("d", "", "device name (accepted for compatibility)")
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility)")
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
@@ -66,6 +67,9 @@ func runPerf(args []string) error {
 			return fmt.Errorf("more than one server given: %q and %q", server, fs.Arg(0))
 		}
 		server, rest = fs.Arg(0), fs.Args()[1:]
+	}
+	if *conn != "RC" {
+		return fmt.Errorf("-c %s: rxego perf runs RC only", *conn)
 	}
 	local := *addr
 	if *gid != "" {
