@@ -105,24 +105,25 @@ func runMain(m *testing.M) int {
 }
 
 // requireLab skips the test when the lab cannot run here (or -short), and
-// fails it under CI=true, where a missing lab is a broken set-up.
+// fails it under CI=true, where a missing lab is a broken set-up. With the
+// lab present, an rxego binary that failed to build fails the test.
 func requireLab(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("-short: the rxe lab boots QEMU guests")
 	}
-	err := lab.Available()
-	if err == nil && buildErr != nil {
-		err = buildErr
-	}
-	if err == nil && rxegoBin == "" {
-		err = errors.New("rxego binary not built")
-	}
-	if err != nil {
+	if err := lab.Available(); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)
 		}
 		t.Skipf("%v (set up with: %s)", err, lab.SetupCommand)
+	}
+	// The lab is here: a binary that does not build is a failure.
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	if rxegoBin == "" {
+		t.Fatal("rxego binary not built")
 	}
 }
 
