@@ -282,6 +282,7 @@ const (
 	timerRNR
 	timerPace // the pacer allows the next packet
 	timerCC   // the congestion controller's rate-increase and alpha timers
+	timerRead // the responder sends the next part of a long READ response
 	numTimers
 )
 
@@ -409,6 +410,8 @@ func (e *Engine) runTimers(now time.Duration) {
 			e.kick(q)
 		case timerCC:
 			e.ccTimer(q, now)
+		case timerRead:
+			e.continueRead(q, now)
 		}
 	}
 }

@@ -31,6 +31,32 @@ type responder struct {
 
 	ackPending bool
 	ackPSN     bth.PSN
+
+	rd readStream // a long READ response going out
+}
+
+// readBurst is the most READ response packets a QP sends per engine turn.
+// A READ may ask for 2^31 bytes: two million packets at MTU 1024. Sent in
+// one go they would hold the engine, and every other QP with it, for
+// seconds; sent a burst per turn, the engine serves everything else in
+// between, as rxe's responder task yields between packets.
+const readBurst = 256
+
+// readStream is a READ response the responder sends a burst at a time. A
+// QP has at most one: while it goes out, new requests are dropped and
+// answered, once it is done, with a sequence-error NAK for the first of
+// them, so the requester resends them (responses must leave in PSN order).
+// A duplicate READ replaces the stream, restarting it where the requester
+// asks (rxe does the same), so duplicates cannot multiply the traffic.
+type readStream struct {
+	active   bool
+	psn      bth.PSN // PSN of the first response
+	va       uint64  // address of the first byte
+	rkey     uint32
+	n        uint32 // bytes in all
+	npk      int    // packets in all
+	next     int    // index of the next packet to send
+	nakAfter bool   // new requests were dropped meanwhile
 }
 
 // resource remembers an executed READ, atomic, ATOMIC WRITE or FLUSH so a
@@ -87,8 +113,18 @@ func (e *Engine) receive(in *InPacket, now time.Duration) {
 		e.drop(DropUnknownQP)
 		return
 	}
+	// A connected QP hears only its peer: a CNP or a CE mark from anyone
+	// else must not slow it down, nor make it send CNPs to a stranger.
+	if q.typ != UD && q.attr.Dest.IsValid() && q.attr.Dest.Addr() != in.Src.Addr() {
+		e.drop(DropWrongSource)
+		return
+	}
 	if p.Info.Class == bth.CNP {
 		e.ccCNP(q, now)
+		return
+	}
+	if !classMatches(q.typ, p.Info.Class) {
+		e.drop(DropWrongOpcode)
 		return
 	}
 	if in.TOS&3 == 3 {
@@ -97,14 +133,6 @@ func (e *Engine) receive(in *InPacket, now time.Duration) {
 			src = d.SrcQP()
 		}
 		e.ccMarked(q, in, src, now)
-	}
-	if !classMatches(q.typ, p.Info.Class) {
-		e.drop(DropWrongOpcode)
-		return
-	}
-	if q.typ != UD && q.attr.Dest.IsValid() && q.attr.Dest.Addr() != in.Src.Addr() {
-		e.drop(DropWrongSource)
-		return
 	}
 	if p.Info.Flags&bth.Response != 0 {
 		e.complete(q, in, now)
@@ -173,18 +201,17 @@ func (e *Engine) flushAcks() {
 }
 
 // classCError NAKs a request the responder cannot execute and moves the
-// QP to ERR, as rxe does for invalid requests and access violations.
-func (e *Engine) classCError(q *QP, code uint8, psn bth.PSN) {
+// QP to ERR, as rxe does for invalid requests and access violations; the
+// request is counted as dropped for reason.
+func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) {
 	switch code {
 	case reth.NAKRemoteAccess:
 		e.Stats.RemoteAccessNAKs.Add(1)
-		e.drop(DropBadAccess)
 	case reth.NAKInvalidRequest:
 		e.Stats.InvalidRequestNAKs.Add(1)
-		e.drop(DropWrongOpcode)
-	default:
-		e.drop(DropOther)
 	}
+	e.drop(reason)
+	q.resp.rd.active = false
 	e.sendAck(q, reth.NAKSyndrome(code), psn)
 	if q.resp.haveRecv {
 		// The WQE a failed SEND or WRITE with immediate had taken
@@ -199,11 +226,33 @@ func (e *Engine) classCError(q *QP, code uint8, psn bth.PSN) {
 	q.enterError()
 }
 
+// accessError refuses a request whose key, bounds or alignment check
+// failed with err (from package mr): a misaligned atomic is an invalid
+// request, anything else a remote access error.
+func (e *Engine) accessError(q *QP, err error, psn bth.PSN) {
+	switch {
+	case errors.Is(err, mr.ErrMisaligned):
+		e.classCError(q, reth.NAKInvalidRequest, DropMisaligned, psn)
+	case errors.Is(err, mr.ErrOutOfBounds):
+		e.classCError(q, reth.NAKRemoteAccess, DropOutOfBounds, psn)
+	default:
+		e.classCError(q, reth.NAKRemoteAccess, DropBadAccess, psn)
+	}
+}
+
 func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 	p := in.Pkt
 	rs := &q.resp
 	psn := p.BTH().PSN()
-	if d := psn.Diff(rs.ePSN); d > 0 {
+	d := psn.Diff(rs.ePSN)
+	if d >= 0 && rs.rd.active {
+		// A long READ response is going out; this request's answer would
+		// have to wait behind it. The requester resends it after the NAK.
+		rs.rd.nakAfter = true
+		e.drop(DropBusy)
+		return
+	}
+	if d > 0 {
 		e.Stats.OutOfSeqRequest.Add(1)
 		if !rs.nakSent {
 			rs.nakSent = true
@@ -213,7 +262,7 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 		return
 	} else if d < 0 {
 		e.Stats.DuplicateRequest.Add(1)
-		e.duplicate(q, p, psn)
+		e.duplicate(q, p, psn, now)
 		return
 	}
 	in2 := p.Info
@@ -221,20 +270,20 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 	// own kind; otherwise only FIRST or ONLY may come.
 	if rs.inMsg {
 		if in2.Op != rs.msgOp || in2.Has(bth.First) {
-			e.classCError(q, reth.NAKInvalidRequest, psn)
+			e.classCError(q, reth.NAKInvalidRequest, DropWrongOpcode, psn)
 			return
 		}
 	} else if !in2.Has(bth.First) {
-		e.classCError(q, reth.NAKInvalidRequest, psn)
+		e.classCError(q, reth.NAKInvalidRequest, DropWrongOpcode, psn)
 		return
 	}
 	if !q.allows(in2.Op) {
-		e.classCError(q, reth.NAKInvalidRequest, psn)
+		e.classCError(q, reth.NAKInvalidRequest, DropBadAccess, psn)
 		return
 	}
 	payload := p.Payload()
 	if len(payload) > q.mtu || (in2.Op == bth.OpSend || in2.Op == bth.OpWrite) && !in2.Has(bth.Last) && len(payload) != q.mtu {
-		e.classCError(q, reth.NAKInvalidRequest, psn)
+		e.classCError(q, reth.NAKInvalidRequest, DropBadLength, psn)
 		return
 	}
 	switch in2.Op {
@@ -243,7 +292,7 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 	case bth.OpWrite:
 		e.recvWrite(q, p, psn)
 	case bth.OpReadRequest:
-		e.recvRead(q, p, psn)
+		e.recvRead(q, p, psn, now)
 	case bth.OpCompareSwap, bth.OpFetchAdd:
 		e.recvAtomic(q, p, psn)
 	case bth.OpAtomicWrite, bth.OpFlush:
@@ -301,7 +350,11 @@ func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
 		}
 		rs.haveRecv = false
 		q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Status: st, Opcode: WCRecv, QPN: q.num})
-		e.classCError(q, reth.NAKInvalidRequest, psn)
+		reason := DropOther // the local receive buffer is bad
+		if st == WCLocLenErr {
+			reason = DropBadLength
+		}
+		e.classCError(q, reth.NAKInvalidRequest, reason, psn)
 		return
 	}
 	rs.recvOff += uint32(len(payload))
@@ -313,7 +366,7 @@ func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
 		}
 		if h := p.IETH(); h != nil {
 			if err := e.cfg.MRs.Invalidate(h.RKey(), q.pd); err != nil {
-				e.classCError(q, reth.NAKInvalidRequest, psn)
+				e.classCError(q, reth.NAKInvalidRequest, DropBadAccess, psn)
 				return
 			}
 			wc.InvalidatedRKey, wc.Flags = h.RKey(), wc.Flags|WCWithInv
@@ -347,13 +400,13 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 		h := p.RETH()
 		rs.dmaLen, rs.woff, rs.wbuf = h.DMALen(), 0, nil
 		if rs.dmaLen > maxMessage {
-			e.classCError(q, reth.NAKInvalidRequest, psn)
+			e.classCError(q, reth.NAKInvalidRequest, DropBadLength, psn)
 			return
 		}
 		if rs.dmaLen > 0 { // IBA C9-88: a zero-length WRITE checks no rkey
 			buf, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), rs.dmaLen, mr.RemoteWrite)
 			if err != nil {
-				e.classCError(q, reth.NAKRemoteAccess, psn)
+				e.accessError(q, err, psn)
 				return
 			}
 			rs.wbuf = buf
@@ -363,7 +416,7 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 	}
 	if uint64(rs.woff)+uint64(len(payload)) > uint64(rs.dmaLen) ||
 		in.Has(bth.Last) && rs.woff+uint32(len(payload)) != rs.dmaLen {
-		e.classCError(q, reth.NAKInvalidRequest, psn)
+		e.classCError(q, reth.NAKInvalidRequest, DropBadLength, psn)
 		return
 	}
 	copy(rs.wbuf[rs.woff:], payload)
@@ -382,17 +435,17 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 	e.advance(q, p, psn)
 }
 
-func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN) {
+func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) {
 	rs := &q.resp
 	h := p.RETH()
 	va, rkey, n := h.VA(), h.RKey(), h.DMALen()
 	if n > maxMessage {
-		e.classCError(q, reth.NAKInvalidRequest, psn)
+		e.classCError(q, reth.NAKInvalidRequest, DropBadLength, psn)
 		return
 	}
 	if n > 0 {
 		if _, err := e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead); err != nil {
-			e.classCError(q, reth.NAKRemoteAccess, psn)
+			e.accessError(q, err, psn)
 			return
 		}
 	}
@@ -402,42 +455,74 @@ func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN) {
 	rs.msn++
 	rs.ePSN = psn.Add(npk)
 	rs.nakSent = false
-	e.sendReadResponses(q, psn, va, rkey, n)
+	e.sendReadResponses(q, psn, va, rkey, n, now)
 }
 
-// sendReadResponses answers a READ for n bytes at va with PSNs from psn.
-func (e *Engine) sendReadResponses(q *QP, psn bth.PSN, va uint64, rkey uint32, n uint32) {
+// sendReadResponses answers a READ for n bytes at va with PSNs from psn:
+// the first burst now, the rest on later engine turns. It replaces any
+// READ response still going out.
+func (e *Engine) sendReadResponses(q *QP, psn bth.PSN, va uint64, rkey uint32, n uint32, now time.Duration) {
+	rs := &q.resp
+	rs.rd = readStream{active: true, psn: psn, va: va, rkey: rkey, n: n, npk: packetsFor(n, q.mtu), nakAfter: rs.rd.nakAfter}
+	e.continueRead(q, now)
+}
+
+// continueRead sends the next burst of q's READ response. When packets
+// remain it arms the READ timer for the next turn, just after now (the
+// engine then lets go in between); when none do, it NAKs the first request
+// it refused meanwhile.
+func (e *Engine) continueRead(q *QP, now time.Duration) {
+	rs := &q.resp
+	rd := &rs.rd
+	if !rd.active || q.state != RTR && q.state != RTS && q.state != SQD && q.state != SQE {
+		rd.active = false
+		return
+	}
+	mtu := uint32(q.mtu)
+	from := uint32(rd.next) * mtu
+	end := min(rd.next+readBurst, rd.npk)
 	var src []byte
-	if n > 0 {
+	if rd.n > 0 {
+		// Checked at every burst: the MR may have gone since the last one.
 		var err error
-		src, err = e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead)
+		src, err = e.cfg.MRs.Remote(rd.rkey, q.pd, rd.va+uint64(from), min(uint32(end-rd.next)*mtu, rd.n-from), mr.RemoteRead)
 		if err != nil {
-			e.classCError(q, reth.NAKRemoteAccess, psn)
+			e.accessError(q, err, rd.psn.Add(rd.next))
 			return
 		}
 	}
-	npk := packetsFor(n, q.mtu)
-	for i := 0; i < npk; i++ {
-		off := uint32(i) * uint32(q.mtu)
-		k := int(min(uint32(q.mtu), n-min(off, n)))
+	for i := rd.next; i < end; i++ {
+		off := uint32(i)*mtu - from
+		k := int(min(mtu, rd.n-min(uint32(i)*mtu, rd.n)))
 		var op bth.Opcode
 		switch {
-		case npk == 1:
+		case rd.npk == 1:
 			op = bth.RCReadResponseOnly
 		case i == 0:
 			op = bth.RCReadResponseFirst
-		case i == npk-1:
+		case i == rd.npk-1:
 			op = bth.RCReadResponseLast
 		default:
 			op = bth.RCReadResponseMiddle
 		}
-		buf, p := e.header(q, op, psn.Add(i), k, false, false, q.attr.DestQPN)
+		buf, p := e.header(q, op, rd.psn.Add(i), k, false, false, q.attr.DestQPN)
 		if a := p.AETH(); a != nil {
-			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
+			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), rs.msn)
 		}
 		copy(buf[p.Info.HdrLen:], src[off:off+uint32(k)])
 		e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
 		e.Stats.SentBytes.Add(uint64(k))
+	}
+	rd.next = end
+	if rd.next < rd.npk {
+		e.schedule(q, timerRead, now+1)
+		return
+	}
+	rd.active = false
+	if rd.nakAfter {
+		rd.nakAfter = false
+		rs.nakSent = true
+		e.sendAck(q, reth.NAKSyndrome(reth.NAKPSNSeqError), rs.ePSN)
 	}
 }
 
@@ -446,11 +531,7 @@ func (e *Engine) recvAtomic(q *QP, p bth.Packet, psn bth.PSN) {
 	a := p.AtomicETH()
 	w, err := e.cfg.MRs.Atomic64(a.RKey(), q.pd, a.VA(), mr.RemoteAtomic)
 	if err != nil {
-		code := reth.NAKRemoteAccess
-		if errors.Is(err, mr.ErrMisaligned) {
-			code = reth.NAKInvalidRequest
-		}
-		e.classCError(q, code, psn)
+		e.accessError(q, err, psn)
 		return
 	}
 	var orig uint64
@@ -482,11 +563,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 	if p.Info.Op == bth.OpAtomicWrite {
 		w, err := e.cfg.MRs.Atomic64(h.RKey(), q.pd, h.VA(), mr.RemoteWrite)
 		if err != nil {
-			code := reth.NAKRemoteAccess
-			if errors.Is(err, mr.ErrMisaligned) {
-				code = reth.NAKInvalidRequest
-			}
-			e.classCError(q, code, psn)
+			e.accessError(q, err, psn)
 			return
 		}
 		// The payload's bytes land in memory as they are (rxe memcpy's them).
@@ -494,7 +571,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 	} else if h.DMALen() > 0 {
 		// Go memory is always globally visible; the check is what matters.
 		if _, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), h.DMALen(), mr.RemoteWrite); err != nil {
-			e.classCError(q, reth.NAKRemoteAccess, psn)
+			e.accessError(q, err, psn)
 			return
 		}
 	}
@@ -515,7 +592,7 @@ func (e *Engine) sendEmptyReadResponse(q *QP, psn bth.PSN) {
 // duplicate answers a request whose PSN is before the expected one
 // (IBA C9-105): SEND and WRITE are acknowledged again, READs replayed from
 // memory, atomics answered from the saved result without executing again.
-func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN) {
+func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) {
 	rs := &q.resp
 	switch p.Info.Op {
 	case bth.OpSend, bth.OpWrite:
@@ -529,13 +606,13 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN) {
 		h := p.RETH()
 		va, n := h.VA(), h.DMALen()
 		// The retry asks for the tail of the original range, from the
-		// response PSN it names.
+		// response PSN it names, with the same rkey (as rxe requires).
 		skip := uint64(psn.Diff(r.firstPSN)) * uint64(q.mtu)
-		if va != r.va+skip || uint64(n)+skip != uint64(r.length) && !(r.length == 0 && n == 0) {
+		if h.RKey() != r.rkey || va != r.va+skip || uint64(n)+skip != uint64(r.length) && !(r.length == 0 && n == 0) {
 			e.drop(DropDuplicate)
 			return
 		}
-		e.sendReadResponses(q, psn, va, r.rkey, n)
+		e.sendReadResponses(q, psn, va, r.rkey, n, now)
 	case bth.OpCompareSwap, bth.OpFetchAdd:
 		r := rs.findResource(psn)
 		if r == nil || r.op != p.Info.Op || r.firstPSN != psn {
@@ -627,7 +704,11 @@ func (e *Engine) respondUC(q *QP, in *InPacket) {
 				buf, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), rs.dmaLen, mr.RemoteWrite)
 				if err != nil || !q.allows(bth.OpWrite) {
 					rs.ucDrop = true
-					e.drop(DropBadAccess)
+					reason := DropBadAccess
+					if errors.Is(err, mr.ErrOutOfBounds) {
+						reason = DropOutOfBounds
+					}
+					e.drop(reason)
 					return
 				}
 				rs.wbuf = buf

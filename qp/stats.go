@@ -50,14 +50,18 @@ const (
 	DropDuplicate                       // duplicate the responder need not answer
 	DropOutOfSequence                   // PSN ahead of expected (NAKed once per gap)
 	DropStaleResponse                   // response or ACK for nothing outstanding
-	DropBadAccess                       // rkey, bounds or access check failed (NAKed)
+	DropBadAccess                       // rkey, PD or access rights check failed (NAKed)
+	DropOutOfBounds                     // range outside the MR, or wrapping (NAKed)
+	DropMisaligned                      // atomic on an address not 8-byte aligned (NAKed)
+	DropBusy                            // new request while a long READ response goes out (NAKed after it)
 	DropOther
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
 	"unknown_qp", "bad_state", "wrong_opcode", "wrong_source", "bad_qkey", "bad_pkey", "bad_length",
-	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "other",
+	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "out_of_bounds",
+	"misaligned", "busy", "other",
 }
 
 // String names the reason as the metrics label does.

@@ -237,10 +237,19 @@ func TestRKeyFlood(t *testing.T) {
 	for i, f := range forges {
 		counts += fmt.Sprintf("\n  %-45s %d", f.name, perForge[i])
 	}
+	byReason := map[qp.DropReason]uint64{}
+	var dropped uint64
+	for _, r := range []qp.DropReason{qp.DropBadAccess, qp.DropOutOfBounds, qp.DropMisaligned, qp.DropBadLength} {
+		byReason[r] = s.Drops[r].Load()
+		dropped += byReason[r]
+	}
 	t.Logf("%d forged requests to %d QPs in %v (%.0f/s): %d remote access NAKs, %d invalid request NAKs; "+
-		"engine: remote_access_naks=%d invalid_request_naks=%d drops[bad_access]=%d rdma_recvs=%d; per class:%s",
+		"engine: drops %v, rdma_recvs=%d; per class:%s",
 		n, k, took.Round(time.Millisecond), float64(n)/took.Seconds(), naks[reth.NAKRemoteAccess], naks[reth.NAKInvalidRequest],
-		s.RemoteAccessNAKs.Load(), s.InvalidRequestNAKs.Load(), s.Drops[qp.DropBadAccess].Load(), s.RDMARecvs.Load(), counts)
+		byReason, s.RDMARecvs.Load(), counts)
+	if dropped != uint64(n) {
+		t.Fatalf("%d requests counted as dropped for bad access, bounds, alignment or length, want %d", dropped, n)
+	}
 	if naks[reth.NAKRemoteAccess]+naks[reth.NAKInvalidRequest] != n {
 		t.Fatalf("NAK codes %v: want only remote access and invalid request, %d in all", naks, n)
 	}
