@@ -29,7 +29,7 @@ const (
 	rcPSN      = 0x100 // the PSN the RC and UC QPs expect first
 )
 
-func newTarget(t *testing.T, c transport.Conn, peer netip.AddrPort) *target {
+func newTarget(t testing.TB, c transport.Conn, peer netip.AddrPort) *target {
 	t.Helper()
 	dev, err := rxego.Open(c.LocalAddr().String(), &rxego.Options{Conn: c})
 	if err != nil {
@@ -84,7 +84,7 @@ type hostile struct {
 }
 
 // encode builds a packet from h and payload, failing the test on error.
-func encode(t *testing.T, h bth.Header, payload []byte) []byte {
+func encode(t testing.TB, h bth.Header, payload []byte) []byte {
 	t.Helper()
 	buf := make([]byte, bth.PacketLen(h.Opcode, len(payload))+16)
 	n, err := h.Encode(buf, payload)

@@ -3,7 +3,8 @@
 #
 #   scripts/fuzz.sh [DURATION] [PKG...]    e.g. scripts/fuzz.sh 10s
 #
-# DURATION defaults to 10s; PKG defaults to the wire-format packages. The
+# DURATION defaults to 10s; PKG defaults to the wire-format packages and
+# ./reliability (a live endpoint fed arbitrary datagrams). The
 # targets are found with `go test -list`, so a new Fuzz function is run
 # without editing this script. Each runs as
 # `go test -run=^$ -fuzz=^Target$ -fuzztime=DURATION PKG`; the script stops
@@ -14,7 +15,7 @@ time="${1:-10s}"
 shift || true
 pkgs=("$@")
 if [ ${#pkgs[@]} -eq 0 ]; then
-	pkgs=(./bth ./reth ./icrc ./rocelayer ./internal/trace)
+	pkgs=(./bth ./reth ./icrc ./rocelayer ./internal/trace ./reliability)
 fi
 n=0
 for pkg in "${pkgs[@]}"; do
