@@ -2,10 +2,13 @@ package reliability_test
 
 import (
 	"fmt"
+	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
@@ -83,4 +86,110 @@ func TestFetchAddExactlyOnce(t *testing.T) {
 	a, b := impairedPair(t, transport.ImpairConfig{Loss: 0.05}, 7, r)
 	took := runOp(t, a, b, r)
 	t.Logf("%d FETCH_ADDs in %v; a: %s; b: %s", n, took.Round(time.Millisecond), a.stats(), b.stats())
+}
+
+// readLog records, in one order, the READ requests the responder receives
+// and the READ responses the requester receives.
+type readLog struct {
+	mu     sync.Mutex
+	events []readEvent
+}
+
+type readEvent struct {
+	request bool // a READ request at the responder; else a response at the requester
+	psn     bth.PSN
+	va      uint64
+	n       uint32
+}
+
+// tap returns a Tap recording the packets one side receives.
+func (l *readLog) tap(responder bool) transport.Tap { return readTap{l, responder} }
+
+type readTap struct {
+	l         *readLog
+	responder bool
+}
+
+func (r readTap) Packet(dir transport.Dir, _ time.Time, _, _ netip.AddrPort, _ uint8, _ uint16, pkt []byte) {
+	p, err := bth.Parse(pkt)
+	if dir != transport.In || err != nil {
+		return
+	}
+	ev := readEvent{psn: p.BTH().PSN()}
+	switch {
+	case r.responder && p.Info.Opcode == bth.RCReadRequest:
+		ev.request, ev.va, ev.n = true, p.RETH().VA(), p.RETH().DMALen()
+	case !r.responder && p.Info.Op == bth.OpReadResponse:
+	default:
+		return
+	}
+	r.l.mu.Lock()
+	r.l.events = append(r.l.events, ev)
+	r.l.mu.Unlock()
+}
+
+func (readTap) Drop(transport.DropReason, time.Time, netip.AddrPort, netip.AddrPort, uint8, []byte) {}
+
+// TestReadRetryResumes loses 5% of READ responses and checks, from what
+// each side actually received, that every retried READ request asks for
+// exactly the bytes from the first response the requester had not yet
+// received: its PSN, address and length all start at a response boundary
+// that every response before had reached the requester.
+func TestReadRetryResumes(t *testing.T) {
+	const size, mtu = 16384, 1024 // 16 responses per READ
+	n := 300
+	if testing.Short() {
+		n = 100
+	}
+	r := opRun{op: rxego.WRRead, n: n, size: size, inFlight: 8, timeout: 60 * time.Second}
+	addrA, addrB := nextLoopback()
+	ec := endConfig{size: r.bufSize(), depth: r.inFlight + 16, window: 256}
+	ec.addr = addrA
+	a := openEnd(t, ec)
+	ec.addr, ec.impair = addrB, &transport.ImpairConfig{Seed: 11, Dir: transport.ImpairSend, Loss: 0.05}
+	b := openEnd(t, ec)
+	var log readLog
+	a.dev.Transport().SetTap(log.tap(false))
+	b.dev.Transport().SetTap(log.tap(true))
+	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU1024, Timeout: 10, RetryCnt: 7, MaxRdAtomic: 16})
+	runOp(t, a, b, r)
+	a.dev.Transport().SetTap(nil)
+	b.dev.Transport().SetTap(nil)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	first := bth.PSN(0xfffff0) // a's first PSN (see connect); READ i takes 16 PSNs
+	got := map[bth.PSN]bool{}  // responses the requester has received so far
+	var retries, resumed int
+	seen := map[int]bool{}
+	for _, ev := range log.events {
+		if !ev.request {
+			got[ev.psn] = true
+			continue
+		}
+		k := int(uint32(ev.psn.Diff(first))) // PSNs since the first READ
+		i, skip := k/16, k%16
+		if seen[i] {
+			retries++
+		}
+		seen[i] = true
+		if skip > 0 {
+			resumed++
+		}
+		wantVA := b.addr(i*size + skip*mtu)
+		if ev.va != wantVA || ev.n != uint32(size-skip*mtu) {
+			t.Fatalf("READ %d request at PSN +%d asks for %d bytes at %#x, want %d at %#x", i, skip, ev.n, ev.va, size-skip*mtu, wantVA)
+		}
+		// Every response before the one it starts from had arrived (the
+		// retry skips nothing the requester lacks).
+		for j := range skip {
+			if !got[first.Add(16*i+j)] {
+				t.Fatalf("READ %d retried from response %d before response %d had arrived", i, skip, j)
+			}
+		}
+	}
+	t.Logf("%d READs of %d bytes, 5%% of responses lost: %d retried requests, %d of them resuming mid-message; a: %s; b: %s",
+		n, size, retries, resumed, a.stats(), b.stats())
+	if resumed == 0 {
+		t.Fatal("no READ was retried from the middle")
+	}
 }
