@@ -50,6 +50,7 @@ flags:
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
 	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
 	statsQuiet := fs.Duration("stats-quiet", defaultStatsQuiet, "with --stats: first wait until no packet moved for this long (at most 5s)")
+	obs := addObserveFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -69,16 +70,23 @@ flags:
 	if fs.NArg() > 0 {
 		cfg.Server = fs.Arg(0)
 	}
-	if !*stats {
+	if !*stats && !obs.active() {
 		_, err = pingpong.Run(context.Background(), cfg)
+		return err
+	}
+	if err := obs.start(); err != nil {
 		return err
 	}
 	// The device is opened here so its counters outlive the run; they are
 	// printed whether or not the run succeeded.
 	if cfg.Device, err = rxego.Open(netip.AddrPortFrom(la, rxego.DefaultPort).String(), nil); err != nil {
-		return err
+		return errors.Join(err, obs.close())
 	}
 	defer cfg.Device.Close()
+	obs.attach(cfg.Device)
 	_, err = pingpong.Run(context.Background(), cfg)
-	return errors.Join(err, printStatsQuiet(os.Stdout, cfg.Device, *statsQuiet))
+	if *stats {
+		err = errors.Join(err, printStatsQuiet(os.Stdout, cfg.Device, *statsQuiet))
+	}
+	return errors.Join(err, obs.close())
 }

@@ -36,6 +36,7 @@ type cmFlags struct {
 	timeout *time.Duration
 	stats   *bool
 	drop    *string
+	obs     *observeFlags
 }
 
 func addCMFlags(fs *flag.FlagSet) cmFlags {
@@ -45,6 +46,7 @@ func addCMFlags(fs *flag.FlagSet) cmFlags {
 		stats:   fs.Bool("stats", false, "print rxego's engine, transport and CM counters as one JSON line (\"rxego-stats {...}\") at the end"),
 		drop: fs.String("cm-drop", "", "fault injection: drop the first CM message of each kind listed, "+
 			"e.g. \"out:REP,in:RTU\" (out = sent by rxego, in = received)"),
+		obs: addObserveFlags(fs),
 	}
 }
 
@@ -102,18 +104,22 @@ func cmRun(local netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm.Manag
 	if err != nil {
 		return err
 	}
-	dev, err := rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
-	if err != nil {
+	if err := f.obs.start(); err != nil {
 		return err
 	}
+	dev, err := rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
+	if err != nil {
+		return errors.Join(err, f.obs.close())
+	}
 	defer dev.Close()
+	f.obs.attach(dev)
 	cfg := &cm.Config{DropMAD: drop}
 	if *f.debug {
 		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	}
 	m, err := cm.New(dev, cfg)
 	if err != nil {
-		return err
+		return errors.Join(err, f.obs.close())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *f.timeout)
 	defer cancel()
@@ -122,7 +128,7 @@ func cmRun(local netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm.Manag
 	if *f.stats {
 		err = errors.Join(err, printCMStats(os.Stdout, dev, m))
 	}
-	return err
+	return errors.Join(err, f.obs.close())
 }
 
 // printCMStats prints what printStats prints plus the CM's counters.

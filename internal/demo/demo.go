@@ -1,6 +1,11 @@
 // Package demo is rxego's guided tour: two rxego devices on loopback
 // addresses run each RDMA operation while the tour explains what happens
-// and shows what each side's CPU sees.
+// and shows what each side's CPU sees, then draws the ladder of what
+// actually went over the wire, recorded by the sending device's own tap
+// into a pcapng file per scenario. Two scenarios break the network on
+// purpose: loss drops one packet to show Go-back-N recovering it, and
+// congestion marks packets Congestion Experienced to show DCQCN slowing
+// the sender down and letting it recover.
 package demo
 
 import (
@@ -14,6 +19,8 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/internal/ladder"
+	"github.com/rxego/rxego/transport"
 )
 
 // Scenario is one stop of the tour.
@@ -30,16 +37,42 @@ var Scenarios = []Scenario{
 	{"write-imm", "RDMA WRITE with immediate: data plus a note", (*Tour).writeImm},
 	{"read", "RDMA READ: fetching remote memory", (*Tour).read},
 	{"atomic", "atomics: a shared counter", (*Tour).atomic},
+	{"loss", "a lost packet: Go-back-N recovers it", (*Tour).loss},
+	{"congestion", "congestion: DCQCN slows down and recovers", (*Tour).congestion},
+}
+
+// Options configure a Tour. The zero value runs the tour without
+// recording anything.
+type Options struct {
+	// PcapDir, when set, receives one pcapng capture per scenario
+	// (NAME.pcapng, recorded by Alice's device), and each scenario prints
+	// the ladder of its capture.
+	PcapDir string
+	// Tap, when set, also sees all of Alice's packets for the whole tour
+	// (rxego demo --pcap FILE).
+	Tap transport.Tap
+	// Ladder controls the ladders: width, colors, rows before folding.
+	Ladder ladder.TextOptions
+	// Progress, when set, receives a self-overwriting progress line during
+	// the congestion scenario.
+	Progress io.Writer
 }
 
 // Tour holds the two endpoints of the demo.
 type Tour struct {
 	out  io.Writer
+	opts Options
 	a, b *end
+	// lossy is Bob's network (drops a packet on request), marking Alice's
+	// (marks packets CE on request).
+	lossy   *lossyConn
+	marking *markingConn
+	notes   []note // annotations for the current scenario's ladder
 }
 
 type end struct {
 	name string
+	conn transport.Conn
 	dev  *rxego.Device
 	pd   *rxego.PD
 	cq   *rxego.CQ
@@ -50,23 +83,33 @@ type end struct {
 
 const bufSize = 64 << 10
 
+// rnrPause is how long Bob takes to post his receive in the send
+// scenario: a few of Alice's RNR retries (0.64 ms apart at the RNR timer
+// the QPs use).
+const rnrPause = 3 * time.Millisecond
+
+// DefaultAddrs are the loopback addresses Open tries, in order.
+var DefaultAddrs = []string{"127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"}
+
 // Open starts two devices on free loopback addresses (the first two of
-// 127.0.0.1 to 127.0.0.6 that are free) and connects an RC QP pair
-// between them.
-func Open(out io.Writer) (*Tour, error) {
-	return OpenOn(out, "127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6")
-}
+// DefaultAddrs that are free) and connects an RC QP pair between them.
+func Open(out io.Writer) (*Tour, error) { return OpenWith(out, Options{}, DefaultAddrs...) }
 
 // OpenOn is Open with the candidate addresses given.
 func OpenOn(out io.Writer, candidates ...string) (*Tour, error) {
-	t := &Tour{out: out}
+	return OpenWith(out, Options{}, candidates...)
+}
+
+// OpenWith is OpenOn with options.
+func OpenWith(out io.Writer, o Options, candidates ...string) (*Tour, error) {
+	t := &Tour{out: out, opts: o}
 	var err error
 	var ends []*end
 	for _, addr := range candidates {
 		if len(ends) == 2 {
 			break
 		}
-		e, err := openEnd([]string{"alice", "bob"}[len(ends)], addr)
+		e, err := t.openEnd([]string{"alice", "bob"}[len(ends)], addr)
 		if err != nil {
 			continue // address busy (another rxego?): try the next one
 		}
@@ -79,6 +122,10 @@ func OpenOn(out io.Writer, candidates ...string) (*Tour, error) {
 		return nil, errors.New("demo: could not bind UDP port 4791 on two loopback addresses (127.0.0.1-6)")
 	}
 	t.a, t.b = ends[0], ends[1]
+	t.marking, t.lossy = t.a.conn.(*markingConn), t.b.conn.(*lossyConn)
+	if o.Tap != nil {
+		t.a.dev.SetTap(o.Tap)
+	}
 	opts := &rxego.ConnectOptions{MTU: 3, MinRNRTimer: 12, MaxRdAtomic: 4}
 	oa, ob := *opts, *opts
 	oa.LocalPSN, ob.LocalPSN = 1000, 2000
@@ -95,12 +142,27 @@ func OpenOn(out io.Writer, candidates ...string) (*Tour, error) {
 	return t, nil
 }
 
-func openEnd(name, addr string) (*end, error) {
-	dev, err := rxego.Open(addr, nil)
+// openEnd opens one side's device behind the network shim of its role:
+// Alice's marks packets CE when asked, Bob's loses a packet when asked.
+func (t *Tour) openEnd(name, addr string) (*end, error) {
+	local, err := rxego.ParseAddr(addr)
 	if err != nil {
 		return nil, err
 	}
-	e := &end{name: name, dev: dev, buf: make([]byte, bufSize)}
+	sock, err := transport.Listen(local, transport.Options{})
+	if err != nil {
+		return nil, err
+	}
+	var conn transport.Conn = &lossyConn{Conn: sock}
+	if name == "alice" {
+		conn = newMarkingConn(sock, 1)
+	}
+	dev, err := rxego.Open(addr, &rxego.Options{Conn: conn, Congestion: demoCongestion()})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	e := &end{name: name, conn: conn, dev: dev, buf: make([]byte, bufSize)}
 	e.pd, _ = dev.AllocPD()
 	e.cq, _ = dev.CreateCQ(64)
 	if e.qp, err = e.pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: e.cq, RecvCQ: e.cq,
@@ -130,7 +192,7 @@ func (t *Tour) Run(names ...string) error {
 			continue
 		}
 		fmt.Fprintf(t.out, "\n== %s: %s\n", s.Name, s.Summary)
-		if err := s.run(t); err != nil {
+		if err := t.runCaptured(s); err != nil {
 			return fmt.Errorf("%s: %w", s.Name, err)
 		}
 	}
@@ -225,7 +287,7 @@ func (t *Tour) send() error {
 		return errors.New("expected a Receiver Not Ready NAK")
 	}
 	t.say("%s's responder answered with a Receiver-Not-Ready NAK (RNR); %s waits the RNR timer and tries again (%d RNR NAKs so far).", b.name, a.name, rnr)
-	time.Sleep(20 * time.Millisecond)
+	time.Sleep(rnrPause)
 	t.say("%s posts a receive buffer.", b.name)
 	if err := b.qp.PostRecv(rxego.RecvWR{ID: 20, SGL: b.sge(1000, 256)}); err != nil {
 		return err
@@ -338,3 +400,6 @@ func (t *Tour) atomic() error {
 func wcString(wc rxego.WC) string {
 	return fmt.Sprintf("%s %s, %d bytes", wc.Opcode, wc.Status, wc.ByteLen)
 }
+
+// Devices returns Alice's and Bob's devices, for metrics.
+func (t *Tour) Devices() []*rxego.Device { return []*rxego.Device{t.a.dev, t.b.dev} }

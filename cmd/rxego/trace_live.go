@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/pcapgo"
+
+	"github.com/rxego/rxego/internal/livecap"
+	"github.com/rxego/rxego/internal/progress"
+	"github.com/rxego/rxego/internal/trace"
+)
+
+// livePoll is how long a live capture waits for a frame before it checks
+// whether to stop.
+const livePoll = 100 * time.Millisecond
+
+// traceLive captures on f.iface until --count packets, --duration or an
+// interrupt, handing each RoCEv2 record to each as it arrives and writing
+// the frames to -w.
+func traceLive(w *bufio.Writer, f *traceFlags, each func(trace.Record) error) error {
+	var host netip.Addr
+	if f.host != "" {
+		var err error
+		if host, err = netip.ParseAddr(f.host); err != nil {
+			return fmt.Errorf("--host: %v", err)
+		}
+	}
+	c, err := livecap.Open(f.iface, livePoll)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var ng *pcapgo.NgWriter
+	if f.write != "" {
+		fh, err := os.Create(f.write)
+		if err != nil {
+			return err
+		}
+		defer fh.Close()
+		intf := pcapgo.NgInterface{Name: f.iface, LinkType: c.LinkType(), Filter: "udp port 4791", OS: "linux"}
+		if ng, err = pcapgo.NewNgWriterInterface(fh, intf, pcapgo.NgWriterOptions{SectionInfo: pcapgo.NgSectionInfo{Application: "rxego trace"}}); err != nil {
+			return err
+		}
+		defer ng.Flush()
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if f.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.duration)
+		defer cancel()
+	}
+	var n atomic.Int64
+	rep := progress.Start(os.Stderr, progress.Wanted(os.Stderr, f.progress), func() string {
+		return fmt.Sprintf("rxego trace: capturing on %s: %d RoCE packets", f.iface, n.Load())
+	})
+	defer rep.Stop()
+	fmt.Fprintf(os.Stderr, "rxego trace: capturing on %s (udp port 4791)\n", f.iface)
+	for frame := 1; ctx.Err() == nil && (f.count == 0 || int(n.Load()) < f.count); {
+		data, ts, err := c.Next()
+		if errors.Is(err, livecap.ErrTimeout) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		rec, ok := trace.FromFrame(frame, ts, c.LinkType(), data)
+		if !ok || host.IsValid() && rec.Src != host && rec.Dst != host {
+			continue
+		}
+		if ng != nil {
+			ci := gopacket.CaptureInfo{Timestamp: ts, CaptureLength: len(data), Length: len(data)}
+			if err := ng.WritePacket(ci, data); err != nil {
+				return err
+			}
+		}
+		frame++
+		n.Add(1)
+		if err := each(rec); err != nil {
+			return err
+		}
+		if f.printsPackets() {
+			w.Flush() // live lines appear as packets arrive
+		}
+	}
+	return nil
+}

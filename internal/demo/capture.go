@@ -1,0 +1,115 @@
+package demo
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"time"
+
+	"github.com/rxego/rxego/internal/devstats"
+	"github.com/rxego/rxego/internal/ladder"
+	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/pcaptap"
+)
+
+// note is an annotation for the current scenario's ladder.
+type note struct {
+	at   time.Time
+	text string
+}
+
+// annotate adds a note at the current time to the scenario's ladder.
+func (t *Tour) annotate(format string, args ...any) {
+	t.notes = append(t.notes, note{time.Now(), fmt.Sprintf(format, args...)})
+}
+
+// Quiet time and its bound before a scenario's capture is closed: the
+// last ACK may still be on its way.
+const (
+	settleQuiet = 20 * time.Millisecond
+	settleMax   = time.Second
+)
+
+// runCaptured runs scenario s, recording Alice's packets into
+// PcapDir/NAME.pcapng when a PcapDir is set, then draws the capture's
+// ladder.
+func (t *Tour) runCaptured(s Scenario) error {
+	t.notes = nil
+	if t.opts.PcapDir == "" {
+		return s.run(t)
+	}
+	path := filepath.Join(t.opts.PcapDir, s.Name+".pcapng")
+	w, err := pcaptap.Create(path)
+	if err != nil {
+		return err
+	}
+	t.a.dev.SetTap(tee{w, t.opts.Tap})
+	runErr := s.run(t)
+	devstats.Settle(t.a.dev, settleQuiet, settleMax)
+	t.a.dev.SetTap(t.opts.Tap)
+	if err := w.Close(); runErr == nil && err != nil {
+		runErr = fmt.Errorf("writing %s: %w", path, err)
+	}
+	if runErr != nil {
+		return runErr
+	}
+	return t.drawLadder(path)
+}
+
+// drawLadder prints the ladder of a scenario's capture.
+func (t *Tour) drawLadder(path string) error {
+	b := ladder.NewBuilder()
+	if err := trace.ReadFile(path, b.Add); err != nil {
+		return fmt.Errorf("reading back %s: %w", path, err)
+	}
+	tr := b.Finish()
+	alice := t.a.endpoint()
+	for _, n := range t.notes {
+		tr.Annotate(n.at, &alice, n.text)
+	}
+	o := t.opts.Ladder
+	switch {
+	case o.MaxRows == 0:
+		o.MaxRows = DefaultLadderRows
+	case o.MaxRows < 0:
+		o.MaxRows = 0
+	}
+	fmt.Fprintf(t.out, "\nWhat went over the wire, as %s's device saw it (A is %s at %v, B is %s at %v):\n",
+		t.a.name, t.a.name, t.a.dev.Addr().Addr(), t.b.name, t.b.dev.Addr().Addr())
+	if err := ladder.WriteText(t.out, tr, o); err != nil {
+		return err
+	}
+	fmt.Fprintf(t.out, "\nCapture: %s (Wireshark opens it; so does: rxego trace --ladder %s)\n", path, path)
+	return nil
+}
+
+// DefaultLadderRows is how many rows of a scenario's ladder are drawn
+// before it is folded (Options.Ladder.MaxRows 0).
+const DefaultLadderRows = 60
+
+// endpoint is the ladder endpoint of e's QP.
+func (e *end) endpoint() ladder.Endpoint {
+	return ladder.Endpoint{Addr: e.dev.Addr().Addr(), QPN: e.qp.Num(), QPNKnown: true}
+}
+
+// tee shows packets to several Taps; nil entries are skipped.
+type tee []transport.Tap
+
+// Packet implements transport.Tap.
+func (ts tee) Packet(dir transport.Dir, at time.Time, local, remote netip.AddrPort, tos uint8, ipID uint16, pkt []byte) {
+	for _, t := range ts {
+		if t != nil {
+			t.Packet(dir, at, local, remote, tos, ipID, pkt)
+		}
+	}
+}
+
+// Drop implements transport.Tap.
+func (ts tee) Drop(reason transport.DropReason, at time.Time, local, remote netip.AddrPort, tos uint8, pkt []byte) {
+	for _, t := range ts {
+		if t != nil {
+			t.Drop(reason, at, local, remote, tos, pkt)
+		}
+	}
+}

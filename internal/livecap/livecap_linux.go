@@ -1,0 +1,130 @@
+// Package livecap captures RoCEv2 frames live from a network interface
+// through an AF_PACKET socket (Linux; needs CAP_NET_RAW), for `rxego
+// trace -i`. A classic BPF filter in the kernel passes only UDP to or
+// from port 4791, so a busy interface costs little.
+//
+// A UDP socket on port 4791 cannot capture passively: binding it would
+// take packets away from the endpoint they are for. AF_PACKET sees them
+// whatever receives them, in both directions, with the real IP and UDP
+// headers (so the ICRC is checked against the ID on the wire).
+package livecap
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/gopacket/gopacket/layers"
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// ErrTimeout is returned by Next when no frame came within its timeout.
+var ErrTimeout = errors.New("livecap: no frame before the timeout")
+
+// Capture is an open live capture on one interface.
+type Capture struct {
+	fd       int
+	loopback bool
+	buf      []byte
+	timeout  time.Duration
+}
+
+// RoCEFilter is the kernel filter "udp port 4791" for Ethernet frames
+// (IPv4 without fragments, IPv6 with UDP as the next header), what
+// tcpdump compiles for that expression.
+var RoCEFilter = []bpf.Instruction{
+	bpf.LoadAbsolute{Off: 12, Size: 2},                         // EtherType
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0x86dd, SkipFalse: 6}, // IPv6?
+	bpf.LoadAbsolute{Off: 20, Size: 1},                         // next header
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 17, SkipFalse: 15},
+	bpf.LoadAbsolute{Off: 54, Size: 2}, // source port
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 4791, SkipTrue: 12},
+	bpf.LoadAbsolute{Off: 56, Size: 2}, // destination port
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 4791, SkipTrue: 10, SkipFalse: 11},
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0x0800, SkipFalse: 10}, // IPv4?
+	bpf.LoadAbsolute{Off: 23, Size: 1},                          // protocol
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 17, SkipFalse: 8},
+	bpf.LoadAbsolute{Off: 20, Size: 2}, // flags and fragment offset
+	bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: 0x1fff, SkipTrue: 6},
+	bpf.LoadMemShift{Off: 14}, // X = IP header length
+	bpf.LoadIndirect{Off: 14, Size: 2},
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 4791, SkipTrue: 2},
+	bpf.LoadIndirect{Off: 16, Size: 2},
+	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 4791, SkipFalse: 1},
+	bpf.RetConstant{Val: 262144},
+	bpf.RetConstant{Val: 0},
+}
+
+// Open starts capturing on the named interface. Frames are Ethernet
+// frames (the loopback interface has an all-zero Ethernet header). Next
+// waits at most timeout per call.
+func Open(iface string, timeout time.Duration) (*Capture, error) {
+	ifi, err := net.InterfaceByName(iface)
+	if err != nil {
+		return nil, err
+	}
+	prog, err := bpf.Assemble(RoCEFilter)
+	if err != nil {
+		return nil, err
+	}
+	proto := htons(unix.ETH_P_ALL)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(proto))
+	if err != nil {
+		return nil, fmt.Errorf("livecap: AF_PACKET socket (needs CAP_NET_RAW, e.g. root): %w", err)
+	}
+	c := &Capture{fd: fd, loopback: ifi.Flags&net.FlagLoopback != 0, buf: make([]byte, 65536+64), timeout: timeout}
+	filter := make([]unix.SockFilter, len(prog))
+	for i, in := range prog {
+		filter[i] = unix.SockFilter{Code: in.Op, Jt: in.Jt, Jf: in.Jf, K: in.K}
+	}
+	fprog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	tv := unix.NsecToTimeval(timeout.Nanoseconds())
+	switch {
+	case unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fprog) != nil:
+		err = errors.New("attaching the filter failed")
+	case unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv) != nil:
+		err = errors.New("setting the receive timeout failed")
+	default:
+		err = unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index})
+	}
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("livecap: %s: %w", iface, err)
+	}
+	return c, nil
+}
+
+// LinkType is the link type of the frames Next returns.
+func (c *Capture) LinkType() layers.LinkType { return layers.LinkTypeEthernet }
+
+// Next returns the next frame and when it was read; the frame is valid
+// until the next call. On the loopback interface each packet passes
+// twice (sent, then received); only the received copy is returned.
+func (c *Capture) Next() ([]byte, time.Time, error) {
+	deadline := time.Now().Add(c.timeout)
+	for {
+		n, from, err := unix.Recvfrom(c.fd, c.buf, 0)
+		now := time.Now()
+		switch {
+		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
+			if now.After(deadline) {
+				return nil, now, ErrTimeout
+			}
+			continue
+		case err != nil:
+			return nil, now, err
+		}
+		if ll, ok := from.(*unix.SockaddrLinklayer); ok && c.loopback && ll.Pkttype == unix.PACKET_OUTGOING {
+			continue
+		}
+		return c.buf[:n], now, nil
+	}
+}
+
+// Close stops the capture.
+func (c *Capture) Close() error { return unix.Close(c.fd) }
+
+// htons converts a 16-bit value to network byte order.
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
