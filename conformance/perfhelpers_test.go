@@ -77,7 +77,7 @@ func (r perfRun) size() int {
 }
 
 // perfVerify is the line `rxego perf` prints about its own data checks.
-var perfVerify = regexp.MustCompile(`verify: (\d+) of (\d+) checks passed \(([^)]*)\)`)
+var perfVerify = regexp.MustCompile(`(?m)^verify: (\d+) of (\d+) checks passed \((.*)\)$`)
 
 // holdLine announces that rxego waits at the final synchronisation point.
 var holdLine = regexp.MustCompile(`(?m)^rxego-hold (\S+)$`)
@@ -160,7 +160,7 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	}
 
 	out := h.stdout.Bytes()
-	p.checkTables(t, r, out, res.Stdout)
+	measured := p.checkTables(t, r, out, res.Stdout)
 	// Every run verifies data: rxego's own checks (all must pass) and the
 	// hold point's ranges of perftest's memory; a write_bw client has only
 	// the latter, write_lat only the former.
@@ -180,17 +180,20 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 		t.Fatal(err)
 	}
 	drops := Drops{ToGuest: after.ToGuest - before.ToGuest, FromGuest: after.FromGuest - before.FromGuest}
-	note := ""
+	var note []string
 	if m != nil {
-		note = fmt.Sprintf("rxego checks %s/%s (%s)", m[1], m[2], m[3])
+		note = append(note, fmt.Sprintf("rxego checks %s/%s (%s)", m[1], m[2], m[3]))
 	}
 	if held > 0 {
-		note += fmt.Sprintf("; perftest memory: %d ranges verified", held)
+		note = append(note, fmt.Sprintf("perftest memory: %d ranges verified", held))
+	}
+	if measured != "" {
+		note = append(note, measured)
 	}
 	if drops != (Drops{}) {
-		note += fmt.Sprintf("; lab dropped %d packets to the guest, %d from it", drops.ToGuest, drops.FromGuest)
+		note = append(note, fmt.Sprintf("lab dropped %d packets to the guest, %d from it", drops.ToGuest, drops.FromGuest))
 	}
-	return Outcome{Note: note, Rxego: stats, Dropped: &drops}
+	return Outcome{Note: strings.Join(note, "; "), Rxego: stats, Dropped: &drops}
 }
 
 // holdCheck is one entry of the file `rxego perf --hold` writes.
@@ -276,17 +279,26 @@ const (
 // checkTables asserts each side printed its result line: size and
 // iteration count under the table header. The server of read_lat and
 // atomic_lat (perftest's, and rxego like it) prints no table: it only
-// waits.
-func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) {
+// waits. It returns the measured figures for the report: average
+// bandwidth, or typical latency, as each side printed them.
+func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) string {
 	t.Helper()
 	header, iters := bwHeader, r.Iters
 	if r.lat() {
 		header = latHeader
 	}
-	line := regexp.MustCompile(fmt.Sprintf(`(?m)^ %d +%d +[0-9.]+ `, r.size(), iters))
+	line := regexp.MustCompile(fmt.Sprintf(`(?m)^ %d\s+%d\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)`, r.size(), iters))
+	var figures []string
 	check := func(side string, out []byte) {
-		if !bytes.Contains(out, []byte(header)) || !line.Match(out) {
+		m := line.FindSubmatch(out)
+		if !bytes.Contains(out, []byte(header)) || m == nil {
 			t.Errorf("%s printed no result line for %d bytes and %d iterations:\n%s", side, r.size(), iters, out)
+			return
+		}
+		if r.lat() {
+			figures = append(figures, fmt.Sprintf("%s t_typical %s us", side, m[3]))
+		} else {
+			figures = append(figures, fmt.Sprintf("%s BW avg %s MB/s", side, m[2]))
 		}
 	}
 	silentServer := r.Test == "read_lat" || r.Test == "atomic_lat"
@@ -296,6 +308,7 @@ func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) {
 	if !(silentServer && !r.RxegoServer) {
 		check("perftest", tool)
 	}
+	return strings.Join(figures, ", ")
 }
 
 // pathDrops counts packets dropped on the way to p's guest (the host

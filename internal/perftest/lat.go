@@ -302,7 +302,7 @@ func (s *session) checkLatServerMemory() {
 		s.res.Mismatches++
 	}
 	if c.Test.verb() == atomic {
-		s.res.What = fmt.Sprintf("rxego's word moved by exactly %d %ss (-n), nothing else changed", c.Iters, c.Atomic)
+		s.res.What = fmt.Sprintf("rxego's word moved by exactly %d %ss as -n says, nothing else changed", c.Iters, c.Atomic)
 	} else {
 		s.res.What = "the client's READs changed no byte of rxego's memory"
 	}
