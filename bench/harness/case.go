@@ -109,6 +109,9 @@ type Result struct {
 	// both directions of this process's traffic counted.
 	AllocsPerPkt float64 `json:",omitempty"`
 	Packets      uint64  `json:",omitempty"`
+	// CPU is the user and system time this side used in the measured
+	// interval; merged results hold both sides' sum.
+	CPU time.Duration `json:",omitempty"`
 	// MemPerQP is heap bytes per idle connected QP; MemTotal for all.
 	MemPerQP float64 `json:",omitempty"`
 	MemTotal uint64  `json:",omitempty"`
@@ -125,6 +128,14 @@ func (r Result) Gbps() float64 {
 	return float64(r.Bytes) * 8 / r.Elapsed.Seconds() / 1e9
 }
 
+// Cores returns how many CPUs both sides kept busy on average.
+func (r Result) Cores() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return r.CPU.Seconds() / r.Elapsed.Seconds()
+}
+
 // Rate returns messages per second.
 func (r Result) Rate() float64 {
 	if r.Elapsed <= 0 {
@@ -137,6 +148,7 @@ func (r Result) Rate() float64 {
 // side measured them, counters from both.
 func merge(a, b Result) Result {
 	out := a
+	out.CPU = a.CPU + b.CPU
 	if out.Elapsed == 0 {
 		out.Elapsed, out.Bytes, out.Msgs = b.Elapsed, b.Bytes, b.Msgs
 	}
@@ -146,7 +158,7 @@ func merge(a, b Result) Result {
 	if out.MemPerQP == 0 {
 		out.MemPerQP, out.MemTotal = b.MemPerQP, b.MemTotal
 	}
-	if out.AllocsPerPkt == 0 {
+	if out.Packets == 0 {
 		out.AllocsPerPkt, out.Packets = b.AllocsPerPkt, b.Packets
 	}
 	if out.Err == "" {

@@ -8,7 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -31,28 +35,72 @@ func (c *ctl) recv(v any) error { return c.dec.Decode(v) }
 // signal is a one-word message: "stop", "done", "ready".
 type signal struct{ Sig string }
 
-// expect reads a signal and checks it is want.
-func (c *ctl) expect(want string) error {
-	var s signal
-	if err := c.recv(&s); err != nil {
-		return fmt.Errorf("control: waiting for %q: %w", want, err)
-	}
-	if s.Sig != want {
-		return fmt.Errorf("control: got %q, want %q", s.Sig, want)
+// watcher follows the other side's signals in the background: "mark"
+// when its measured interval starts, then one final signal ("stop",
+// "done") when it ends. It takes this process's CPU time at both, so the
+// side that does not measure still reports its CPU over the same interval.
+type watcher struct {
+	stop     atomic.Bool
+	ended    chan struct{}
+	cpu0     time.Duration
+	cpu1     time.Duration
+	marked   bool
+	lastSeen string
+}
+
+// watch starts a watcher on c.
+func (c *ctl) watch() *watcher {
+	w := &watcher{ended: make(chan struct{})}
+	go func() {
+		defer close(w.ended)
+		for {
+			var s signal
+			if err := c.recv(&s); err != nil {
+				w.stop.Store(true)
+				return
+			}
+			if s.Sig == "mark" {
+				w.cpu0, w.marked = cpuTime(), true
+				continue
+			}
+			w.cpu1, w.lastSeen = cpuTime(), s.Sig
+			w.stop.Store(true)
+			return
+		}
+	}()
+	return w
+}
+
+// wait blocks until the final signal (or the end of the connection).
+func (w *watcher) wait() error {
+	<-w.ended
+	if w.lastSeen == "" {
+		return errors.New("control: the other side went away")
 	}
 	return nil
 }
 
-// watch reads signals in the background; the returned flag goes up at
-// the first one (or when the connection ends).
-func (c *ctl) watch() *atomic.Bool {
-	var f atomic.Bool
-	go func() {
-		var s signal
-		_ = c.recv(&s)
-		f.Store(true)
-	}()
-	return &f
+// cpu returns this process's CPU time between the other side's mark and
+// its final signal (0 before both arrived).
+func (w *watcher) cpu() time.Duration {
+	select {
+	case <-w.ended:
+	default:
+		return 0
+	}
+	if !w.marked || w.lastSeen == "" {
+		return 0
+	}
+	return w.cpu1 - w.cpu0
+}
+
+// cpuTime is the user and system CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // peer is one side of a running case.
@@ -60,7 +108,18 @@ type peer struct {
 	c      Case
 	server bool
 	ctl    *ctl
+	cpu0   time.Duration // CPU time at the start of this side's measurement
 }
+
+// markStart tells the other side the measured interval begins, and notes
+// this process's CPU time.
+func (p *peer) markStart() {
+	p.cpu0 = cpuTime()
+	_ = p.ctl.send(signal{"mark"})
+}
+
+// cpu returns the CPU time used since markStart.
+func (p *peer) cpu() time.Duration { return cpuTime() - p.cpu0 }
 
 func (p *peer) role() string {
 	if p.server {
@@ -79,7 +138,9 @@ const acceptTimeout = 30 * time.Second
 
 // Peer is the child-process entry point: "peer -role server|client -case
 // JSON [-ctl ADDR]". A server prints "ctl ADDR" on stdout once it listens;
-// both sides print "result JSON" at the end.
+// both sides print "result JSON" at the end. With $RXEGO_BENCH_PROFILE
+// set to a directory, each side writes its CPU profile there
+// (server.pprof, client.pprof).
 func Peer(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("peer", flag.ContinueOnError)
 	role := fs.String("role", "", "server or client")
@@ -120,6 +181,18 @@ func Peer(args []string, stdout io.Writer) error {
 		return errors.New("peer: -role must be server or client")
 	}
 	defer conn.Close()
+	if dir := os.Getenv("RXEGO_BENCH_PROFILE"); dir != "" {
+		// A CPU profile of each side, for looking into a case.
+		f, err := os.Create(filepath.Join(dir, *role+".pprof"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	p := &peer{c: c, server: *role == "server", ctl: newCtl(conn)}
 	res, err := run(p)
 	res.Case, res.Role = c, p.role()

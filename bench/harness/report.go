@@ -24,6 +24,9 @@ func (r Result) Summary() string {
 	if r.Samples > 0 {
 		parts = append(parts, fmt.Sprintf("p50 %s p99 %s", us(r.P50), us(r.P99)))
 	}
+	if r.CPU > 0 && r.Bytes > 0 {
+		parts = append(parts, fmt.Sprintf("%.2f cores", r.Cores()))
+	}
 	if r.MemPerQP > 0 {
 		parts = append(parts, fmt.Sprintf("%.0f B/QP", r.MemPerQP))
 	}
@@ -85,6 +88,22 @@ func gbps(r Result, ok bool) string {
 	return fmt.Sprintf("%.2f", r.Gbps())
 }
 
+func cores(r Result) string {
+	if r.CPU <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r.Cores())
+}
+
+// perCore is throughput per busy CPU: steadier than throughput alone when
+// other work shares the machine.
+func perCore(r Result) string {
+	if r.CPU <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r.Gbps()/r.Cores())
+}
+
 func wait(busy bool) string {
 	if busy {
 		return "busy-poll"
@@ -102,26 +121,27 @@ func WriteReport(w io.Writer, list []Result) {
 
 	fmt.Fprintln(w, "## Yardsticks")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| measurement | Gbit/s | M datagrams/s | p50 | p99 |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| measurement | Gbit/s | M datagrams/s | CPUs busy | Gbit/s per CPU | p50 | p99 |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		switch r.Case.Kind {
 		case TCPBW, TCPPing, UDPBW, UDPPing:
 		default:
 			continue
 		}
-		row := []string{r.Case.Name(), "", "", "", ""}
+		row := []string{r.Case.Name(), "", "", "", "", "", ""}
 		if r.Err != "" {
 			row[1] = "error"
 		}
 		if r.Bytes > 0 {
 			row[1] = fmt.Sprintf("%.2f", r.Gbps())
+			row[3], row[4] = cores(r), perCore(r)
 		}
 		if r.Msgs > 0 {
 			row[2] = fmt.Sprintf("%.3f", r.Rate()/1e6)
 		}
 		if r.Samples > 0 {
-			row[3], row[4] = us(r.P50), us(r.P99)
+			row[5], row[6] = us(r.P50), us(r.P99)
 		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
 	}
@@ -132,21 +152,21 @@ func WriteReport(w io.Writer, list []Result) {
 	tcp, tcpOK := rs.kind(TCPBW)
 	fmt.Fprintln(w, "## rxego bandwidth (RC, one QP)")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| operation | message | MTU | Gbit/s | vs UDP GSO/GRO at the MTU | vs TCP | allocs/packet | retransmits |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| operation | message | MTU | Gbit/s | vs UDP GSO/GRO at the MTU | vs TCP | CPUs busy | Gbit/s per CPU | allocs/packet | retransmits |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		c := r.Case
 		if c.Kind != RxegoBW {
 			continue
 		}
 		if r.Err != "" {
-			fmt.Fprintf(w, "| %s | %s | %d | error | | | | |\n", strings.ToUpper(c.Op), sizeName(c.Size), c.MTU)
+			fmt.Fprintf(w, "| %s | %s | %d | error | | | | | | |\n", strings.ToUpper(c.Op), sizeName(c.Size), c.MTU)
 			continue
 		}
 		u, _ := rs.udpBW(UDPGSO, c.MTU)
 		retr := r.Counters["client.retransmits"] + r.Counters["server.retransmits"]
-		fmt.Fprintf(w, "| %s | %s | %d | %.2f | %s | %s | %.3f | %d |\n", strings.ToUpper(c.Op), sizeName(c.Size), c.MTU,
-			r.Gbps(), ratio(r.Gbps(), u.Gbps()), ratio(r.Gbps(), tcp.Gbps()), r.AllocsPerPkt, retr)
+		fmt.Fprintf(w, "| %s | %s | %d | %.2f | %s | %s | %s | %s | %.3f | %d |\n", strings.ToUpper(c.Op), sizeName(c.Size), c.MTU,
+			r.Gbps(), ratio(r.Gbps(), u.Gbps()), ratio(r.Gbps(), tcp.Gbps()), cores(r), perCore(r), r.AllocsPerPkt, retr)
 	}
 	fmt.Fprintln(w)
 

@@ -258,8 +258,7 @@ func rxegoBW(p *peer) (Result, error) {
 		if c.Op == "send" {
 			return serveRecvs(ctx, p, s, c.Size, depth)
 		}
-		err := p.ctl.expect("done")
-		return Result{Counters: counters(s.dev)}, err
+		return idleServer(p, s)
 	}
 	wr, err := opcodeOf(c.Op)
 	if err != nil {
@@ -270,7 +269,7 @@ func rxegoBW(p *peer) (Result, error) {
 	var res Result
 	var am allocMeter
 	var pkts0 uint64
-	w := newWindow(c)
+	w := p.newWindow()
 	inflight := 0
 	for {
 		for inflight < depth {
@@ -300,6 +299,7 @@ func rxegoBW(p *peer) (Result, error) {
 		}
 		if done {
 			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
 			res.Packets = packets(s.dev) - pkts0
 			res.AllocsPerPkt = float64(am.stop()) / float64(max(res.Packets, 1))
 			break
@@ -318,6 +318,14 @@ func rxegoBW(p *peer) (Result, error) {
 	return res, p.ctl.send(signal{"done"})
 }
 
+// idleServer waits while the client works on the server's memory, then
+// reports its counters and its CPU time over the client's measurement.
+func idleServer(p *peer, s *rxSide) (Result, error) {
+	w := p.ctl.watch()
+	err := w.wait()
+	return Result{Counters: counters(s.dev), CPU: w.cpu()}, err
+}
+
 // serveRecvs keeps depth receives of size bytes posted until the client
 // says it is done.
 func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Result, error) {
@@ -334,7 +342,7 @@ func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Resul
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		for !stop.Load() && ctx.Err() == nil {
+		for !stop.stop.Load() && ctx.Err() == nil {
 			time.Sleep(5 * time.Millisecond)
 		}
 		cancel()
@@ -343,8 +351,9 @@ func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Resul
 	for {
 		n, err := waitCQ(ctx, s.cq, wcs, p.c.Busy)
 		if err != nil {
-			if stop.Load() {
-				return Result{Counters: counters(s.dev)}, nil
+			if stop.stop.Load() {
+				<-stop.ended
+				return Result{Counters: counters(s.dev), CPU: stop.cpu()}, nil
 			}
 			return Result{}, err
 		}
@@ -385,11 +394,10 @@ func rxegoLat(p *peer) (Result, error) {
 	}
 	if p.server {
 		if c.Op != "send" {
-			err := p.ctl.expect("done")
-			return Result{Counters: counters(s.dev)}, err
+			return idleServer(p, s)
 		}
 		stop := p.ctl.watch()
-		for !stop.Load() {
+		for !stop.stop.Load() {
 			// Echo each message; poll with a timeout so the stop
 			// signal is seen even when the client has gone quiet.
 			wctx, wcancel := context.WithTimeout(ctx, 50*time.Millisecond)
@@ -413,7 +421,8 @@ func rxegoLat(p *peer) (Result, error) {
 				}
 			}
 		}
-		return Result{Counters: counters(s.dev)}, nil
+		<-stop.ended
+		return Result{Counters: counters(s.dev), CPU: stop.cpu()}, nil
 	}
 	wr, err := opcodeOf(c.Op)
 	if err != nil {
@@ -430,7 +439,7 @@ func rxegoLat(p *peer) (Result, error) {
 		wr.RemoteAddr, wr.RKey, wr.Flags = them.VA+1024, them.RKey, rxego.SendSignaled
 	}
 	samples := make([]time.Duration, 0, 1<<20)
-	w := newWindow(c)
+	w := p.newWindow()
 	var res Result
 	for {
 		t0 := time.Now()
@@ -456,6 +465,7 @@ func rxegoLat(p *peer) (Result, error) {
 		}
 		if done {
 			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
 			break
 		}
 	}
@@ -480,8 +490,7 @@ func rxegoRate(p *peer) (Result, error) {
 		return Result{}, err
 	}
 	if p.server {
-		err := p.ctl.expect("done")
-		return Result{Counters: counters(s.dev)}, err
+		return idleServer(p, s)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
 	defer cancel()
@@ -497,7 +506,7 @@ func rxegoRate(p *peer) (Result, error) {
 	var res Result
 	var am allocMeter
 	var pkts0 uint64
-	w := newWindow(c)
+	w := p.newWindow()
 	inflight := 0
 	for {
 		for inflight+rateBatch <= depth {
@@ -527,6 +536,7 @@ func rxegoRate(p *peer) (Result, error) {
 		}
 		if done {
 			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
 			res.Packets = packets(s.dev) - pkts0
 			res.AllocsPerPkt = float64(am.stop()) / float64(max(res.Packets, 1))
 			break

@@ -41,8 +41,8 @@ func rxegoScale(p *peer) (Result, error) {
 	res.MemTotal = total
 	res.MemPerQP = float64(total) / float64(c.QPs)
 	if p.server {
-		err := p.ctl.expect("done")
-		res.Counters = counters(s.dev)
+		r, err := idleServer(p, s)
+		res.Counters, res.CPU = r.Counters, r.CPU
 		return res, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c)+time.Duration(c.QPs)*time.Millisecond)
@@ -53,10 +53,11 @@ func rxegoScale(p *peer) (Result, error) {
 	busy := make([]bool, len(s.qps))
 	done := make([]uint32, len(s.qps))
 	next, inflight := 0, 0
+	limit := min(scaleInflight, len(s.qps)) // each QP has at most one
 	wcs := make([]rxego.WC, 64)
-	w := newWindow(c)
+	w := p.newWindow()
 	for {
-		for inflight < scaleInflight {
+		for inflight < limit {
 			// The next idle QP in round-robin order.
 			for busy[next] {
 				next = (next + 1) % len(s.qps)
@@ -88,6 +89,7 @@ func rxegoScale(p *peer) (Result, error) {
 		inflight -= n
 		if fin {
 			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
 			break
 		}
 	}

@@ -54,18 +54,19 @@ func tcpBW(p *peer) (Result, error) {
 		for {
 			if _, err := conn.Write(buf); err != nil {
 				// The server closes the connection after its "stop".
-				for i := 0; i < 100 && !stop.Load(); i++ {
+				for i := 0; i < 100 && !stop.stop.Load(); i++ {
 					time.Sleep(10 * time.Millisecond)
 				}
-				if stop.Load() {
-					return Result{}, nil
+				if stop.stop.Load() {
+					<-stop.ended
+					return Result{CPU: stop.cpu()}, nil
 				}
 				return Result{}, err
 			}
 		}
 	}
 	conn.SetReadDeadline(time.Now().Add(caseTimeout(c)))
-	w := newWindow(c)
+	w := p.newWindow()
 	var res Result
 	for {
 		n, err := conn.Read(buf)
@@ -79,6 +80,7 @@ func tcpBW(p *peer) (Result, error) {
 		}
 		if done {
 			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
 			break
 		}
 	}
@@ -120,7 +122,7 @@ func tcpPing(p *peer) (Result, error) {
 	}
 	conn.SetDeadline(time.Now().Add(caseTimeout(c)))
 	samples := make([]time.Duration, 0, 1<<20)
-	w := newWindow(c)
+	w := p.newWindow()
 	var res Result
 	for {
 		t0 := time.Now()
@@ -137,6 +139,7 @@ func tcpPing(p *peer) (Result, error) {
 		}
 		if done {
 			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
 			break
 		}
 	}

@@ -119,10 +119,13 @@ func udpBW(p *peer) (Result, error) {
 	if err := p.ctl.recv(&h); err != nil {
 		return Result{}, err
 	}
-	return Result{}, udpSend(p, s, h.Addr)
+	cpu, err := udpSend(p, s, h.Addr)
+	return Result{CPU: cpu}, err
 }
 
-func udpSend(p *peer, s *udpSock, dst netip.AddrPort) error {
+// udpSend sends until the receiver says stop and returns its CPU time over
+// the receiver's measurement.
+func udpSend(p *peer, s *udpSock, dst netip.AddrPort) (time.Duration, error) {
 	c := p.c
 	stop := p.ctl.watch()
 	var sa unix.RawSockaddrInet4
@@ -132,10 +135,10 @@ func udpSend(p *peer, s *udpSock, dst netip.AddrPort) error {
 	switch c.Mode {
 	case UDPSingle:
 		buf := make([]byte, c.Size)
-		for !stop.Load() {
+		for !stop.stop.Load() {
 			putCRC(buf)
-			if _, err := s.conn.WriteToUDPAddrPort(buf, dst); err != nil && !stop.Load() {
-				return err
+			if _, err := s.conn.WriteToUDPAddrPort(buf, dst); err != nil && !stop.stop.Load() {
+				return 0, err
 			}
 		}
 	case UDPMmsg, UDPGSO:
@@ -168,28 +171,29 @@ func udpSend(p *peer, s *udpSock, dst netip.AddrPort) error {
 				m.SetControllen(len(oob))
 			}
 		}
-		for !stop.Load() {
+		for !stop.stop.Load() {
 			for off := 0; off < len(bufs); off += c.Size {
 				putCRC(bufs[off : off+c.Size])
 			}
-			if _, err := s.mmsg(unix.SYS_SENDMMSG, hdrs, true); err != nil && !stop.Load() {
+			if _, err := s.mmsg(unix.SYS_SENDMMSG, hdrs, true); err != nil && !stop.stop.Load() {
 				if errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
 					continue
 				}
-				return fmt.Errorf("sendmmsg: %w", err)
+				return 0, fmt.Errorf("sendmmsg: %w", err)
 			}
 		}
 	default:
-		return fmt.Errorf("unknown UDP mode %q", c.Mode)
+		return 0, fmt.Errorf("unknown UDP mode %q", c.Mode)
 	}
-	return nil
+	<-stop.ended
+	return stop.cpu(), nil
 }
 
 func udpReceive(p *peer, s *udpSock) (Result, error) {
 	c := p.c
 	var res Result
 	s.conn.SetReadDeadline(time.Now().Add(caseTimeout(c)))
-	w := newWindow(c)
+	w := p.newWindow()
 	count := func(b []byte) {
 		if crcOK(b) && w.on {
 			res.Msgs++
@@ -216,6 +220,7 @@ func udpReceive(p *peer, s *udpSock) (Result, error) {
 			count(buf[:n])
 			if _, done := w.tick(time.Now()); done {
 				res.Elapsed = w.elapsed(time.Now())
+				res.CPU = p.cpu()
 				return finish()
 			}
 		}
@@ -264,6 +269,7 @@ func udpReceive(p *peer, s *udpSock) (Result, error) {
 			}
 			if _, done := w.tick(time.Now()); done {
 				res.Elapsed = w.elapsed(time.Now())
+				res.CPU = p.cpu()
 				return finish()
 			}
 		}
@@ -339,7 +345,7 @@ func udpPing(p *peer) (Result, error) {
 	}
 	if p.server {
 		stop := p.ctl.watch()
-		for !stop.Load() {
+		for !stop.stop.Load() {
 			if !c.Busy {
 				s.conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 				if err := read(); err != nil {
@@ -362,7 +368,7 @@ func udpPing(p *peer) (Result, error) {
 	}
 	s.conn.SetReadDeadline(time.Now().Add(caseTimeout(c)))
 	samples := make([]time.Duration, 0, 1<<20)
-	w := newWindow(c)
+	w := p.newWindow()
 	var res Result
 	for {
 		t0 := time.Now()
@@ -379,6 +385,7 @@ func udpPing(p *peer) (Result, error) {
 		}
 		if done {
 			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
 			break
 		}
 	}

@@ -5,15 +5,17 @@ import (
 	"time"
 )
 
-// window times a measurement: a warm-up, then the measured interval.
+// window times a measurement: a warm-up, then the measured interval,
+// whose start it announces to the other side (peer.markStart).
 type window struct {
 	c     Case
+	p     *peer
 	start time.Time // the measured interval's start, once it began
 	on    bool
 	begin time.Time
 }
 
-func newWindow(c Case) *window { return &window{c: c, begin: time.Now()} }
+func (p *peer) newWindow() *window { return &window{c: p.c, p: p, begin: time.Now()} }
 
 // tick reports the phase at now: false, false while warming up; true,
 // false while measuring; done when the interval is over. The first tick
@@ -24,6 +26,7 @@ func (w *window) tick(now time.Time) (measuring, done bool) {
 			return false, false
 		}
 		w.on, w.start = true, now
+		w.p.markStart()
 	}
 	return true, now.Sub(w.start) >= w.c.Duration
 }

@@ -1,0 +1,98 @@
+package harness
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCases runs a short version of each kind of case with both sides in
+// this process and checks each measured what it should.
+func TestCases(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sockets and timing")
+	}
+	short := func(c Case) Case {
+		c.Warmup, c.Duration = 20*time.Millisecond, 80*time.Millisecond
+		return c
+	}
+	cases := []Case{
+		{Kind: TCPBW},
+		{Kind: TCPPing},
+		{Kind: UDPBW, Mode: UDPSingle, Size: 1024},
+		{Kind: UDPBW, Mode: UDPMmsg, Size: 1024},
+		{Kind: UDPBW, Mode: UDPGSO, Size: 4096},
+		{Kind: UDPPing},
+		{Kind: UDPPing, Busy: true},
+		{Kind: RxegoBW, Op: "write", Size: 64 << 10, MTU: 1024, Depth: 8},
+		{Kind: RxegoBW, Op: "read", Size: 64 << 10, MTU: 4096, Depth: 8},
+		{Kind: RxegoBW, Op: "send", Size: 4 << 10, MTU: 1024, Depth: 8},
+		{Kind: RxegoLat, Op: "send", MTU: 1024},
+		{Kind: RxegoLat, Op: "atomic", MTU: 1024, Busy: true},
+		{Kind: RxegoRate, MTU: 1024, Depth: 128},
+		{Kind: RxegoScale, MTU: 4096, Size: 4096, QPs: 100},
+	}
+	var all []Result
+	for _, c := range cases {
+		c = short(c)
+		t.Run(strings.ReplaceAll(c.Name(), " ", "_"), func(t *testing.T) {
+			r, err := runPair(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Elapsed < c.Duration {
+				t.Errorf("measured %v, want at least %v", r.Elapsed, c.Duration)
+			}
+			switch c.Kind {
+			case TCPPing, UDPPing, RxegoLat:
+				if r.Samples == 0 || r.P50 <= 0 || r.P99 < r.P50 {
+					t.Errorf("latency: %d samples, p50 %v, p99 %v", r.Samples, r.P50, r.P99)
+				}
+			default:
+				if r.Bytes == 0 {
+					t.Error("no bytes moved")
+				}
+				if r.CPU <= 0 {
+					t.Error("no CPU time measured")
+				}
+			}
+			switch c.Kind {
+			case RxegoBW, RxegoRate:
+				if r.Packets == 0 || r.Counters["client.sent_pkts"] == 0 || r.Counters["server.rcvd_pkts"] == 0 {
+					t.Errorf("packets %d, counters %v", r.Packets, r.Counters)
+				}
+			case RxegoScale:
+				if r.MemPerQP <= 0 || r.Counters["client.qps_without_traffic"] != 0 {
+					t.Errorf("memory per QP %v, QPs without traffic %d", r.MemPerQP, r.Counters["client.qps_without_traffic"])
+				}
+			}
+			all = append(all, r)
+		})
+	}
+	var b bytes.Buffer
+	WriteReport(&b, all)
+	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "## Targets"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestSuite checks the default suite covers what the report needs and
+// stays within its time budget.
+func TestSuite(t *testing.T) {
+	cs := Suite(false)
+	var budget time.Duration
+	kinds := map[Kind]int{}
+	for _, c := range cs {
+		budget += c.Warmup + c.Duration + time.Second // a second for the processes and set-up
+		kinds[c.Kind]++
+	}
+	if budget > 4*time.Minute {
+		t.Errorf("default run takes about %v", budget)
+	}
+	if kinds[RxegoBW] != 18 || kinds[RxegoLat] != 8 || kinds[RxegoRate] != 1 || kinds[RxegoScale] != 1 {
+		t.Errorf("rxego cases: %v", kinds)
+	}
+}
