@@ -21,12 +21,15 @@ import (
 // perfRun is one run of a perftest tool in the guest against `rxego perf`
 // on the host end.
 type perfRun struct {
-	Test        string // send_bw, write_bw, ..., atomic_lat
-	Atomic      string // -A for the atomic tests: FETCH_AND_ADD or CMP_AND_SWAP
-	Size        int    // -s; 0 for the atomic tests (always 8)
-	Iters       int    // -n on both sides
-	RxegoServer bool   // rxego listens, perftest connects; else the reverse
-	IPv6        bool   // use the IPv6 GIDs (the TCP exchange stays on IPv4)
+	Test        string   // send_bw, write_bw, ..., atomic_lat
+	Atomic      string   // -A for the atomic tests: FETCH_AND_ADD or CMP_AND_SWAP
+	Size        int      // -s; 0 for the atomic tests (always 8)
+	Iters       int      // -n on both sides
+	RxegoServer bool     // rxego listens, perftest connects; else the reverse
+	IPv6        bool     // use the IPv6 GIDs (the TCP exchange stays on IPv4)
+	QPs         int      // -q on both sides when above 1
+	Args        []string // more flags for both sides, e.g. -t 2
+	RxegoArgs   []string // more flags for rxego only, e.g. -m 512
 	// Timeout bounds the whole run; default 2 minutes.
 	Timeout time.Duration
 }
@@ -62,6 +65,12 @@ func (r perfRun) name() string {
 		n += fmt.Sprintf(" s=%d", r.Size)
 	}
 	n += fmt.Sprintf(" n=%d", r.Iters)
+	if r.QPs > 1 {
+		n += fmt.Sprintf(" q=%d", r.QPs)
+	}
+	for _, a := range append(r.Args, r.RxegoArgs...) {
+		n += " " + a
+	}
 	if r.IPv6 {
 		n += " ipv6"
 	}
@@ -112,10 +121,14 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	} else {
 		common = append(common, "-s", strconv.Itoa(r.Size))
 	}
+	if r.QPs > 1 {
+		common = append(common, "-q", strconv.Itoa(r.QPs))
+	}
+	common = append(common, r.Args...)
 	tool := append([]string{"ib_" + r.Test, "-d", "rxe0", "-x", gidIdx}, common...)
 	holdFile := filepath.Join(t.TempDir(), "hold.json")
 	rxego := append([]string{"perf", r.Test, "-x", hostAddr, "--stats", "--hold", holdFile,
-		"-timeout", (timeout - 10*time.Second).String()}, common...)
+		"-timeout", (timeout - 10*time.Second).String()}, append(common, r.RxegoArgs...)...)
 
 	before, err := p.pathDrops(ctx)
 	if err != nil {
@@ -283,7 +296,7 @@ const (
 // bandwidth, or typical latency, as each side printed them.
 func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) string {
 	t.Helper()
-	header, iters := bwHeader, r.Iters
+	header, iters := bwHeader, r.Iters*max(r.QPs, 1)
 	if r.lat() {
 		header = latHeader
 	}

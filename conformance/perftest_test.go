@@ -71,3 +71,27 @@ func TestPerftestIPv6(t *testing.T) {
 		}
 	})
 }
+
+// TestPerftestFlags runs the BW tests with several QPs, a smaller tx
+// depth, and a path MTU rxego asks to lower (perftest takes the smaller
+// of both sides'), in both roles.
+func TestPerftestFlags(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		runs := []perfRun{
+			{Test: "send_bw", Size: 1025, Iters: 10, QPs: 3},
+			{Test: "write_bw", Size: 1025, Iters: 10, QPs: 3},
+			{Test: "read_bw", Size: 1025, Iters: 10, QPs: 3},
+			{Test: "atomic_bw", Atomic: "FETCH_AND_ADD", Iters: 10, QPs: 2},
+			{Test: "write_bw", Size: 4096, Iters: 20, Args: []string{"-t", "2"}},
+			{Test: "send_bw", Size: 2000, Iters: 10, RxegoArgs: []string{"-m", "512"}},
+		}
+		for _, r := range runs {
+			for _, server := range []bool{true, false} {
+				r.RxegoServer = server
+				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
+					return p.perf(t, r)
+				})
+			}
+		}
+	})
+}
