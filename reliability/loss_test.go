@@ -193,3 +193,49 @@ func TestReadRetryResumes(t *testing.T) {
 		t.Fatal("no READ was retried from the middle")
 	}
 }
+
+// TestOtherFaults runs every RC operation under the shim's other faults:
+// bursts of loss, a fixed delay of 200 us each way (jitter at these packet
+// rates would mostly reorder, which reorder5 covers), CE marking (DCQCN
+// must react, and nothing may be lost), and corruption of 5% of the
+// packets each side receives (caught by the ICRC check, recovered as loss).
+func TestOtherFaults(t *testing.T) {
+	n := 1000
+	if testing.Short() {
+		n = 200
+	}
+	other := []fault{
+		// Good to bad with 1%, bad to good with 30%: bursts of 3.3 packets
+		// on average, about 3% of packets lost.
+		{"burst", transport.ImpairConfig{BurstEnter: 0.01, BurstExit: 0.3}},
+		{"delay", transport.ImpairConfig{Delay: 200 * time.Microsecond}},
+		{"ce10", transport.ImpairConfig{CE: 0.10}},
+		{"corrupt5", transport.ImpairConfig{Corrupt: 0.05}},
+	}
+	for fi, f := range other {
+		for oi, o := range rcOps {
+			t.Run(f.name+"/"+o.name, func(t *testing.T) {
+				r := opRun{op: o.op, n: n, size: 600, inFlight: 32, timeout: 60 * time.Second}
+				a, b := impairedPair(t, f.cfg, uint64(1000+100*fi+oi), r)
+				took := runOp(t, a, b, r)
+				t.Logf("%d %v in %v; a: %s; b: %s", n, o.name, took.Round(time.Millisecond), a.stats(), b.stats())
+				switch f.name {
+				case "ce10":
+					marked := a.engine.Stats.ECNMarkedPktsReceived.Load() + b.engine.Stats.ECNMarkedPktsReceived.Load()
+					cnps := a.engine.Stats.CNPsReceived.Load() + b.engine.Stats.CNPsReceived.Load()
+					if marked == 0 || cnps == 0 {
+						t.Fatalf("%d CE-marked packets seen, %d CNPs received: DCQCN did not react", marked, cnps)
+					}
+				case "corrupt5":
+					for _, e := range []*end{a, b} {
+						corrupted := e.imp.ImpairStats().Recv.Corrupted
+						caught := e.dev.Transport().Stats().Drops[transport.DropBadICRC]
+						if corrupted == 0 || caught != corrupted {
+							t.Fatalf("%d packets corrupted on receipt, %d dropped for a bad ICRC", corrupted, caught)
+						}
+					}
+				}
+			})
+		}
+	}
+}
