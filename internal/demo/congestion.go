@@ -14,13 +14,19 @@ import (
 
 // The congestion scenario's shape.
 const (
-	ccLineRate   = 10 * congestion.Gbps  // DCQCN's line rate in the demo
-	ccMsg        = 4 << 10               // bytes per WRITE
-	ccDepth      = 8                     // WRITEs in flight
-	ccMarkFor    = 10 * time.Millisecond // how long the switch marks
-	ccRecoverMax = 3 * time.Second       // bound on the recovery phase
-	ccSample     = 200 * time.Microsecond
-	ccChartRows  = 16
+	ccLineRate  = 10 * congestion.Gbps // DCQCN's line rate in the demo
+	ccMsg       = 4 << 10              // bytes per WRITE
+	ccDepth     = 8                    // WRITEs in flight
+	ccSample    = 200 * time.Microsecond
+	ccChartRows = 16
+)
+
+// Defaults of Options.CongestionMark and CongestionRecoverMax.
+const (
+	// DefaultCongestionMark is how long the switch marks packets.
+	DefaultCongestionMark = 10 * time.Millisecond
+	// DefaultCongestionRecoverMax bounds the recovery phase.
+	DefaultCongestionRecoverMax = 3 * time.Second
 )
 
 // demoCongestion is the DCQCN configuration of the demo's devices: the
@@ -52,7 +58,14 @@ func (t *Tour) congestion() error {
 	cnpSent0 := b.dev.Engine().Stats.CNPsSent.Load()
 	t.say("%s streams %d KiB RDMA WRITEs to %s, %d at a time. DCQCN runs on both: data packets are", a.name, ccMsg>>10, b.name, ccDepth)
 	t.say("ECN-capable (ECT(0)), %s's rate starts at the line rate (%s).", a.name, gbps(cs0.Rate))
-	t.say("First a congested switch marks every packet Congestion Experienced (CE) for %v;", ccMarkFor)
+	markFor, recoverMax := t.opts.CongestionMark, t.opts.CongestionRecoverMax
+	if markFor <= 0 {
+		markFor = DefaultCongestionMark
+	}
+	if recoverMax <= 0 {
+		recoverMax = DefaultCongestionRecoverMax
+	}
+	t.say("First a congested switch marks every packet Congestion Experienced (CE) for %v;", markFor)
 	t.say("%s answers marks with Congestion Notification Packets (CNPs), at most one per %v;", b.name, congestion.PaperNPParams().MinTimeBetweenCNPs)
 	t.say("each CNP makes %s cut her rate. Then the marking stops and the rate recovers.", a.name)
 
@@ -86,7 +99,7 @@ func (t *Tour) congestion() error {
 	start := time.Now()
 	t.marking.marking.Store(true)
 	t.annotate("the switch starts marking CE")
-	err := t.stream(&sent, func() bool { return time.Since(start) > ccMarkFor })
+	err := t.stream(&sent, func() bool { return time.Since(start) > markFor })
 	t.marking.marking.Store(false)
 	t.annotate("the switch stops marking")
 	var low uint64
@@ -94,7 +107,7 @@ func (t *Tour) congestion() error {
 		cs, _ := a.qp.CongestionStats()
 		low = cs.Rate
 		phase = "recovering"
-		deadline := time.Now().Add(ccRecoverMax)
+		deadline := time.Now().Add(recoverMax)
 		err = t.stream(&sent, func() bool {
 			cs, _ := a.qp.CongestionStats()
 			return cs.Rate >= cs0.Rate*9/10 || time.Now().After(deadline)

@@ -56,6 +56,11 @@ type Options struct {
 	// Progress, when set, receives a self-overwriting progress line during
 	// the congestion scenario.
 	Progress io.Writer
+	// CongestionMark is how long the congestion scenario's switch marks
+	// packets, and CongestionRecoverMax the most its recovery phase runs;
+	// 0 means DefaultCongestionMark and DefaultCongestionRecoverMax. Tests
+	// that record the scenario shorten them.
+	CongestionMark, CongestionRecoverMax time.Duration
 }
 
 // Tour holds the two endpoints of the demo.

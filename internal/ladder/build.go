@@ -308,19 +308,23 @@ func maxTime(a, b time.Time) time.Time {
 // conversation when ep is nil: the demo marks rate changes this way. A
 // note before the first packet is shown at its time.
 func (t *Trace) Annotate(at time.Time, ep *Endpoint, text string) {
-	if at.Before(t.Start) {
+	early := at.Before(t.Start)
+	if early {
 		at = t.Start
 	}
 	for _, c := range t.Conversations {
 		if ep != nil && !c.has(*ep) {
 			continue
 		}
-		i, _ := slices.BinarySearchFunc(c.Events, at, func(e Event, at time.Time) int {
-			if e.Time.After(at) {
-				return 1
-			}
-			return -1 // equal times: after the packets of that instant
-		})
+		i := 0
+		if !early {
+			i, _ = slices.BinarySearchFunc(c.Events, at, func(e Event, at time.Time) int {
+				if e.Time.After(at) {
+					return 1
+				}
+				return -1 // equal times: after the packets of that instant
+			})
+		}
 		fromA := ep == nil || (c.A.Addr == ep.Addr && c.A.QPN == ep.QPN)
 		c.Events = slices.Insert(c.Events, i, Event{Time: at, FromA: fromA, Marks: MarkNote, Label: text})
 	}

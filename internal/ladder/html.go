@@ -33,6 +33,7 @@ const (
 	topH     = 44
 	// timeline
 	tlLabel = 170
+	tlRight = 40 // room for the last axis label
 	tlLane  = 18
 )
 
@@ -129,7 +130,7 @@ func (p *htmlPrinter) x(at time.Time) float64 {
 	if span <= 0 {
 		return tlLabel
 	}
-	return tlLabel + float64(at.Sub(p.t.Start))/float64(span)*float64(svgWidth-tlLabel-20)
+	return tlLabel + float64(at.Sub(p.t.Start))/float64(span)*float64(svgWidth-tlLabel-tlRight)
 }
 
 // timeline draws every conversation's messages (bars from first packet to
@@ -141,7 +142,7 @@ func (p *htmlPrinter) timeline() {
 	p.f("<h2>Timeline</h2>\n<svg class=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", svgWidth, h, svgWidth, h)
 	// Axis with ten ticks.
 	axisY := lanes*tlLane + 10
-	p.f("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#9e9e9e\"/>\n", tlLabel, axisY, svgWidth-20, axisY)
+	p.f("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#9e9e9e\"/>\n", tlLabel, axisY, svgWidth-tlRight, axisY)
 	span := t.End.Sub(t.Start)
 	for i := 0; i <= 10; i++ {
 		at := t.Start.Add(span * time.Duration(i) / 10)
@@ -230,8 +231,8 @@ func (p *htmlPrinter) conversation(c *Conversation) {
 	p.f("<defs><marker id=\"ah%d\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\">"+
 		"<path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"/></marker></defs>\n", c.N)
 	p.f("<text x=\"%d\" y=\"16\" text-anchor=\"end\" fill=\"%s\">time ms</text>", xTime, colDim)
-	p.f("<text x=\"%d\" y=\"16\" text-anchor=\"middle\" font-weight=\"bold\">A %s</text>", xA, esc(c.A.String()))
-	p.f("<text x=\"%d\" y=\"16\" text-anchor=\"middle\" font-weight=\"bold\">B %s</text>\n", xB, esc(c.B.String()))
+	p.f("<text x=\"%d\" y=\"16\" font-weight=\"bold\">A %s</text>", xA-4, esc(c.A.String()))
+	p.f("<text x=\"%d\" y=\"16\" text-anchor=\"end\" font-weight=\"bold\">B %s</text>\n", xB+4, esc(c.B.String()))
 	for _, x := range []int{xA, xB} {
 		p.f("<line x1=\"%d\" y1=\"24\" x2=\"%d\" y2=\"%d\" stroke=\"#424242\" stroke-width=\"2\"/>\n", x, x, h-8)
 	}
