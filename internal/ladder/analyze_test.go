@@ -34,8 +34,8 @@ func pkt(ms float64, src, dst netip.Addr, op bth.Opcode, dqp uint32, psn bth.PSN
 	return p
 }
 
-func ackReq(p *ladder.Packet)  { p.AckReq = true }
-func ce(p *ladder.Packet)      { p.ECN = 3 }
+func ackReq(p *ladder.Packet) { p.AckReq = true }
+func ce(p *ladder.Packet)     { p.ECN = 3 }
 func syn(s uint8) func(*ladder.Packet) {
 	return func(p *ladder.Packet) { p.Syndrome = s }
 }
