@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -183,6 +185,35 @@ func TestIPv6(t *testing.T) {
 		}
 	}
 	checkUDP6(t, path)
+	tsharkClean(t, path, 8)
+}
+
+// tsharkClean checks with tshark, when installed, that a capture has n
+// frames, all decoded as InfiniBand with good IP and UDP checksums and
+// neither malformed nor flagged by the expert system.
+func tsharkClean(t *testing.T, path string, n int) {
+	t.Helper()
+	if _, err := exec.LookPath("tshark"); err != nil {
+		t.Log("tshark not installed: not checked with it")
+		return
+	}
+	out, err := exec.Command("tshark", "-n", "-r", path, "-o", "ip.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE",
+		"-T", "fields", "-E", "separator=|", "-e", "infiniband.bth.opcode", "-e", "udp.checksum.status",
+		"-e", "_ws.malformed", "-e", "_ws.expert").Output()
+	if err != nil {
+		t.Fatalf("tshark: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	for _, l := range lines {
+		f := strings.Split(l, "|")
+		// udp.checksum.status 1 is "Good"; an IPv6 frame must not have 0.
+		if len(f) != 4 || f[0] == "" || f[1] != "1" || f[2] != "" || f[3] != "" {
+			t.Errorf("tshark: %q", l)
+		}
+	}
+	if len(lines) != n {
+		t.Errorf("tshark read %d frames, want %d", len(lines), n)
+	}
 }
 
 // checkUDP6 verifies the UDP checksum of every IPv6 frame of a capture.
