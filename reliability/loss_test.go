@@ -227,11 +227,16 @@ func TestOtherFaults(t *testing.T) {
 						t.Fatalf("%d CE-marked packets seen, %d CNPs received: DCQCN did not react", marked, cnps)
 					}
 				case "corrupt5":
+					// Corrupted packets still queued in the shim are checked
+					// when the receive loop takes them: wait for that.
 					for _, e := range []*end{a, b} {
-						corrupted := e.imp.ImpairStats().Recv.Corrupted
-						caught := e.dev.Transport().Stats().Drops[transport.DropBadICRC]
-						if corrupted == 0 || caught != corrupted {
-							t.Fatalf("%d packets corrupted on receipt, %d dropped for a bad ICRC", corrupted, caught)
+						corrupted := func() uint64 { return e.imp.ImpairStats().Recv.Corrupted }
+						caught := func() uint64 { return e.dev.Transport().Stats().Drops[transport.DropBadICRC] }
+						for deadline := time.Now().Add(5 * time.Second); caught() != corrupted() && time.Now().Before(deadline); {
+							time.Sleep(time.Millisecond)
+						}
+						if corrupted() == 0 || caught() != corrupted() {
+							t.Fatalf("%d packets corrupted on receipt, %d dropped for a bad ICRC", corrupted(), caught())
 						}
 					}
 				}
