@@ -41,6 +41,7 @@ flags:
 	all := fs.Bool("all", false, "draw every row of each ladder (by default long ladders are folded)")
 	width := fs.Int("width", 0, "ladder: columns between the two sides (default 64)")
 	color := fs.String("color", "auto", "ladder colors: auto (on a terminal), always or never")
+	addrs := fs.String("addrs", strings.Join(demo.DefaultAddrs, ","), "loopback addresses to try for the two devices, in order")
 	obs := addObserveFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -81,7 +82,7 @@ flags:
 		return err
 	}
 	o.Tap = obs.tap()
-	t, err := demo.OpenWith(out, o, demo.DefaultAddrs...)
+	t, err := demo.OpenWith(out, o, strings.Split(*addrs, ",")...)
 	if err != nil {
 		return errors.Join(err, obs.close())
 	}

@@ -43,7 +43,7 @@ func traceTo(out io.Writer, args []string) error {
 	fs.BoolVar(&f.all, "all", false, "ladder: draw every row (by default long ladders are folded, keeping what went wrong)")
 	fs.BoolVar(&f.expand, "expand", false, "ladder: one row per packet (by default runs of alike packets share a row)")
 	fs.IntVar(&f.maxRows, "max-rows", 400, "ladder: rows per QP pair before folding")
-	fs.IntVar(&f.width, "width", 0, "ladder: columns between the two sides (default 60)")
+	fs.IntVar(&f.width, "width", 0, "ladder: columns between the two sides (default 64)")
 	fs.StringVar(&f.color, "color", "auto", "ladder colors: auto (on a terminal), always or never")
 	fs.BoolVar(&f.progress, "progress", false, "report progress on stderr even when it is not a terminal")
 	fs.StringVar(&f.iface, "i", "", "capture live on this network interface (AF_PACKET, needs root) instead of reading a file")
