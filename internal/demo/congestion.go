@@ -3,6 +3,7 @@ package demo
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -102,10 +103,18 @@ func (t *Tour) congestion() error {
 	err := t.stream(&sent, func() bool { return time.Since(start) > markFor })
 	t.marking.marking.Store(false)
 	t.annotate("the switch stops marking")
+	// Samples taken here too, so the chart has the end of each phase even
+	// when the sampler seldom runs on a busy machine.
+	sample := func() uint64 {
+		cs, _ := a.qp.CongestionStats()
+		mu.Lock()
+		samples = append(samples, rateSample{time.Now(), cs.Rate, cs.CNPsRcvd})
+		mu.Unlock()
+		return cs.Rate
+	}
 	var low uint64
 	if err == nil {
-		cs, _ := a.qp.CongestionStats()
-		low = cs.Rate
+		low = sample()
 		phase = "recovering"
 		deadline := time.Now().Add(recoverMax)
 		err = t.stream(&sent, func() bool {
@@ -116,6 +125,8 @@ func (t *Tour) congestion() error {
 	rep.Stop()
 	close(stop)
 	<-done
+	sample()
+	slices.SortFunc(samples, func(x, y rateSample) int { return x.at.Compare(y.at) })
 	if err != nil {
 		return err
 	}

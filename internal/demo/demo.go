@@ -267,6 +267,7 @@ func (t *Tour) write() error {
 	}
 	t.say("%s's completion: %s (%s acknowledged every packet).", a.name, wcString(wc), b.name)
 	t.say("%s's memory now reads: %q", b.name, b.buf[100:100+len(msg)])
+	b.dev.Sync() // hand the buffer back to Bob's engine: the scenario may run again and WRITE there
 	if !idle(b) {
 		return errors.New("the receiver got a completion for a WRITE")
 	}
