@@ -23,8 +23,11 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (sudo $0)"
 
 # --- packages ---------------------------------------------------------------
+# chromium: the headless-browser test of rxego trace's HTML page
+# (internal/ladder); fonts-liberation gives its text metrics.
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
-	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod)
+	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod
+	chromium fonts-liberation)
 missing=()
 for p in "${pkgs[@]}"; do
 	if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
