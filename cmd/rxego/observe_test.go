@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -157,5 +158,37 @@ func TestDemoCommand(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "send.pcapng")); err == nil {
 		t.Error("a scenario that did not run left a capture")
+	}
+}
+
+// TestObserveOpenDevice checks the helper commands like perf use to open
+// their device: nothing without an observing flag, a recorded device
+// with --pcap, and an error in server mode without a local address.
+func TestObserveOpenDevice(t *testing.T) {
+	local := testaddr.Loopback()
+	var none observeFlags
+	if d, err := none.openDevice(local, ""); d != nil || err != nil {
+		t.Fatalf("no flags: %v %v", d, err)
+	}
+	o := &observeFlags{pcap: filepath.Join(t.TempDir(), "perf.pcapng")}
+	if err := o.start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.openDevice(netip.Addr{}, ""); err == nil || !strings.Contains(err.Error(), "--addr") {
+		t.Errorf("server mode without an address: %v", err)
+	}
+	d, err := o.openDevice(local, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.Addr().Addr() != local {
+		t.Errorf("device on %v, want %v", d.Addr(), local)
+	}
+	if err := o.close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := trace.ReadFile(o.pcap, func(trace.Record) error { return nil }); err != nil {
+		t.Errorf("the capture does not read: %v", err)
 	}
 }
