@@ -40,6 +40,10 @@ type qpCC struct {
 	sent  uint64 // CNPs this QP sent
 	rcvd  uint64 // CNPs this QP handled
 	ce    uint64 // CE-marked packets this QP received
+
+	// lapsed: the controller's timer was left to lapse because the QP had
+	// nothing to send; ccAdmit catches the controller up first.
+	lapsed bool
 }
 
 // CCStats are a QP's congestion-control figures.
@@ -85,18 +89,40 @@ func (e *Engine) newCC() *qpCC {
 	return &qpCC{ctrl: ctrl, pacer: congestion.NewPacer(e.cc.RP.LineRate, e.cc.Burst), np: congestion.NewNP(e.cc.NP.MinTimeBetweenCNPs), rate: e.cc.RP.LineRate}
 }
 
-// ccAdmit asks q's pacer whether a packet of n bytes may leave now; when
-// not, the pace timer restarts the requester at the right time.
+// ccAdmit asks q's pacer whether a packet of n bytes may leave now. A
+// paced QP is woken by its pace timer once half a burst may leave, and
+// sends nothing in between (an ACK arriving meanwhile does not release a
+// packet), so its packets go out several to a system call instead of one
+// per wake-up. The rate is the pacer's either way; only the grain of the
+// releases changes.
 func (e *Engine) ccAdmit(q *QP, now time.Duration, n int) bool {
 	c := q.cc
 	if c == nil {
 		return true
 	}
-	ok, wait := c.pacer.Admit(now, n)
-	if !ok && q.deadline[timerPace] == 0 {
-		e.schedule(q, timerPace, now+wait)
+	if c.lapsed {
+		c.lapsed = false
+		c.ctrl.Advance(now)
+		e.ccRate(q, now)
+	}
+	if q.deadline[timerPace] > now {
+		return false
+	}
+	ok, _ := c.pacer.Admit(now, n)
+	if !ok {
+		e.schedule(q, timerPace, e.paceAt(c, now))
 	}
 	return ok
+}
+
+// paceAt returns when a paced QP should next be woken: when half a burst
+// may leave.
+func (e *Engine) paceAt(c *qpCC, now time.Duration) time.Duration {
+	at := now + c.pacer.Delay(now)
+	if r := c.pacer.Rate(); r > 0 {
+		at += time.Duration(uint64(max(e.cc.Burst, 0)/2) * 8e9 / r)
+	}
+	return at
 }
 
 // ccSent feeds the byte counter of q's reaction point.
@@ -114,6 +140,9 @@ func (e *Engine) ccRate(q *QP, now time.Duration) {
 	if r := c.ctrl.Rate(); r != c.rate {
 		c.rate = r
 		c.pacer.SetRate(now, r)
+		if q.deadline[timerPace] != 0 {
+			e.schedule(q, timerPace, e.paceAt(c, now)) // re-time the wake-up for the new rate
+		}
 	}
 	if at, ok := c.ctrl.NextEvent(); ok {
 		if at <= now {
@@ -125,9 +154,18 @@ func (e *Engine) ccRate(q *QP, now time.Duration) {
 	}
 }
 
+// ccTimer runs the controller's due events. A QP with nothing to send
+// lets the timer lapse instead of waking every rate-increase period while
+// idle (thousands of wake-ups a second per QP); Advance runs every missed
+// event in order, so catching up in ccAdmit before the next packet, or in
+// CongestionStats, gives the same rates.
 func (e *Engine) ccTimer(q *QP, now time.Duration) {
 	if c := q.cc; c != nil {
 		c.ctrl.Advance(now)
+		if q.sqSend == q.sqTail {
+			c.lapsed = true
+			return
+		}
 		e.ccRate(q, now)
 		e.kick(q)
 	}
@@ -172,6 +210,7 @@ func (q *QP) CongestionStats() (s CCStats, ok bool) {
 	if c == nil {
 		return CCStats{}, false
 	}
+	c.ctrl.Advance(q.e.cfg.Clock.Now()) // an idle QP's timer may have lapsed
 	st := c.ctrl.Stats()
 	return CCStats{Rate: st.Rate, Target: st.Target, Alpha: st.Alpha, CNPsSent: c.sent, CNPsRcvd: c.rcvd,
 		CEMarked: c.ce, RateCuts: st.Cuts, Increases: st.FastRecovery + st.AdditiveIncrease + st.HyperIncrease}, true

@@ -3,6 +3,9 @@ package qp
 import (
 	"testing"
 	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/congestion"
 )
 
 // TestCNPLoop marks every packet CE on the way to the responder: the
@@ -36,17 +39,87 @@ func TestCNPLoop(t *testing.T) {
 	if !ok || st.CNPsRcvd == 0 || bs.CNPsSent != st.CNPsRcvd || bs.CEMarked == 0 || st.RateCuts == 0 {
 		t.Fatalf("requester %+v, responder %+v", st, bs)
 	}
-	// Once the marks stop, the timers raise the rate back to line rate.
-	if st.Rate != DefaultLineRate {
-		t.Fatalf("rate %d did not recover to line rate after marking stopped", st.Rate)
-	}
 	// Paced: 1 MiB cannot have gone faster than the rate allowed.
 	el := f.clock.now - start
-	if el < time.Millisecond {
-		t.Fatalf("1 MiB took %v of virtual time: not paced", el)
+	// Idle, the requester lets its rate timer lapse: no timer is left...
+	if st.Rate == DefaultLineRate {
+		t.Fatalf("rate back at line rate while still congested: %+v", st)
+	}
+	if at, ok := a.n.e.NextDeadline(); ok {
+		t.Fatalf("an idle requester still has a timer at %v", at)
+	}
+	// ...yet time raises its rate back to line rate all the same.
+	f.runFor(10 * time.Second)
+	if st, _ = a.qp.CongestionStats(); st.Rate != DefaultLineRate {
+		t.Fatalf("rate %d did not recover to line rate after marking stopped", st.Rate)
+	}
+	// At line rate the payload alone takes lineTime; the cut rates must
+	// have made it take several times that.
+	lineTime := time.Duration(4 * size * 8 * uint64(time.Second) / DefaultLineRate)
+	if el < 4*lineTime {
+		t.Fatalf("1 MiB took %v of virtual time (%v at line rate): not paced", el, lineTime)
 	}
 	if a.n.e.Stats.CNPsReceived.Load() != bs.CNPsSent {
 		t.Fatalf("engine counted %d CNPs, QP %d", a.n.e.Stats.CNPsReceived.Load(), bs.CNPsSent)
 	}
 	t.Logf("virtual time %v, requester %+v, responder sent %d CNPs for %d marks", el, st, bs.CNPsSent, bs.CEMarked)
+}
+
+// TestPacedReleasesBatches checks that a paced QP releases its packets
+// several at a time: the pace timer waits until half a burst may leave
+// rather than waking for every packet (which in real time would mean a
+// system call per packet). Packets that reach the wire at the same virtual
+// instant left in one Emit.
+func TestPacedReleasesBatches(t *testing.T) {
+	f := newFabric(t)
+	na, nb := f.node("198.18.0.1"), f.node("198.18.0.2")
+	// The requester's rate must stay cut while the test watches: the
+	// timer is off, so only bytes sent raise it (by 5 Mb/s per MB).
+	rp := congestion.PaperParams(DefaultLineRate)
+	rp.TimeReset = 0
+	e, err := NewEngine(Config{Local: na.addr.Addr(), Clock: f.clock, Out: nodeOut{na}, MRs: na.mrs, Congestion: &CongestionConfig{RP: rp}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	na.e = e
+	a, b := na.newQP(t, RC, 64), nb.newQP(t, RC, 64)
+	connect(t, a, b, defaultConn())
+	f.mark = func(p wirePkt) bool { return p.dst.Addr() == b.n.addr.Addr() }
+	const size = 256 << 10
+	smr, _ := a.n.reg(t, size, allAccess)
+	rmr, _ := b.n.reg(t, size, allAccess)
+	write := func() {
+		t.Helper()
+		if err := a.qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		f.run(10 * time.Second)
+		if wcs := pollAllCheck(t, a.scq); len(wcs) != 1 {
+			t.Fatalf("%d completions", len(wcs))
+		}
+	}
+	// The marks cut the rate a little more with each message.
+	var st CCStats
+	for i := 0; i < 50; i++ {
+		write()
+		if st, _ = a.qp.CongestionStats(); st.Rate < DefaultLineRate/100 {
+			break
+		}
+	}
+	if st.Rate >= DefaultLineRate/100 {
+		t.Fatalf("rate not cut: %+v", st)
+	}
+	instants := map[time.Duration]int{}
+	pkts := 0
+	f.tap = func(p wirePkt, pkt bth.Packet) {
+		if p.dst.Addr() == b.n.addr.Addr() && pkt.Info.Class == bth.RC {
+			instants[f.clock.now]++
+			pkts++
+		}
+	}
+	write() // paced from the start
+	if pkts < size/1024 || pkts < 4*len(instants) {
+		t.Fatalf("%d packets left at %d instants: paced packets are not batched", pkts, len(instants))
+	}
+	t.Logf("%d packets at %d instants (rate %d b/s)", pkts, len(instants), st.Rate)
 }
