@@ -31,7 +31,10 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // the endpoint's memory stays flat however long the flood lasts.
 func TestUnknownQPFloodIsFlat(t *testing.T) {
 	n := 1_000_192 // a multiple of the 256-packet batch
-	if testing.Short() || raceEnabled {
+	switch {
+	case raceEnabled:
+		n = 100_096
+	case testing.Short():
 		n = 200_192
 	}
 	addrA, addrB := nextLoopback()

@@ -201,8 +201,11 @@ func TestReadRetryResumes(t *testing.T) {
 // packets each side receives (caught by the ICRC check, recovered as loss).
 func TestOtherFaults(t *testing.T) {
 	n := 1000
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		n = 200
+	case raceEnabled:
+		n = 500
 	}
 	other := []fault{
 		// Good to bad with 1%, bad to good with 30%: bursts of 3.3 packets
