@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +29,7 @@ func newPair(tb testing.TB, mtu qp.MTU, size int, depth int) *pair {
 		var err error
 		p.cqs[i], _ = d.CreateCQ(4 * depth)
 		p.qps[i], err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: p.cqs[i], RecvCQ: p.cqs[i],
-			Caps: rxego.Caps{MaxSendWR: depth, MaxRecvWR: depth}})
+			Caps: rxego.Caps{MaxSendWR: depth, MaxRecvWR: depth, MaxInlineData: 64}})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -38,7 +39,7 @@ func newPair(tb testing.TB, mtu qp.MTU, size int, depth int) *pair {
 	for i := range 2 {
 		o := 1 - i
 		err := rxego.ConnectRC(p.qps[i], rxego.RemoteQP{Addr: p.devs[o].Addr(), QPN: p.qps[o].Num()},
-			&rxego.ConnectOptions{MTU: mtu, MaxRdAtomic: 16, Timeout: 12})
+			&rxego.ConnectOptions{MTU: mtu, MaxRdAtomic: 16, Timeout: 16})
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -56,6 +57,8 @@ func (p *pair) stream(b *testing.B, op qp.WROpcode, size, depth int) {
 	defer cancel()
 	b.SetBytes(int64(size))
 	b.ResetTimer()
+	cpu := startCPU()
+	defer cpu.report(b, int64(size))
 	for done < b.N {
 		for inflight < depth && done+inflight < b.N {
 			if err := p.qps[0].PostSend(wr); err != nil {
@@ -96,5 +99,62 @@ func BenchmarkRCRead(b *testing.B) {
 			p := newPair(b, qp.MTU4096, size, depth)
 			p.stream(b, qp.WRRead, size, depth)
 		})
+	}
+}
+
+// cpuMeter measures the process's CPU time (user and system, both devices
+// together) over a benchmark: steadier than wall time on a shared machine.
+type cpuMeter struct{ start time.Duration }
+
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func startCPU() cpuMeter { return cpuMeter{cpuNow()} }
+
+// report adds cpu-ns/op and, for byte counts, Gbit/s per CPU second.
+func (m cpuMeter) report(b *testing.B, bytesPerOp int64) {
+	used := cpuNow() - m.start
+	b.ReportMetric(float64(used.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	if bytesPerOp > 0 && used > 0 {
+		b.ReportMetric(float64(bytesPerOp*int64(b.N))*8/used.Seconds()/1e9, "Gbit/cpu-s")
+	}
+}
+
+// BenchmarkWriteRate posts 64-byte inline WRITEs, 32 per PostSend with the
+// last signaled, keeping 128 in flight: the message-rate case.
+func BenchmarkWriteRate(b *testing.B) {
+	const batch, depth = 32, 128
+	p := newPair(b, qp.MTU1024, 4096, depth)
+	wrs := make([]rxego.SendWR, batch)
+	for i := range wrs {
+		wrs[i] = rxego.SendWR{Opcode: qp.WRWrite, Flags: rxego.SendInline, Inline: make([]byte, 64),
+			RemoteAddr: p.mrs[1].IOVA(), RKey: p.mrs[1].RKey()}
+	}
+	wrs[batch-1].Flags |= rxego.SendSignaled
+	wcs := make([]rxego.WC, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	b.ResetTimer()
+	cpu := startCPU()
+	defer cpu.report(b, 0)
+	inflight := 0
+	for done := 0; done < b.N; {
+		for inflight+batch <= depth {
+			if err := p.qps[0].PostSend(wrs...); err != nil {
+				b.Fatal(err)
+			}
+			inflight += batch
+		}
+		n, err := p.cqs[0].PollWait(ctx, wcs)
+		if err != nil {
+			b.Fatal(err)
+		}
+		inflight -= n * batch
+		done += n * batch
 	}
 }

@@ -18,6 +18,8 @@ type wire struct {
 	seen int // packets emitted in all
 	runs int // packets that were adjacent to the one before (Output contract)
 	last []byte
+	// onEmit, if set, is called at each Emit.
+	onEmit func()
 }
 
 func newWire(src netip.AddrPort) *wire {
@@ -29,6 +31,9 @@ func newWire(src netip.AddrPort) *wire {
 }
 
 func (w *wire) Emit(pkts []OutPacket) {
+	if w.onEmit != nil {
+		w.onEmit()
+	}
 	for _, p := range pkts {
 		if w.last != nil && cap(w.last) > len(w.last) && &w.last[:len(w.last)+1][len(w.last)] == &p.Buf[0] {
 			w.runs++

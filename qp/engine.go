@@ -31,6 +31,7 @@ import (
 	"errors"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rxego/rxego/bth"
@@ -110,9 +111,10 @@ type Engine struct {
 	qps     map[uint32]*QP
 	nextQPN uint32
 
-	outq    []OutPacket
-	slab    []byte // packets of outq, back to back
-	slabOff int    // first free byte of slab
+	outq     []OutPacket
+	slab     []byte       // packets of outq, back to back
+	slabOff  int          // first free byte of slab
+	batching atomic.Int32 // Batch calls running: PostSend leaves its packets queued
 
 	cc       CongestionConfig
 	timers   timerHeap
@@ -178,6 +180,24 @@ func (e *Engine) Sync() {
 	e.mu.Lock()
 	//lint:ignore SA2001 the empty critical section is the point
 	e.mu.Unlock()
+}
+
+// Batch runs fn, which posts work requests, and sends the packets those
+// posts produce together when fn returns, instead of at the end of each
+// PostSend: posts to many QPs (one work request each, say) then leave in
+// a few system calls and GSO runs rather than one per post. The engine
+// still sends whenever its queue fills, and packets it makes meanwhile
+// for other reasons (ACKs, timers) take the queued ones along. Posts
+// other goroutines make while fn runs are held too, until it returns.
+func (e *Engine) Batch(fn func()) {
+	e.batching.Add(1)
+	defer func() {
+		e.batching.Add(-1)
+		e.mu.Lock()
+		e.flush()
+		e.mu.Unlock()
+	}()
+	fn()
 }
 
 // Input processes a batch of received packets.

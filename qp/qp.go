@@ -98,12 +98,14 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 	if c.MaxRecvSGE == 0 {
 		c.MaxRecvSGE = 1
 	}
+	// The send and receive rings grow on use up to the caps, so an idle
+	// QP costs little whatever its caps (10,000 QPs in one engine).
 	q := &QP{
 		e: e, typ: a.Type, pd: a.PD, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ, caps: c,
-		sigAll: a.SigAll, sq: make([]sendWQE, c.MaxSendWR),
+		sigAll: a.SigAll,
 	}
 	if a.SRQ == nil {
-		q.rq.ring = make([]recvWQE, c.MaxRecvWR)
+		q.rq.max = c.MaxRecvWR
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -263,7 +265,8 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	if q.state == Reset || q.state == Init || q.state == RTR {
 		return fmt.Errorf("qp: PostSend in state %v: the send queue needs RTS", q.state)
 	}
-	if int(q.sqTail-q.sqHead)+len(wrs) > len(q.sq) {
+	need := int(q.sqTail-q.sqHead) + len(wrs)
+	if need > q.caps.MaxSendWR {
 		return ErrQueueFull
 	}
 	for i := range wrs {
@@ -271,6 +274,7 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 			return fmt.Errorf("qp: work request %d (wr_id %d): %w", i, wrs[i].ID, err)
 		}
 	}
+	q.growSQ(need)
 	for i := range wrs {
 		q.enqueueSend(&wrs[i])
 	}
@@ -279,7 +283,9 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	} else {
 		e.kick(q)
 	}
-	e.flush()
+	if e.batching.Load() == 0 {
+		e.flush()
+	}
 	return nil
 }
 
@@ -358,6 +364,20 @@ func (q *QP) mtuOrMax() int {
 	return 4096
 }
 
+// growSQ makes the send ring hold at least n WQEs (n <= MaxSendWR),
+// doubling it and keeping the WQEs in flight at their sequence numbers.
+func (q *QP) growSQ(n int) {
+	if n <= len(q.sq) {
+		return
+	}
+	size := min(max(n, 2*len(q.sq), 4), q.caps.MaxSendWR)
+	sq := make([]sendWQE, size)
+	for i := q.sqHead; i != q.sqTail; i++ {
+		sq[i%uint64(size)] = q.sq[i%uint64(len(q.sq))]
+	}
+	q.sq = sq
+}
+
 func (q *QP) enqueueSend(wr *SendWR) {
 	w := &q.sq[q.sqTail%uint64(len(q.sq))]
 	sgl := append(w.sgl[:0], wr.SGL...)
@@ -404,14 +424,10 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 			return err
 		}
 	}
-	ws := make([]recvWQE, len(wrs))
-	for i := range wrs {
-		ws[i] = makeRecvWQE(&wrs[i])
-	}
 	if testHookBeforeRecvPut != nil {
 		testHookBeforeRecvPut(q)
 	}
-	if !q.rq.putAll(ws) {
+	if !q.rq.putAll(wrs) {
 		return ErrQueueFull // nothing was posted
 	}
 	// A move to ERR between the state check and the put has already
@@ -435,8 +451,15 @@ func checkRecvWR(wr *RecvWR, maxSGE int) error {
 	return nil
 }
 
+// makeRecvWQE copies wr into a receive WQE. A single SGE (the common case)
+// is kept inside the WQE, so posting a receive allocates nothing.
 func makeRecvWQE(wr *RecvWR) recvWQE {
-	w := recvWQE{id: wr.ID, sgl: append([]SGE(nil), wr.SGL...)}
+	w := recvWQE{id: wr.ID, nsge: len(wr.SGL)}
+	if len(wr.SGL) == 1 {
+		w.one[0] = wr.SGL[0]
+	} else if len(wr.SGL) > 1 {
+		w.more = append([]SGE(nil), wr.SGL...)
+	}
 	for _, s := range wr.SGL {
 		w.length += s.Length
 	}

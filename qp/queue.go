@@ -46,11 +46,22 @@ func (w *sendWQE) needsResponse() bool {
 	return false
 }
 
-// recvWQE is a receive queue entry.
+// recvWQE is a receive queue entry. Its scatter list is one[:1] for a
+// single SGE and more otherwise; use sgl.
 type recvWQE struct {
 	id     uint64
-	sgl    []SGE
+	one    [1]SGE
+	more   []SGE
+	nsge   int
 	length uint32
+}
+
+// sgl returns the WQE's scatter list, a view into w for a single SGE.
+func (w *recvWQE) sgl() []SGE {
+	if w.more != nil {
+		return w.more
+	}
+	return w.one[:w.nsge]
 }
 
 // ErrQueueFull is returned when a post would exceed the queue's depth.
@@ -92,23 +103,38 @@ func (s *SRQ) Len() int {
 // goroutines and takes from the engine, so it has its own lock.
 type recvQueue struct {
 	mu   sync.Mutex
-	ring []recvWQE
+	ring []recvWQE // grows on use up to max
+	max  int
 	head int
 	n    int
 }
 
-// putAll queues all of ws, or none when they do not all fit.
-func (q *recvQueue) putAll(ws []recvWQE) bool {
+// putAll queues all of wrs, or none when they do not all fit.
+func (q *recvQueue) putAll(wrs []RecvWR) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.n+len(ws) > len(q.ring) {
+	if q.n+len(wrs) > q.max {
 		return false
 	}
-	for _, w := range ws {
-		q.ring[(q.head+q.n)%len(q.ring)] = w
+	q.grow(q.n + len(wrs))
+	for i := range wrs {
+		q.ring[(q.head+q.n)%len(q.ring)] = makeRecvWQE(&wrs[i])
 		q.n++
 	}
 	return true
+}
+
+// grow makes the ring hold at least n WQEs (n <= max), doubling it.
+func (q *recvQueue) grow(n int) {
+	if n <= len(q.ring) {
+		return
+	}
+	size := min(max(n, 2*len(q.ring), 4), q.max)
+	ring := make([]recvWQE, size)
+	for i := range q.n {
+		ring[i] = q.ring[(q.head+i)%len(q.ring)]
+	}
+	q.ring, q.head = ring, 0
 }
 
 func (q *recvQueue) take() (recvWQE, bool) {

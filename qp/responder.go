@@ -26,8 +26,9 @@ type responder struct {
 	dmaLen   uint32
 	ucDrop   bool // UC: dropping the rest of a damaged message
 
-	res     []resource // READ/atomic results kept for duplicates
-	resNext int
+	res      []resource // READ/atomic results kept for duplicates
+	resNext  int
+	resSlots int // len(res) once allocated
 
 	ackPending bool
 	ackPSN     bth.PSN
@@ -79,12 +80,16 @@ func (rs *responder) init(q *QP) {
 		n = 1
 	}
 	// At least 16 slots, so duplicates of recent operations stay answerable
-	// even when the peer runs with a small max_dest_rd_atomic.
-	rs.res = make([]resource, max(n, 16))
+	// even when the peer runs with a small max_dest_rd_atomic. They are
+	// allocated by the first READ or atomic: many QPs never see one.
+	rs.res, rs.resNext, rs.resSlots = nil, 0, max(n, 16)
 }
 
 func (rs *responder) saveResource(r resource) {
 	r.valid = true
+	if rs.res == nil {
+		rs.res = make([]resource, rs.resSlots)
+	}
 	rs.res[rs.resNext] = r
 	rs.resNext = (rs.resNext + 1) % len(rs.res)
 }
@@ -343,7 +348,7 @@ func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
 		rs.inMsg, rs.msgOp = true, bth.OpSend
 	}
 	payload := p.Payload()
-	if err := e.scatter(q.pd, rs.recv.sgl, rs.recvOff, payload); err != nil {
+	if err := e.scatter(q.pd, rs.recv.sgl(), rs.recvOff, payload); err != nil {
 		st := WCLocProtErr
 		if errors.Is(err, errLength) {
 			st = WCLocLenErr
@@ -682,7 +687,7 @@ func (e *Engine) respondUC(q *QP, in *InPacket) {
 			}
 			rs.recvOff, rs.inMsg, rs.msgOp = 0, true, bth.OpSend
 		}
-		if err := e.scatter(q.pd, rs.recv.sgl, rs.recvOff, payload); err != nil {
+		if err := e.scatter(q.pd, rs.recv.sgl(), rs.recvOff, payload); err != nil {
 			rs.haveRecv, rs.inMsg, rs.ucDrop = false, false, true
 			q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Status: WCLocLenErr, Opcode: WCRecv, QPN: q.num})
 			return
@@ -768,9 +773,9 @@ func (e *Engine) respondUD(q *QP, in *InPacket) {
 	}
 	var grh [GRHLen]byte
 	fillGRH(grh[:], in)
-	err := e.scatter(q.pd, w.sgl, 0, grh[:])
+	err := e.scatter(q.pd, w.sgl(), 0, grh[:])
 	if err == nil {
-		err = e.scatter(q.pd, w.sgl, GRHLen, payload)
+		err = e.scatter(q.pd, w.sgl(), GRHLen, payload)
 	}
 	if err != nil {
 		q.pushWC(q.recvCQ, WC{ID: w.id, Status: WCLocLenErr, Opcode: WCRecv, QPN: q.num})

@@ -126,6 +126,27 @@ func (e *endpoint) recover(pkt []byte, peer netip.AddrPort) (id uint16, reason D
 	return id, 0, true
 }
 
+// recoverFrom is recover for a packet whose IPv4 ID is likely guess: that
+// ID is checked first, and only when it fails is the ID solved for. The
+// outcome is the same as recover's (one ID at most makes the ICRC match);
+// a right guess saves the solving.
+func (e *endpoint) recoverFrom(pkt []byte, peer netip.AddrPort, guess uint16) (id uint16, reason DropReason, ok bool) {
+	if e.v6 || guess == 0 {
+		return e.recover(pkt, peer)
+	}
+	if reason, ok = classify(pkt); !ok {
+		return 0, reason, false
+	}
+	v := v4(peer, e.local)
+	if v.Check(guess, pkt) {
+		return guess, 0, true
+	}
+	if id, ok = v.Recover(pkt); !ok {
+		return 0, DropBadICRC, false
+	}
+	return id, 0, true
+}
+
 // check checks a packet whose IPv4 ID is known (raw mode, pipes).
 func (e *endpoint) check(pkt []byte, peer netip.AddrPort, id uint16) (DropReason, bool) {
 	if reason, ok := classify(pkt); !ok {

@@ -56,19 +56,26 @@ func rxegoScale(p *peer) (Result, error) {
 	limit := min(scaleInflight, len(s.qps)) // each QP has at most one
 	wcs := make([]rxego.WC, 64)
 	w := p.newWindow()
-	for {
-		for inflight < limit {
+	var postErr error
+	post := func() {
+		for inflight < limit && postErr == nil {
 			// The next idle QP in round-robin order.
 			for busy[next] {
 				next = (next + 1) % len(s.qps)
 			}
 			wr.ID = uint64(next)
-			if err := s.qps[next].PostSend(wr); err != nil {
-				return res, err
-			}
+			postErr = s.qps[next].PostSend(wr)
 			busy[next] = true
 			next = (next + 1) % len(s.qps)
 			inflight++
+		}
+	}
+	for {
+		// Posts to many QPs leave together (Engine.Batch), not one
+		// system call per post.
+		s.dev.Engine().Batch(post)
+		if postErr != nil {
+			return res, postErr
 		}
 		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
 		if err != nil {
