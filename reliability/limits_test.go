@@ -1,6 +1,8 @@
 package reliability_test
 
 import (
+	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -216,5 +218,73 @@ func TestDuplicateReadsDoNotMultiply(t *testing.T) {
 	// cost about one more stream. One stream each would be 21.
 	if total < npk || total > 5*npk {
 		t.Fatalf("%d packets sent for a %d-packet READ and its duplicates", total, npk)
+	}
+}
+
+// TestLongReadInPipeline posts READs long enough to be sent a burst per
+// engine turn (1 MiB at MTU 1024: 1,024 responses) with WRITEs and SENDs
+// right behind them, with and without loss: the requests the responder
+// refuses while a READ response goes out must be resent and everything
+// must complete, in order, with the right bytes.
+func TestLongReadInPipeline(t *testing.T) {
+	const big, small, rounds = 1 << 20, 4096, 8
+	for _, loss := range []float64{0, 0.02} {
+		t.Run(fmt.Sprintf("loss%.0f%%", loss*100), func(t *testing.T) {
+			addrA, addrB := nextLoopback()
+			imp := &transport.ImpairConfig{Seed: 21, Loss: loss}
+			ec := endConfig{size: rounds * (big + 2*small), depth: 64, window: 4096, impair: imp}
+			ec.addr = addrA
+			a := openEnd(t, ec)
+			ec.addr = addrB
+			b := openEnd(t, ec)
+			connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU1024, Timeout: 12, RetryCnt: 7, MaxRdAtomic: 16})
+			pattern(a.buf, 1)
+			pattern(b.buf, 2)
+			want := append([]byte(nil), b.buf...)
+			var wrs []rxego.SendWR
+			for i := range rounds {
+				base := i * (big + 2*small)
+				// READ b's region into a; then WRITE and SEND a's next bytes to b.
+				wrs = append(wrs,
+					rxego.SendWR{Opcode: rxego.WRRead, SGL: a.sge(base, big), RemoteAddr: b.addr(base), RKey: b.mr.RKey()},
+					rxego.SendWR{Opcode: rxego.WRWrite, SGL: a.sge(base+big, small), RemoteAddr: b.addr(base + big), RKey: b.mr.RKey()},
+					rxego.SendWR{Opcode: rxego.WRSend, SGL: a.sge(base+big+small, small)})
+				copy(want[base+big:base+big+2*small], a.buf[base+big:base+big+2*small])
+				if err := b.qp.PostRecv(rxego.RecvWR{ID: uint64(i), SGL: b.sge(base+big+small, small)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range wrs {
+				wrs[i].ID, wrs[i].Flags = uint64(i), rxego.SendSignaled
+			}
+			a.dev.Sync()
+			b.dev.Sync()
+			if err := a.qp.PostSend(wrs...); err != nil {
+				t.Fatal(err)
+			}
+			pollN(t, a.scq, len(wrs), 60*time.Second, func(i int, wc rxego.WC) {
+				if wc.Status != qp.WCSuccess || wc.ID != uint64(i) {
+					t.Fatalf("completion %d: %+v (%v); a: %s; b: %s", i, wc, wc.Status, a.stats(), b.stats())
+				}
+			})
+			pollN(t, b.rcq, rounds, 10*time.Second, func(i int, wc rxego.WC) {
+				if wc.Status != qp.WCSuccess || wc.ID != uint64(i) || wc.ByteLen != small {
+					t.Fatalf("receive completion %d: %+v", i, wc)
+				}
+			})
+			a.dev.Sync()
+			b.dev.Sync()
+			if !bytes.Equal(b.buf, want) {
+				t.Fatalf("responder memory differs at byte %d", firstDiff(b.buf, want))
+			}
+			for i := range rounds {
+				base := i * (big + 2*small)
+				if !bytes.Equal(a.buf[base:base+big], b.buf[base:base+big]) {
+					t.Fatalf("READ %d data differs", i)
+				}
+			}
+			t.Logf("%d x (1 MiB READ, WRITE, SEND), loss %.0f%%: responder refused %d requests while busy; a: %s; b: %s",
+				rounds, loss*100, b.engine.Stats.Drops[qp.DropBusy].Load(), a.stats(), b.stats())
+		})
 	}
 }
