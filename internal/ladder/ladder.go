@@ -125,7 +125,7 @@ type Packet struct {
 	FECN     bool
 	BECN     bool
 	Len      int  // payload bytes
-	ICRCOK   bool //
+	ICRCOK   bool // the ICRC checked
 	Syndrome uint8
 	HasAETH  bool
 	MSN      uint32
