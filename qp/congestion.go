@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/rxego/rxego/bth"
@@ -196,7 +197,13 @@ func (e *Engine) ccMarked(q *QP, in *InPacket, srcQPN uint32, now time.Duration)
 	buf, p := e.header(q, bth.CNPOpcode, 0, 0, false, false, srcQPN)
 	bth.BTH(buf).SetBECN(true)
 	p.CNP().Clear()
-	e.emit(buf, in.Src, e.cc.NP.CNPDSCP<<2)
+	// To the RoCE port, not the packet's source port: rxe and NICs send
+	// from a per-flow port (0xC000 | hash) that nothing listens on.
+	dst := q.attr.Dest
+	if q.typ == UD || !dst.IsValid() {
+		dst = netip.AddrPortFrom(in.Src.Addr(), e.cfg.Port)
+	}
+	e.emit(buf, dst, e.cc.NP.CNPDSCP<<2)
 	c.sent++
 	e.Stats.CNPsSent.Add(1)
 }

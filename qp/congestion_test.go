@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
@@ -122,4 +123,50 @@ func TestPacedReleasesBatches(t *testing.T) {
 		t.Fatalf("%d packets left at %d instants: paced packets are not batched", pkts, len(instants))
 	}
 	t.Logf("%d packets at %d instants (rate %d b/s)", pkts, len(instants), st.Rate)
+}
+
+// TestCNPGoesToRoCEPort feeds the responder a CE-marked packet from a
+// source port other than 4791, as rxe and NICs send from (0xC000 | a flow
+// hash): the CNP must go to the requester's RoCE port, where something
+// listens, not back to that source port.
+func TestCNPGoesToRoCEPort(t *testing.T) {
+	f, a, b := pair(t, RC, defaultConn())
+	var data []byte
+	f.tap = func(p wirePkt, _ bth.Packet) {
+		if data == nil && p.dst == b.n.addr {
+			data = append([]byte(nil), p.data...)
+		}
+	}
+	smr, _ := a.n.reg(t, 64, allAccess)
+	rmr, _ := b.n.reg(t, 64, allAccess)
+	if err := a.qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, 64), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	f.run(time.Second)
+	if data == nil {
+		t.Fatal("no packet reached the responder")
+	}
+	pkt, err := bth.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := netip.AddrPortFrom(a.n.addr.Addr(), 0xC123)
+	b.n.e.Input([]InPacket{{Pkt: pkt, Src: src, TOS: 3, Dest: b.n.addr.Addr()}})
+	cnps := 0
+	for _, w := range f.queue {
+		p, err := bth.Parse(w.data)
+		if err != nil || p.Info.Class != bth.CNP {
+			continue
+		}
+		cnps++
+		if w.dst != a.n.addr {
+			t.Errorf("CNP sent to %v, want the requester's RoCE address %v", w.dst, a.n.addr)
+		}
+		if h := p.BTH(); h.DestQP() != a.qp.Num() || !h.BECN() {
+			t.Errorf("CNP to QP %d BECN %v, want QP %d with BECN", h.DestQP(), h.BECN(), a.qp.Num())
+		}
+	}
+	if cnps != 1 {
+		t.Fatalf("%d CNPs for one marked packet", cnps)
+	}
 }
