@@ -3,10 +3,11 @@
 #
 #   scripts/fuzz.sh [DURATION] [PKG...]    e.g. scripts/fuzz.sh 10s
 #
-# DURATION defaults to 10s; PKG defaults to the wire-format packages and
-# ./reliability (a live endpoint fed arbitrary datagrams). The
-# targets are found with `go test -list`, so a new Fuzz function is run
-# without editing this script. Each runs as
+# DURATION defaults to 10s; PKG defaults to every package with a Fuzz
+# function in its tests (decoders, the ladder, CM MADs, and ./reliability's
+# live endpoint fed arbitrary datagrams). The targets are found with
+# `go test -list`, so a new Fuzz function is run without editing this
+# script. Each runs as
 # `go test -run=^$ -fuzz=^Target$ -fuzztime=DURATION PKG`; the script stops
 # at the first failure (go test saves the input under PKG/testdata/fuzz/).
 set -euo pipefail
@@ -15,7 +16,7 @@ time="${1:-10s}"
 shift || true
 pkgs=("$@")
 if [ ${#pkgs[@]} -eq 0 ]; then
-	pkgs=(./bth ./reth ./icrc ./rocelayer ./internal/trace ./reliability)
+	mapfile -t pkgs < <(grep -l --include='*_test.go' -r '^func Fuzz' . | xargs -n1 dirname | sort -u)
 fi
 n=0
 for pkg in "${pkgs[@]}"; do

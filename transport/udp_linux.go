@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -36,7 +35,6 @@ type udpConn struct {
 	mode   RecvMode
 	tos    uint8 // default TOS, for the Tap
 	gro    bool
-	busy   time.Duration // Options.BusyPoll
 	gso    atomic.Bool
 	closed atomic.Bool
 	file   *os.File
@@ -132,10 +130,13 @@ func (c *udpConn) sendMsgs(msgs []Message, fill bool) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
+	// The timestamp is taken before the packets leave: on loopback the
+	// peer's reply can otherwise be stamped earlier than its request.
+	tap, at := c.tap.get()
 	c.smu.Lock()
 	sent, gso, fallbackAt, err := c.send(msgs, fill)
 	c.smu.Unlock()
-	if tap, at := c.tap.get(); tap != nil {
+	if tap != nil {
 		c.tapSent(tap, at, msgs[:sent], gso, fallbackAt)
 	}
 	return sent, err
@@ -326,8 +327,10 @@ type recvState struct {
 	n     int // datagrams read by the last call
 	errno unix.Errno
 	fn    func(fd uintptr) bool
-	poll  func(fd uintptr) // fn once, without waiting: busy polling
-	got   bool             // poll's result
+	try   func(fd uintptr) // fn once, without waiting (TryRecv)
+	got   bool             // try's result
+	ready func(fd uintptr) bool
+	pfd   [1]unix.PollFd // for ready
 
 	next  int    // next datagram to start
 	data  []byte // packets of the current datagram not yet delivered
@@ -375,17 +378,47 @@ func (r *recvState) init(batch, slot int) {
 		r.n, r.errno = 0, unix.EINTR
 		return true
 	}
-	r.poll = func(fd uintptr) { r.got = r.fn(fd) }
+	r.try = func(fd uintptr) { r.got = r.fn(fd) }
+	r.ready = func(fd uintptr) bool {
+		r.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+		n, err := unix.Poll(r.pfd[:], 0)
+		return err != nil || n > 0 // on an error, let the read report it
+	}
 }
 
 // Recv implements Conn.
-func (c *udpConn) Recv(msgs []Message) (int, error) {
+func (c *udpConn) Recv(msgs []Message) (int, error) { return c.recv(msgs, true) }
+
+// TryRecv implements Poller.
+func (c *udpConn) TryRecv(msgs []Message) (int, error) { return c.recv(msgs, false) }
+
+// WaitReadable implements Poller: it parks in the runtime's poller until
+// a datagram is queued, without reading it and without holding the
+// receive lock, so TryRecv from other goroutines goes ahead meanwhile.
+func (c *udpConn) WaitReadable() error {
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	rc := c.rc
+	if c.raw != nil {
+		rc = c.rrc
+	}
+	return c.mapClosed(rc.Read(c.r.ready))
+}
+
+// recv is Recv (block) and TryRecv (return 0 at once when nothing is
+// queued or another goroutine is receiving).
+func (c *udpConn) recv(msgs []Message, block bool) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
 	}
 	for {
-		c.rmu.Lock()
-		n, err := c.fill(msgs)
+		if block {
+			c.rmu.Lock()
+		} else if !c.rmu.TryLock() {
+			return 0, nil
+		}
+		n, err := c.fill(msgs, block)
 		drops := c.r.drops
 		c.r.drops = c.r.drops[:0]
 		c.rmu.Unlock()
@@ -400,15 +433,16 @@ func (c *udpConn) Recv(msgs []Message) (int, error) {
 			}
 		}
 		clear(drops) // drop references into the buffers
-		if n > 0 || err != nil {
+		if n > 0 || err != nil || !block {
 			return n, err
 		}
 	}
 }
 
 // fill delivers packets from the datagrams read so far, reading a new batch
-// (blocking) only when nothing has been delivered or dropped yet.
-func (c *udpConn) fill(msgs []Message) (int, error) {
+// only when nothing has been delivered or dropped yet: blocking until one
+// comes, or (!block) only if one is queued already.
+func (c *udpConn) fill(msgs []Message, block bool) (int, error) {
 	r := &c.r
 	n := 0
 	var bytes uint64
@@ -434,7 +468,10 @@ func (c *udpConn) fill(msgs []Message) (int, error) {
 			if n > 0 || len(r.drops) > 0 {
 				break
 			}
-			if err := c.readBatch(); err != nil {
+			if err := c.readBatch(block); err != nil {
+				if err == errNothing {
+					return n, nil
+				}
 				return n, err
 			}
 			continue
@@ -458,8 +495,12 @@ func (c *udpConn) fill(msgs []Message) (int, error) {
 	return n, nil
 }
 
-// readBatch blocks until recvmmsg returns at least one datagram.
-func (c *udpConn) readBatch() error {
+// errNothing is readBatch's answer when, not blocking, nothing is queued.
+var errNothing = errors.New("transport: nothing queued")
+
+// readBatch runs recvmmsg; with block it waits until at least one datagram
+// comes, without it it returns errNothing when none is queued.
+func (c *udpConn) readBatch(block bool) error {
 	r := &c.r
 	for i := range r.hdrs {
 		h := &r.hdrs[i]
@@ -473,9 +514,17 @@ func (c *udpConn) readBatch() error {
 	if c.raw != nil {
 		rc = c.rrc
 	}
-	if !c.spin(rc) {
+	if block {
 		if err := rc.Read(r.fn); err != nil {
 			return c.mapClosed(err)
+		}
+	} else {
+		r.got = false
+		if err := rc.Control(r.try); err != nil {
+			return c.mapClosed(err)
+		}
+		if !r.got {
+			return errNothing
 		}
 	}
 	c.ctr.recvCalls.Add(1)
@@ -485,29 +534,6 @@ func (c *udpConn) readBatch() error {
 	}
 	c.ctr.recvDatagrams.Add(uint64(r.n))
 	return nil
-}
-
-// spin busy-polls rc for up to c.busy and reports whether a call
-// completed (with datagrams or an error in r.n and r.errno).
-func (c *udpConn) spin(rc syscall.RawConn) bool {
-	if c.busy <= 0 {
-		return false
-	}
-	r := &c.r
-	end := time.Now().Add(c.busy)
-	for {
-		r.got = false
-		if err := rc.Control(r.poll); err != nil {
-			return false // closed: Read reports it
-		}
-		if r.got {
-			return true
-		}
-		if time.Now().After(end) {
-			return false
-		}
-		runtime.Gosched()
-	}
 }
 
 // startDatagram sets up the walk through datagram r.next. bad reports a
