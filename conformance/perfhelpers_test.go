@@ -28,6 +28,7 @@ type perfRun struct {
 	RxegoServer bool     // rxego listens, perftest connects; else the reverse
 	IPv6        bool     // use the IPv6 GIDs (the TCP exchange stays on IPv4)
 	QPs         int      // -q on both sides when above 1
+	All         bool     // -a on both sides instead of -s: every size, 2 B to 8 MiB
 	Args        []string // more flags for both sides, e.g. -t 2
 	RxegoArgs   []string // more flags for rxego only, e.g. -m 512
 	// Timeout bounds the whole run; default 2 minutes.
@@ -70,6 +71,8 @@ func (r perfRun) name() string {
 	n := "ib_" + r.Test
 	if r.Atomic != "" {
 		n += " " + r.Atomic
+	} else if r.All {
+		n += " -a"
 	} else {
 		n += fmt.Sprintf(" s=%d", r.Size)
 	}
@@ -88,8 +91,11 @@ func (r perfRun) name() string {
 
 // size is the message size both sides use.
 func (r perfRun) size() int {
-	if r.Atomic != "" {
+	switch {
+	case r.Atomic != "":
 		return 8
+	case r.All:
+		return 8 << 20 // the last line of the table
 	}
 	return r.Size
 }
@@ -127,6 +133,8 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	common := []string{"-p", strconv.Itoa(p.Port), "-n", strconv.Itoa(r.Iters)}
 	if r.Atomic != "" {
 		common = append(common, "-A", r.Atomic)
+	} else if r.All {
+		common = append(common, "-a")
 	} else {
 		common = append(common, "-s", strconv.Itoa(r.Size))
 	}
