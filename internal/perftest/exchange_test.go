@@ -174,7 +174,7 @@ func TestServerAgainstCapturedClient(t *testing.T) {
 	} {
 		t.Run(c.file, func(t *testing.T) {
 			msgs := exchangeOf(t, c.file)
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			ln, err := net.Listen("tcp", netip.AddrPortFrom(serverAddr, 0).String())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,7 +191,7 @@ func TestServerAgainstCapturedClient(t *testing.T) {
 			}()
 			var out bytes.Buffer
 			res, err := Run(context.Background(), Config{Test: c.test, Atomic: c.atomic, Size: c.size, Iters: 10,
-				Local: netip.MustParseAddr("127.0.0.1"), Listener: ln, Out: &out, Timeout: 20 * time.Second})
+				Local: serverAddr, Listener: ln, Out: &out, Timeout: 20 * time.Second})
 			if rerr := <-errc; rerr != nil {
 				t.Fatalf("replay: %v\n%s", rerr, out.String())
 			}

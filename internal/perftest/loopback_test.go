@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strings"
@@ -66,10 +67,18 @@ func (c loopCase) String() string {
 	return s
 }
 
-// runPair runs a server on 127.0.0.1 and a client on 127.0.0.2.
+// The loopback addresses of the two peers: a random 127.X.Y.0/24 per test
+// process, so that concurrent test runs (and other packages' loopback
+// tests on 127.0.0.1) do not fight over UDP port 4791.
+var serverAddr, clientAddr = func() (netip.Addr, netip.Addr) {
+	x, y := byte(rand.N(200)+20), byte(rand.N(254)+1)
+	return netip.AddrFrom4([4]byte{127, x, y, 1}), netip.AddrFrom4([4]byte{127, x, y, 2})
+}()
+
+// runPair runs a server on serverAddr and a client on clientAddr.
 func runPair(t *testing.T, lc loopCase) (srv, cli *Result, sout, cout string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(serverAddr, 0).String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,8 +87,8 @@ func runPair(t *testing.T, lc loopCase) (srv, cli *Result, sout, cout string) {
 	base := Config{Test: lc.test, Atomic: lc.atomic, Size: lc.size, Iters: lc.iters, All: lc.all, NumQPs: lc.qps,
 		Timeout: 60 * time.Second}
 	scfg, ccfg := base, base
-	scfg.Local, scfg.Listener, scfg.Hold = netip.MustParseAddr("127.0.0.1"), ln, sm.hold
-	ccfg.Local, ccfg.Server, ccfg.Port, ccfg.Hold = netip.MustParseAddr("127.0.0.2"), "127.0.0.1", port, cm.hold
+	scfg.Local, scfg.Listener, scfg.Hold = serverAddr, ln, sm.hold
+	ccfg.Local, ccfg.Server, ccfg.Port, ccfg.Hold = clientAddr, serverAddr.String(), port, cm.hold
 	var sb, cb bytes.Buffer
 	scfg.Out, ccfg.Out = &sb, &cb
 	type ret struct {
@@ -139,6 +148,9 @@ func TestLoopback(t *testing.T) {
 	}
 	for _, lc := range cases {
 		t.Run(lc.String(), func(t *testing.T) {
+			if lc.all && testing.Short() {
+				t.Skip("-short: -a moves 16 MiB per iteration")
+			}
 			srv, cli, sout, cout := runPair(t, lc)
 			header := resultFmtBW
 			if lc.test.Lat() {
