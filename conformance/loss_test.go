@@ -59,10 +59,12 @@ func (p *Peer) lossRun(t *testing.T, r ppRun, pct int) Outcome {
 	//   - the tools exit right after their last message, so a lost final
 	//     ACK leaves the other side resending to a destroyed QP forever
 	//     (retry_cnt 7 means no limit to rxe, and rxego does as rxe does);
-	//   - when an ACK to rxe is lost and rxe's timeout retry of that
-	//     message crosses the re-sent ACK, rxe 6.12 can stop sending on
-	//     the QP for good: about 1 run in 20 of this case hung, with rxego
-	//     and equally with rxe on both ends (1 of 25 runs).
+	//   - when an ACK to rxe 6.12 is lost, rxe's timeout retry sometimes
+	//     ends its sending on the QP for good: the capture shows rxe
+	//     resending the message's first packet, the peer ACKing again,
+	//     then silence, with the QP in RTS and its sq-psn just past that
+	//     message. About 1 run in 20 of the 1025-byte case hung, with
+	//     rxego as the peer and equally with rxe on both ends (1 of 25).
 	// Losing data still exercises NAK-driven go-back-N, timeout retries
 	// (a message's last packet lost) and duplicates (its first packet
 	// then arrives twice) in both directions.
