@@ -677,8 +677,9 @@ udp_recv_packets equals rxe's sent_pkts minus the drops. Timeout retries
 (completer_retry_err, retransmits, duplicate_request) can appear without
 loss when an emulated guest stalls past the tools' 67 ms ACK timeout;
 they are accepted only when every duplicate is accounted for by a resend
-and the packet counts still balance. Loss rows drop packets at random in
-both directions with nftables and show the drop counts.
+and the packet counts still balance. Loss rows drop data packets (ACKs
+and NAKs pass) at random in both directions with nftables and show the
+drop counts.
 `
 
 // reportMarkdown is the report, rows grouped by case and role in the
