@@ -5,11 +5,12 @@
 // Shared infrastructure (this file), for every test file of the package:
 //
 //   - TestMain builds the rxego binary once (rxegoBin; $RXEGO_BIN names a
-//     prebuilt one instead) when the lab can run,
-//     and at the end closes the shared lab and writes the shared report
-//     (report) to $RXEGO_REPORT or conformance/report.md.
+//     prebuilt one instead) when the lab can run, and at the end closes
+//     the shared lab and writes the shared report (report, rows grouped by
+//     case) to $RXEGO_REPORT or conformance/report.md.
 //   - requireLab(t) skips the test when the lab cannot run here (naming
-//     lab.SetupCommand), or fails it when CI=true; -short skips too.
+//     lab.SetupCommand), or fails it when CI=true; -short skips too; with
+//     the lab present, a failed rxego build fails.
 //   - forEachKernel(t, fn) runs fn(t, p) as one parallel subtest per kernel
 //     (lab.Kernels, or the comma-separated $RXEGO_KERNELS), with p a *Peer
 //     leased for the subtest. Kernels run in parallel; cases on one kernel
@@ -25,8 +26,11 @@
 //     the error counters not named in Case.Expect stayed 0, and, when body
 //     returns rxego's own counters (Outcome.Rxego, e.g. from parseStats),
 //     that the packet counts of both sides agree (rxe's rcvd_pkts counts
-//     only packets whose headers and ICRC it accepted) and that any
-//     timeout retries are explained (see timing).
+//     only packets whose headers and ICRC it accepted) less the drops
+//     (Outcome.Dropped, else what the guest's tap dropped: tapDrops) and
+//     that any timeout retries are explained (see timing). Case.Require
+//     names counters that must have moved ("rxe:send_rnr_err"),
+//     Case.Lossy and Case.Tail relax the balance to inequalities.
 //   - $RXEGO_CAPTURE=DIR captures the bridge during every case to
 //     DIR/<test name>.pcap (all kernels' traffic: filter by address).
 //   - p.startRxego(t, ctx, args...) runs the rxego binary in the lab
