@@ -30,7 +30,8 @@
 //     (Outcome.Dropped, else what the guest's tap dropped: tapDrops) and
 //     that any timeout retries are explained (see timing). Case.Require
 //     names counters that must have moved ("rxe:send_rnr_err"),
-//     Case.Lossy and Case.Tail relax the balance to inequalities.
+//     Case.Lossy and Case.Tail relax the balance to inequalities when the
+//     drops are not known.
 //   - $RXEGO_CAPTURE=DIR captures the bridge during every case to
 //     DIR/<test name>.pcap (all kernels' traffic: filter by address).
 //   - p.startRxego(t, ctx, args...) runs the rxego binary in the lab
