@@ -141,8 +141,13 @@ func (e *Engine) ccRate(q *QP, now time.Duration) {
 	if r := c.ctrl.Rate(); r != c.rate {
 		c.rate = r
 		c.pacer.SetRate(now, r)
-		if q.deadline[timerPace] != 0 {
-			e.schedule(q, timerPace, e.paceAt(c, now)) // re-time the wake-up for the new rate
+		// A raised rate may let the next batch leave sooner; a wake-up is
+		// never put off, or rate changes every timer period would keep
+		// restarting the wait for a batch.
+		if d := q.deadline[timerPace]; d != 0 {
+			if at := e.paceAt(c, now); at < d {
+				e.schedule(q, timerPace, at)
+			}
 		}
 	}
 	if at, ok := c.ctrl.NextEvent(); ok {

@@ -66,18 +66,12 @@ func TestCNPLoop(t *testing.T) {
 	t.Logf("virtual time %v, requester %+v, responder sent %d CNPs for %d marks", el, st, bs.CNPsSent, bs.CEMarked)
 }
 
-// TestPacedReleasesBatches checks that a paced QP releases its packets
-// several at a time: the pace timer waits until half a burst may leave
-// rather than waking for every packet (which in real time would mean a
-// system call per packet). Packets that reach the wire at the same virtual
-// instant left in one Emit.
-func TestPacedReleasesBatches(t *testing.T) {
+// ccPair is pair(t, RC, defaultConn()) with the requester's reaction point
+// configured by rp.
+func ccPair(t *testing.T, rp congestion.Params) (*fabric, *endpoint, *endpoint) {
+	t.Helper()
 	f := newFabric(t)
 	na, nb := f.node("198.18.0.1"), f.node("198.18.0.2")
-	// The requester's rate must stay cut while the test watches: the
-	// timer is off, so only bytes sent raise it (by 5 Mb/s per MB).
-	rp := congestion.PaperParams(DefaultLineRate)
-	rp.TimeReset = 0
 	e, err := NewEngine(Config{Local: na.addr.Addr(), Clock: f.clock, Out: nodeOut{na}, MRs: na.mrs, Congestion: &CongestionConfig{RP: rp}})
 	if err != nil {
 		t.Fatal(err)
@@ -85,6 +79,20 @@ func TestPacedReleasesBatches(t *testing.T) {
 	na.e = e
 	a, b := na.newQP(t, RC, 64), nb.newQP(t, RC, 64)
 	connect(t, a, b, defaultConn())
+	return f, a, b
+}
+
+// TestPacedReleasesBatches checks that a paced QP releases its packets
+// several at a time: the pace timer waits until half a burst may leave
+// rather than waking for every packet (which in real time would mean a
+// system call per packet). Packets that reach the wire at the same virtual
+// instant left in one Emit.
+func TestPacedReleasesBatches(t *testing.T) {
+	// The requester's rate must stay cut while the test watches: the
+	// timer is off, so only bytes sent raise it (by 5 Mb/s per MB).
+	rp := congestion.PaperParams(DefaultLineRate)
+	rp.TimeReset = 0
+	f, a, b := ccPair(t, rp)
 	f.mark = func(p wirePkt) bool { return p.dst.Addr() == b.n.addr.Addr() }
 	const size = 256 << 10
 	smr, _ := a.n.reg(t, size, allAccess)
@@ -168,5 +176,59 @@ func TestCNPGoesToRoCEPort(t *testing.T) {
 	}
 	if cnps != 1 {
 		t.Fatalf("%d CNPs for one marked packet", cnps)
+	}
+}
+
+// TestPacingWhileTheRateChanges paces a QP whose rate changes every 50 us
+// (a rate-increase event each timer period): each change may bring the
+// next batch forward but must not put it off, or the QP would wait for a
+// batch that never comes. The transfer must run at about the paced rate.
+func TestPacingWhileTheRateChanges(t *testing.T) {
+	rp := congestion.PaperParams(DefaultLineRate)
+	rp.TimeReset, rp.ByteReset = 50*time.Microsecond, 0
+	rp.AIRate, rp.Threshold = 1000, 1 // +1 kb/s per event: the rate creeps
+	rp.AlphaPeriod = time.Hour       // alpha stays 1: every CNP halves
+	f, a, b := ccPair(t, rp)
+	const size = 256 << 10
+	smr, _ := a.n.reg(t, size, allAccess)
+	rmr, _ := b.n.reg(t, size, allAccess)
+	write := func() time.Duration {
+		t.Helper()
+		start := f.clock.now
+		if err := a.qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		// run stops when nothing is left to do; the rate timer keeps
+		// ticking while data waits, so bound it by the completion.
+		for i := 0; i < 1000 && a.scq.Len() == 0; i++ {
+			f.run(time.Millisecond)
+			f.runFor(0)
+		}
+		if wcs := pollAllCheck(t, a.scq); len(wcs) != 1 {
+			t.Fatalf("%d completions", len(wcs))
+		}
+		return f.clock.now - start
+	}
+	// Marks cut the rate to a few hundred Mb/s.
+	f.mark = func(p wirePkt) bool { return p.dst.Addr() == b.n.addr.Addr() }
+	for i := 0; i < 50; i++ {
+		write()
+		if st, _ := a.qp.CongestionStats(); st.Rate < 500*congestion.Mbps {
+			break
+		}
+	}
+	f.mark = nil
+	st, _ := a.qp.CongestionStats()
+	if st.Rate >= 500*congestion.Mbps {
+		t.Fatalf("rate not cut: %+v", st)
+	}
+	el := write()
+	after, _ := a.qp.CongestionStats()
+	// The payload at the slower of the two rates, plus headers (1024-byte
+	// MTU: under 10 %).
+	want := time.Duration(float64(size*8) / float64(st.Rate) * float64(time.Second) * 1.1)
+	t.Logf("256 KiB in %v at %d..%d b/s (%v at the start rate)", el, st.Rate, after.Rate, want)
+	if el > want {
+		t.Fatalf("256 KiB took %v at %d b/s or more: the pacer fell behind its rate", el, st.Rate)
 	}
 }

@@ -28,8 +28,8 @@ const (
 	markBurst   = 64
 	sampleEvery = 5 * time.Millisecond
 	// csvWindow is the span over which the CSV's delivered rate is
-	// averaged: a few 32 KiB completions at the marking rate.
-	csvWindow = 20 * time.Millisecond
+	// averaged: dozens of 32 KiB completions at the marking rate.
+	csvWindow = 50 * time.Millisecond
 )
 
 // testParams returns the DCQCN configuration of the marker runs.
@@ -176,17 +176,20 @@ func starvation(s []Sample, from, to time.Duration) float64 {
 
 // oneFlow is one run of TestOneFlowSettlesAndRecovers.
 type oneFlow struct {
-	line, settled, after  float64       // delivered rates, bits/s
+	settled, after        float64       // delivered rates, bits/s
 	starved, starvedAfter float64       // fractions of the settled and final windows lost
-	settle                time.Duration // from marking on until within 30 % of the rate for 300 ms
+	settle                time.Duration // until within 30 % of the rate for 300 ms
 	snd, rcv              qp.CCStats
 }
 
-// Phases of the one-flow run, on the recorder's clock.
+// Phases of the one-flow run, on the recorder's clock. The flow starts
+// behind the marker: a first phase at line rate would burn both CPUs for
+// a second, and the scheduler then makes the process wait its turn through
+// the measurement that follows.
 const (
-	markOn  = 1 * time.Second
-	markOff = 4500 * time.Millisecond
-	oneEnd  = 6 * time.Second
+	settleFrom = 1500 * time.Millisecond
+	markOff    = 3500 * time.Millisecond
+	oneEnd     = 5 * time.Second
 )
 
 func runOneFlow(t *testing.T) oneFlow {
@@ -200,10 +203,9 @@ func runOneFlow(t *testing.T) oneFlow {
 			t.Error(err)
 		}
 	}()
+	markerOn(t, tb)
 	rec := tb.Record(sampleEvery)
 	f := startFlows(t, tb, 1)[0]
-	sleepUntil(rec, markOn)
-	markerOn(t, tb)
 	sleepUntil(rec, markOff)
 	if err := tb.Marker.Off(); err != nil {
 		t.Fatal(err)
@@ -213,27 +215,26 @@ func runOneFlow(t *testing.T) oneFlow {
 	r.snd, _ = f.Send.CongestionStats()
 	r.rcv, _ = f.Recv.CongestionStats()
 	s := finish(t, tb, rec, "one-flow")
-	r.line = Throughput(s, 300*time.Millisecond, markOn)[0]
-	r.settled = Throughput(s, markOn+1500*time.Millisecond, markOff)[0]
+	r.settled = Throughput(s, settleFrom, markOff)[0]
 	r.after = Throughput(s, oneEnd-time.Second, oneEnd)[0]
-	r.starved = starvation(s, markOn+1500*time.Millisecond, markOff)
+	r.starved = starvation(s, settleFrom, markOff)
 	r.starvedAfter = starvation(s, oneEnd-time.Second, oneEnd)
-	r.settle = settleTime(s[:sampleIndex(s, markOff)], markOn, 300*time.Millisecond, func(tp []float64) bool {
+	r.settle = settleTime(s[:sampleIndex(s, markOff)], 0, 300*time.Millisecond, func(tp []float64) bool {
 		return tp[0] > 0.7*float64(markRate) && tp[0] < 1.3*float64(markRate)
 	})
-	t.Logf("unmarked %s Mbit/s; marked at %s: settled %s Mbit/s (%+.1f %%), %.0f %% of the window starved; "+
-		"within 30 %% of the rate (100 ms windows, for 300 ms) after %v; marking off: %s Mbit/s, RC %s",
-		mbps(r.line), mbps(float64(markRate)), mbps(r.settled), 100*(r.settled/float64(markRate)-1), 100*r.starved,
-		r.settle, mbps(r.after), mbps(float64(r.snd.Rate)))
+	t.Logf("marked at %s: settled %s Mbit/s (%+.1f %%), %.0f %% of the window starved, "+
+		"within 30 %% of the rate (100 ms windows, for 300 ms) after %v; marking off: %s Mbit/s (%.0f %% starved), RC %s",
+		mbps(float64(markRate)), mbps(r.settled), 100*(r.settled/float64(markRate)-1), 100*r.starved,
+		r.settle, mbps(r.after), 100*r.starvedAfter, mbps(float64(r.snd.Rate)))
 	return r
 }
 
-// TestOneFlowSettlesAndRecovers runs one flow unmarked (its line rate),
-// then behind the marker, where it must settle within 10 % of the marking
-// rate, then unmarked again, where its reaction point must return to line
-// rate and the flow to well above the marking rate. A run whose
-// measurement window the process spent largely descheduled is tried again
-// (up to attempts times), and the test skips if every run was starved.
+// TestOneFlowSettlesAndRecovers starts one flow behind the marker, where it
+// must settle within 10 % of the marking rate, then turns marking off,
+// where its reaction point must return to line rate and the flow to well
+// above the marking rate. A run whose measurement windows the process
+// spent largely descheduled is tried again (up to attempts times), and the
+// test skips if every run was starved.
 func TestOneFlowSettlesAndRecovers(t *testing.T) {
 	needRoot(t)
 	var r oneFlow
@@ -246,9 +247,6 @@ func TestOneFlowSettlesAndRecovers(t *testing.T) {
 			t.Skipf("the machine is too busy: every run lost over %.0f %% of a measurement window to the process not being scheduled", 100*maxStarved)
 		}
 	}
-	if r.line < 3*float64(markRate) {
-		t.Fatalf("unmarked rate %s Mbit/s is not well above the marking rate: the run says nothing", mbps(r.line))
-	}
 	if e := r.settled/float64(markRate) - 1; e < -0.1 || e > 0.1 {
 		t.Errorf("settled at %s Mbit/s, not within 10 %% of the marking rate %s", mbps(r.settled), mbps(float64(markRate)))
 	}
@@ -260,7 +258,7 @@ func TestOneFlowSettlesAndRecovers(t *testing.T) {
 		t.Errorf("rate %d after marking stopped, want line rate %d", st.Rate, LineRate)
 	}
 	if r.after < 3*float64(markRate) {
-		t.Errorf("delivered %s Mbit/s after marking stopped, want well above %s", mbps(r.after), mbps(float64(markRate)))
+		t.Errorf("delivered %s Mbit/s after marking stopped, want well above the marking rate %s", mbps(r.after), mbps(float64(markRate)))
 	}
 }
 
