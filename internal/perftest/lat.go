@@ -163,15 +163,27 @@ func (s *session) writeLat() error {
 // on the last byte, which in Go would race with the engine.
 func (s *session) waitBytes(total uint64) error {
 	stats := &s.dev.Engine().Stats
+	start := time.Now()
 	for stats.RcvdBytes.Load() < total {
 		if err := s.ctx.Err(); err != nil {
 			return fmt.Errorf("perftest: waiting for the peer's RDMA WRITE: %w", err)
 		}
-		runtime.Gosched()
+		// Spin briefly for latency, then sleep so the engine gets the CPU.
+		if time.Since(start) < spinFor {
+			runtime.Gosched()
+		} else {
+			time.Sleep(spinSleep)
+		}
 	}
 	s.dev.Sync()
 	return nil
 }
+
+// How waitBytes waits: spinning for spinFor, then in spinSleep steps.
+const (
+	spinFor   = 200 * time.Microsecond
+	spinSleep = 20 * time.Microsecond
+)
 
 // writeLatExpect returns what the peer's write_lat writes of size bytes
 // hold, but for the last byte (the count): zeros, except that with -a the

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 	"time"
 
@@ -100,6 +99,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	s.ex = NewExchange(conn, s.client, deadline)
 	err = s.run(conn)
 	if s.dev != nil {
+		if err == nil {
+			s.quiesce()
+		}
 		s.res.Device = s.dev
 		if n.Device == nil && !n.KeepDevice {
 			s.dev.Close()
@@ -109,6 +111,35 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		err = fmt.Errorf("%w (%v)", err, ctx.Err())
 	}
 	return &s.res, err
+}
+
+// Bounds of quiesce: the device must be silent for quietFor, and quiesce
+// gives up after quietMax.
+const (
+	quietFor = 20 * time.Millisecond
+	quietMax = time.Second
+)
+
+// quiesce waits until the device has neither sent nor received a packet
+// for quietFor (at most quietMax), so that what the run still owes the
+// peer leaves before the device closes: above all the ACK of the peer's
+// last write_lat WRITE, which perftest follows with no exchange at all
+// (rxe ACKs from the kernel even after the process ends; rxego's device
+// ends with the run).
+func (s *session) quiesce() {
+	moved := func() uint64 {
+		st := s.dev.Transport().Stats()
+		return st.SentPackets + st.RecvPackets
+	}
+	last := moved()
+	for end := time.Now().Add(quietMax); time.Now().Before(end); {
+		time.Sleep(quietFor)
+		now := moved()
+		if now == last {
+			return
+		}
+		last = now
+	}
 }
 
 // connectTCP dials the server (retrying until it listens) or accepts one
@@ -338,24 +369,23 @@ func (s *session) modify() error {
 	return nil
 }
 
-// poll waits for at least one completion on cq, leaving the CPU to the
-// engine between empty polls (it runs on goroutines of this process).
+// poll waits for at least one completion on cq. It blocks rather than
+// spins (after the device's busy-poll spin, if it has one): rxego's engine
+// runs on goroutines of this process, and a poller burning the CPU it
+// needs delays the very packets it waits for, enough on a loaded host to
+// time out a peer's responses.
 func (s *session) poll(cq *rxego.CQ, wcs []rxego.WC) (int, error) {
-	for {
-		if n := cq.Poll(wcs); n > 0 {
-			for _, wc := range wcs[:n] {
-				if wc.Status != qp.WCSuccess {
-					return 0, fmt.Errorf("perftest: completion with error: status %s (%d), wr_id %#x, QP %#x",
-						wc.Status, wc.Status, wc.ID, wc.QPN)
-				}
-			}
-			return n, nil
-		}
-		if err := s.ctx.Err(); err != nil {
-			return 0, fmt.Errorf("perftest: waiting for completions: %w", err)
-		}
-		runtime.Gosched()
+	n, err := cq.PollWait(s.ctx, wcs)
+	if err != nil {
+		return 0, fmt.Errorf("perftest: waiting for completions: %w", err)
 	}
+	for _, wc := range wcs[:n] {
+		if wc.Status != qp.WCSuccess {
+			return 0, fmt.Errorf("perftest: completion with error: status %s (%d), wr_id %#x, QP %#x",
+				wc.Status, wc.Status, wc.ID, wc.QPN)
+		}
+	}
+	return n, nil
 }
 
 // qpIndex returns the index of the QP numbered num.
