@@ -12,8 +12,8 @@
 //	    -panel "rx_mbps=delivered,rate_mbps=RC:Mbit/s" -panel "alpha:alpha" \
 //	    -hline "0:200:marking rate" -title "DCQCN, 2 flows" -o fig.svg run.csv
 //
-// A panel is "COLUMNS:YLABEL[:YMAX]" where COLUMNS is a comma list of
-// NAME or NAME=LEGEND. Within a panel, lines of one group share a colour
+// A panel is "COLUMNS:YLABEL[:YMAX[:YMIN]]" where COLUMNS is a comma list
+// of NAME or NAME=LEGEND; YMAX (and YMIN, default 0) fix the y axis. Within a panel, lines of one group share a colour
 // and the second and later columns are dashed. An -hline is
 // "PANEL:Y:LABEL", PANEL counting from 0.
 package main
@@ -62,7 +62,7 @@ func run(args []string, stdout io.Writer) error {
 		panels listFlag
 		hlines listFlag
 	)
-	fs.Var(&panels, "panel", `a chart: "COL[=LEGEND],...:YLABEL[:YMAX]" (repeatable)`)
+	fs.Var(&panels, "panel", `a chart: "COL[=LEGEND],...:YLABEL[:YMAX[:YMIN]]" (repeatable)`)
 	fs.Var(&hlines, "hline", `a reference line: "PANEL:Y:LABEL" (repeatable)`)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -167,16 +167,23 @@ func (t *table) col(name string) (int, error) {
 // buildPanel makes the lines of one -panel spec.
 func buildPanel(t *table, spec, xcol string, xscale float64, by string, every int, xmin, xmax float64) (Panel, error) {
 	parts := strings.Split(spec, ":")
-	if len(parts) < 2 || len(parts) > 3 || parts[0] == "" {
-		return Panel{}, fmt.Errorf("-panel %q: want COLUMNS:YLABEL[:YMAX]", spec)
+	if len(parts) < 2 || len(parts) > 4 || parts[0] == "" {
+		return Panel{}, fmt.Errorf("-panel %q: want COLUMNS:YLABEL[:YMAX[:YMIN]]", spec)
 	}
 	p := Panel{YLabel: parts[1]}
-	if len(parts) == 3 {
+	if len(parts) >= 3 {
 		v, err := strconv.ParseFloat(parts[2], 64)
 		if err != nil || v <= 0 {
 			return Panel{}, fmt.Errorf("-panel %q: bad YMAX", spec)
 		}
 		p.YMax = v
+	}
+	if len(parts) == 4 {
+		v, err := strconv.ParseFloat(parts[3], 64)
+		if err != nil || v >= p.YMax {
+			return Panel{}, fmt.Errorf("-panel %q: bad YMIN (must be below YMAX)", spec)
+		}
+		p.YMin = v
 	}
 	xi, err := t.col(xcol)
 	if err != nil {

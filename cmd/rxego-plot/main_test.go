@@ -74,6 +74,11 @@ func TestScaling(t *testing.T) {
 	if pts[0] != "70.0,40.0" {
 		t.Errorf("first point %s, want 70.0,40.0 (left edge, top)", pts[0])
 	}
+	// With YMIN 60 and YMAX 100, 80 is half way up the 240-pixel panel.
+	d = render(t, "-by", "flow", "-panel", "rate:r:100:60")
+	if pts := strings.Fields(d.Polylines[0].Points); pts[1] != "400.0,160.0" {
+		t.Errorf("second point %s, want 400.0,160.0 (middle, half way up)", pts[1])
+	}
 	d = render(t, "-by", "flow", "-panel", "rate:r", "-xmin", "5", "-every", "2")
 	if n := len(strings.Fields(d.Polylines[0].Points)); n != 1 {
 		t.Errorf("-xmin 5 -every 2 kept %d of the points at 10 and 20, want 1", n)
@@ -91,6 +96,7 @@ func TestBadInput(t *testing.T) {
 		"unknown column": {"-panel", "nope:r", in},
 		"bad panel":      {"-panel", "rate", in},
 		"bad ymax":       {"-panel", "rate:r:-1", in},
+		"bad ymin":       {"-panel", "rate:r:10:20", in},
 		"bad hline":      {"-panel", "rate:r", "-hline", "3:1:x", in},
 		"not a number":   {"-panel", "rate:r", bad},
 		"missing file":   {"-panel", "rate:r", in + ".none"},
