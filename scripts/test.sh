@@ -7,12 +7,12 @@
 # fuzz target for a bounded time.
 #
 # Usage: sudo scripts/test.sh            (root: the lab needs netns and tap)
-# Env:   FUZZTIME (default 10s per target), SKIP_SETUP=1 to skip installs.
+# Env:   FUZZTIME (default 5s per target), SKIP_SETUP=1 to skip installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI="${CI:-true}"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
-fuzztime="${FUZZTIME:-10s}"
+fuzztime="${FUZZTIME:-5s}"
 start=$(date +%s)
 step() { printf '\n=== %s (%ds)\n' "$*" $(( $(date +%s) - start )); }
 
