@@ -29,6 +29,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rxego/rxego/bth"
@@ -134,11 +135,16 @@ type Options struct {
 	// (congestion.NVIDIAParams at qp.DefaultLineRate). Set Off to disable
 	// it, or RP to congestion.PaperParams for the DCQCN paper's values.
 	Congestion *qp.CongestionConfig
-	// BusyPoll, when positive, makes the receive loop poll the socket
-	// without blocking for up to this long after the last packet before it
-	// sleeps (transport.Options.BusyPoll): lower latency for a spinning
-	// CPU. Pair it with a CQ polled in a loop, or with CQ.PollWait, which
-	// the receive loop wakes on the same processor.
+	// BusyPoll, when positive, turns on busy polling: polling one of the
+	// device's CQs (CQ.Poll) while it is empty also takes in whatever
+	// packets the socket holds, on the polling goroutine, and CQ.PollWait
+	// polls so for up to BusyPoll before it blocks. An application that
+	// spins on Poll then sees a reply with no wake-up or goroutine switch
+	// in between, at the price of a busy CPU. While an application polls,
+	// the device's own receive goroutine stands back (it looks again every
+	// BusyPoll), so packets wait at most about twice BusyPoll once the
+	// application stops polling. Used with the sockets of
+	// transport.Listen; ignored for other Conns.
 	BusyPoll time.Duration
 	// Tap, when set, sees every packet the device sends, receives and
 	// drops from the moment it opens: a transport/pcaptap Writer records
@@ -160,6 +166,15 @@ type Device struct {
 
 	sendMu sync.Mutex
 	msgs   []transport.Message
+
+	// Receiving: see receiveLoop.
+	poller   transport.Poller // the Conn's non-blocking receive, if it has one
+	rxMu     sync.Mutex       // held while packets from rxMsgs are in the engine
+	rxMsgs   []transport.Message
+	rxIn     []qp.InPacket
+	busy     time.Duration // Options.BusyPoll, with a Poller
+	clock    *qp.MonoClock
+	lastPoll atomic.Int64 // clock time of the last application poll (busy mode)
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
@@ -189,9 +204,6 @@ func Open(addr string, opts *Options) (*Device, error) {
 	}
 	conn := o.Conn
 	if conn == nil {
-		if o.Transport.BusyPoll == 0 {
-			o.Transport.BusyPoll = o.BusyPoll
-		}
 		conn, err = transport.Listen(local, o.Transport)
 		if err != nil {
 			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
@@ -202,8 +214,14 @@ func Open(addr string, opts *Options) (*Device, error) {
 	if o.Tap != nil {
 		conn.SetTap(o.Tap)
 	}
-	d := &Device{conn: conn, mrs: mr.NewTable(), local: local, stop: make(chan struct{})}
+	d := &Device{conn: conn, mrs: mr.NewTable(), local: local, stop: make(chan struct{}),
+		rxMsgs: make([]transport.Message, recvBatch), rxIn: make([]qp.InPacket, 0, recvBatch)}
 	clock := qp.NewMonoClock()
+	d.clock = clock
+	if p, ok := conn.(transport.Poller); ok {
+		d.poller = p
+		d.busy = o.BusyPoll
+	}
 	d.eng, err = qp.NewEngine(qp.Config{
 		Local: local.Addr(), Port: local.Port(), Clock: clock, Out: (*deviceOut)(d), MRs: d.mrs,
 		Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
@@ -299,31 +317,108 @@ func adjacent(a, b []byte) bool {
 // one coalesced ACK per QP, so larger batches mean fewer ACKs.
 const recvBatch = 256
 
+// receiveLoop takes in packets until the device closes.
+//
+// With a transport.Poller (the sockets of transport.Listen) the loop waits
+// for the socket to become readable and then takes its packets in without
+// blocking, under rxMu, so an application polling a CQ in busy-poll mode
+// can take them in too (pollOnce); views into the transport's buffers are
+// only ever in use under rxMu. Other Conns are read with blocking Recv.
 func (d *Device) receiveLoop() {
-	msgs := make([]transport.Message, recvBatch)
-	in := make([]qp.InPacket, 0, recvBatch)
+	if d.poller != nil {
+		d.pollLoop()
+		return
+	}
 	for {
-		n, err := d.conn.Recv(msgs)
+		n, err := d.conn.Recv(d.rxMsgs)
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if d.closing(err) {
 				return
 			}
-			select {
-			case <-d.stop:
-				return
-			default:
-				continue
-			}
+			continue
 		}
-		in = in[:0]
-		for i := range msgs[:n] {
-			p, err := bth.Parse(msgs[i].Buf)
-			if err != nil {
-				continue // the transport already counted and dropped these
-			}
-			in = append(in, qp.InPacket{Pkt: p, Src: msgs[i].Peer, TOS: msgs[i].TOS, Dest: d.local.Addr()})
+		d.input(n)
+	}
+}
+
+// closing reports whether a receive error means the device is closing.
+func (d *Device) closing(err error) bool {
+	if errors.Is(err, net.ErrClosed) {
+		return true
+	}
+	select {
+	case <-d.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// input hands the n packets in rxMsgs to the engine.
+func (d *Device) input(n int) { d.inputWith(n, d.eng.Input) }
+
+// inputWith hands the n packets in rxMsgs to the engine through input.
+func (d *Device) inputWith(n int, input func([]qp.InPacket)) {
+	in := d.rxIn[:0]
+	for i := range d.rxMsgs[:n] {
+		m := &d.rxMsgs[i]
+		p, err := bth.Parse(m.Buf)
+		if err != nil {
+			continue // the transport already counted and dropped these
 		}
-		d.eng.Input(in)
+		in = append(in, qp.InPacket{Pkt: p, Src: m.Peer, TOS: m.TOS, Dest: d.local.Addr()})
+	}
+	input(in)
+	clear(in) // no references into the transport's buffers
+	clear(d.rxMsgs[:n])
+}
+
+// receiveOnce takes in what the socket holds, without blocking.
+func (d *Device) receiveOnce() (int, error) {
+	d.rxMu.Lock()
+	defer d.rxMu.Unlock()
+	n, err := d.poller.TryRecv(d.rxMsgs)
+	if n > 0 {
+		d.input(n)
+	}
+	return n, err
+}
+
+// pollLoop is the receive loop over a transport.Poller.
+func (d *Device) pollLoop() {
+	for {
+		n, err := d.receiveOnce()
+		if err != nil && d.closing(err) {
+			return
+		}
+		if n > 0 || err != nil {
+			continue
+		}
+		d.eng.FlushAcks() // held for a poller that has stopped polling
+		if d.busy > 0 && d.clock.Now()-time.Duration(d.lastPoll.Load()) < d.busy {
+			// An application is polling and takes the packets in itself:
+			// stand back rather than be woken for every packet.
+			time.Sleep(d.busy)
+			continue
+		}
+		if err := d.poller.WaitReadable(); err != nil && d.closing(err) {
+			return
+		}
+	}
+}
+
+// pollOnce is a busy-polling CQ's poller: it takes in what the socket
+// holds on the polling goroutine, unless another goroutine is at it.
+func (d *Device) pollOnce() {
+	if !d.rxMu.TryLock() {
+		return
+	}
+	defer d.rxMu.Unlock()
+	d.lastPoll.Store(int64(d.clock.Now()))
+	if n, _ := d.poller.TryRecv(d.rxMsgs); n > 0 {
+		d.inputWith(n, d.eng.InputPolled)
+	} else {
+		d.eng.FlushAcks() // the poller did not answer what it took in last time
 	}
 }
 
@@ -364,7 +459,13 @@ func (d *Device) Transport() transport.Conn { return d.conn }
 func (d *Device) Sync() { d.eng.Sync() }
 
 // CreateCQ makes a completion queue of the given depth.
-func (d *Device) CreateCQ(depth int) (*CQ, error) { return qp.NewCQ(depth) }
+func (d *Device) CreateCQ(depth int) (*CQ, error) {
+	cq, err := qp.NewCQ(depth)
+	if err == nil && d.busy > 0 {
+		cq.SetPoller(d.pollOnce, d.busy)
+	}
+	return cq, err
+}
 
 // PD is a protection domain.
 type PD struct {

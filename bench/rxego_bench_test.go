@@ -21,10 +21,15 @@ type pair struct {
 }
 
 func newPair(tb testing.TB, mtu qp.MTU, size int, depth int) *pair {
+	return newPairOpts(tb, mtu, size, depth, nil)
+}
+
+// newPairOpts is newPair with device options.
+func newPairOpts(tb testing.TB, mtu qp.MTU, size int, depth int, opts *rxego.Options) *pair {
 	tb.Helper()
 	p := &pair{}
 	for i := range p.devs {
-		d := testaddr.Open(tb, nil)
+		d := testaddr.Open(tb, opts)
 		pd, _ := d.AllocPD()
 		var err error
 		p.cqs[i], _ = d.CreateCQ(4 * depth)

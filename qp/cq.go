@@ -3,7 +3,9 @@ package qp
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
+	"time"
 )
 
 // ErrCQOverrun is reported (once, through CQ.Err) when completions arrive
@@ -23,6 +25,16 @@ type CQ struct {
 	bell    chan struct{} // a token when entries arrive while someone waits
 	done    chan struct{} // closed by Close
 	closed  bool
+	poller  func()        // see SetPoller
+	spin    time.Duration // see SetPoller
+}
+
+// SetPoller makes Poll, when it finds the CQ empty, call f (which takes in
+// packets that may complete work, on the polling goroutine) and look
+// again, and makes PollWait poll so for up to spin before it blocks. A
+// device in busy-poll mode sets it on its CQs before they are used.
+func (c *CQ) SetPoller(f func(), spin time.Duration) {
+	c.poller, c.spin = f, spin
 }
 
 // NewCQ makes a CQ that holds up to depth completions.
@@ -49,22 +61,40 @@ func (c *CQ) Depth() int { return len(c.ring) }
 
 // push adds a completion; it reports false on overrun.
 func (c *CQ) push(wc WC) bool {
+	ok, _ := c.pushWoke(wc)
+	return ok
+}
+
+// pushWoke is push that also reports whether a goroutine was waiting.
+func (c *CQ) pushWoke(wc WC) (ok, woke bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == len(c.ring) {
 		c.overrun = true
-		return false
+		return false, false
 	}
 	c.ring[(c.head+c.n)%len(c.ring)] = wc
 	c.n++
-	if c.n == 1 {
+	if c.n == 1 && c.waiters > 0 {
 		c.ringBell()
+		woke = true
 	}
-	return true
+	return true, woke
 }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many.
+// With a poller (SetPoller) an empty CQ runs it once and looks again.
 func (c *CQ) Poll(wcs []WC) int {
+	n := c.take(wcs)
+	if n == 0 && c.poller != nil && len(wcs) > 0 {
+		c.poller()
+		n = c.take(wcs)
+	}
+	return n
+}
+
+// take moves up to len(wcs) completions into wcs.
+func (c *CQ) take(wcs []WC) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := 0
@@ -131,6 +161,18 @@ func (c *CQ) Wait(ctx context.Context) error {
 // PollWait polls, waiting first when nothing is there: the blocking
 // equivalent of a completion-channel loop.
 func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
+	if c.poller != nil && c.spin > 0 {
+		end := time.Now().Add(c.spin)
+		for i := 1; ; i++ {
+			if n := c.Poll(wcs); n > 0 {
+				return n, nil
+			}
+			if i%64 == 0 && (ctx.Err() != nil || time.Now().After(end)) {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
 	for {
 		if n := c.Poll(wcs); n > 0 {
 			return n, nil

@@ -284,6 +284,10 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		e.kick(q)
 	}
 	if e.batching.Load() == 0 {
+		// ACKs the receive loop left for this moment (see Input) go in
+		// the same system call.
+		e.flushAcks()
+		e.held.Store(false)
 		e.flush()
 	}
 	return nil
@@ -547,7 +551,12 @@ func (q *QP) flushRQ() {
 
 func (q *QP) pushWC(cq *CQ, wc WC) {
 	q.e.Stats.CompletionsGenerated.Add(1)
-	if !cq.push(wc) {
+	ok, woke := cq.pushWoke(wc)
+	q.e.pushed = true
+	if woke {
+		q.e.woke = true
+	}
+	if !ok {
 		// A CQ overrun is fatal to the QP, as on an RNIC.
 		if q.state != Err {
 			q.enterError()

@@ -71,7 +71,7 @@ func listenUDP(local netip.AddrPort, opts Options) (*udpConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &udpConn{ep: newEndpoint(local), scope: scope, mode: opts.Mode, tos: opts.TOS, gro: gro, busy: opts.BusyPoll}
+	c := &udpConn{ep: newEndpoint(local), scope: scope, mode: opts.Mode, tos: opts.TOS, gro: gro}
 	c.gso.Store(gso)
 	c.file = os.NewFile(uintptr(fd), "udp "+local.String())
 	if c.rc, err = c.file.SyscallConn(); err != nil {

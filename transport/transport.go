@@ -119,12 +119,19 @@ type Options struct {
 	Mode RecvMode
 	// TOS is the TOS / traffic class of messages sent with TOS 0.
 	TOS uint8
-	// BusyPoll, when positive, makes Recv poll the socket without blocking
-	// for up to this long before it waits in the runtime's poller: it
-	// trades a spinning CPU for the microseconds a wake-up costs. Between
-	// polls Recv yields the processor (runtime.Gosched), so goroutines
-	// woken by the packets it delivered run at once.
-	BusyPoll time.Duration
+}
+
+// Poller is implemented by Conns that can receive without blocking, for
+// receive loops that let other goroutines (an application polling for
+// completions) take in packets too. The Conns of Listen implement it.
+type Poller interface {
+	// TryRecv is Recv that never waits: it returns 0 at once when no
+	// packet is queued, or when another goroutine is receiving.
+	TryRecv(msgs []Message) (n int, err error)
+	// WaitReadable blocks until a packet may be queued (it reads
+	// nothing, so another goroutine's TryRecv may take it first) or the
+	// Conn is closed (net.ErrClosed).
+	WaitReadable() error
 }
 
 // Errors returned by Listen and Send. Listen wraps system errors (address

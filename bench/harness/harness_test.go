@@ -71,7 +71,7 @@ func TestCases(t *testing.T) {
 		})
 	}
 	var b bytes.Buffer
-	WriteReport(&b, all)
+	WriteReport(&b, all, false)
 	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "## Targets"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -69,6 +70,20 @@ func (c *ctl) watch() *watcher {
 		}
 	}()
 	return w
+}
+
+// context returns a context that ends with the other side's final signal
+// (or parent), for waits that must notice it.
+func (w *watcher) context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-w.ended:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // wait blocks until the final signal (or the end of the connection).

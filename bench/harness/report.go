@@ -112,12 +112,17 @@ func wait(busy bool) string {
 }
 
 // WriteReport prints the markdown report of a run.
-func WriteReport(w io.Writer, list []Result) {
+// nice says the processes ran at raised priority (nice -20).
+func WriteReport(w io.Writer, list []Result, nice bool) {
 	rs := results(list)
 	host, _ := os.Hostname()
 	fmt.Fprintf(w, "# rxego-bench, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(w, "%s, %s/%s, %d CPUs, %s; two processes on loopback, run one case at a time.\n\n",
-		host, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), kernel())
+	prio := ""
+	if nice {
+		prio = " at nice -20"
+	}
+	fmt.Fprintf(w, "%s, %s/%s, %d CPUs, %s; two processes on loopback%s, one case at a time; load average before the run %s.\n\n",
+		host, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), kernel(), prio, loadAvg())
 
 	fmt.Fprintln(w, "## Yardsticks")
 	fmt.Fprintln(w)
@@ -264,6 +269,18 @@ func WriteReport(w io.Writer, list []Result) {
 	}
 	fmt.Fprintf(w, "| zero allocations per packet (largest seen in a bandwidth or rate run) | %.4f | %s |\n", worst,
 		map[bool]string{true: "yes (see go test -run Allocs for the exact per-path checks)", false: "**no**"}[worst < 0.01])
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func kernel() string {

@@ -325,9 +325,19 @@ func rxegoBW(p *peer) (Result, error) {
 }
 
 // idleServer waits while the client works on the server's memory, then
-// reports its counters and its CPU time over the client's measurement.
+// reports its counters and its CPU time over the client's measurement. A
+// busy-polling server spins on its CQ meanwhile, which takes in and
+// answers the client's packets on this goroutine, as a busy-polling
+// perftest server does.
 func idleServer(p *peer, s *rxSide) (Result, error) {
 	w := p.ctl.watch()
+	if p.c.Busy {
+		wcs := make([]rxego.WC, 16)
+		for !w.stop.Load() {
+			s.cq.Poll(wcs)
+			runtime.Gosched()
+		}
+	}
 	err := w.wait()
 	return Result{Counters: counters(s.dev), CPU: w.cpu()}, err
 }
@@ -345,14 +355,8 @@ func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Resul
 		}
 	}
 	stop := p.ctl.watch()
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := stop.context(ctx)
 	defer cancel()
-	go func() {
-		for !stop.stop.Load() && ctx.Err() == nil {
-			time.Sleep(5 * time.Millisecond)
-		}
-		cancel()
-	}()
 	wcs := make([]rxego.WC, 64)
 	for {
 		n, err := waitCQ(ctx, s.cq, wcs, p.c.Busy)
@@ -403,17 +407,16 @@ func rxegoLat(p *peer) (Result, error) {
 			return idleServer(p, s)
 		}
 		stop := p.ctl.watch()
-		for !stop.stop.Load() {
-			// Echo each message; poll with a timeout so the stop
-			// signal is seen even when the client has gone quiet.
-			wctx, wcancel := context.WithTimeout(ctx, 50*time.Millisecond)
-			n, err := waitCQ(wctx, s.cq, wcs, c.Busy)
-			wcancel()
+		sctx, scancel := stop.context(ctx)
+		defer scancel()
+		for {
+			// Echo each message until the client says it is done.
+			n, err := waitCQ(sctx, s.cq, wcs, c.Busy)
 			if err != nil {
-				if ctx.Err() != nil {
-					return Result{}, err
+				if stop.stop.Load() {
+					break
 				}
-				continue
+				return Result{}, err
 			}
 			if err := checkWCs(wcs[:n]); err != nil {
 				return Result{}, err
