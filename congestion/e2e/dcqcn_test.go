@@ -26,7 +26,7 @@ const (
 	markRate    = 200 * congestion.Mbps
 	markPPS     = (markRate + MTU*8 - 1) / (MTU * 8)
 	markBurst   = 64
-	sampleEvery = 5 * time.Millisecond
+	sampleEvery = 2 * time.Millisecond
 	// csvWindow is the span over which the CSV's delivered rate is
 	// averaged: dozens of 32 KiB completions at the marking rate.
 	csvWindow = 50 * time.Millisecond
@@ -156,9 +156,9 @@ func settleTime(s []Sample, from, holdFor time.Duration, ok func(tp []float64) b
 // milliseconds deep), so a window with much of it measures the machine,
 // not DCQCN. The recorder sees it as gaps between its samples.
 const (
-	starveGap  = 4 * sampleEvery // a longer gap between samples is starvation
-	maxStarved = 0.1             // the most of a window that may be lost so
-	attempts   = 3               // runs tried before giving up on a busy machine
+	starveGap  = 20 * time.Millisecond // a longer gap between samples is starvation
+	maxStarved = 0.1                   // the most of a window that may be lost so
+	attempts   = 3                     // runs tried before giving up on a busy machine
 )
 
 // starvation returns how much of [from, to] the recorder lost to gaps
