@@ -187,7 +187,7 @@ func TestPacingWhileTheRateChanges(t *testing.T) {
 	rp := congestion.PaperParams(DefaultLineRate)
 	rp.TimeReset, rp.ByteReset = 50*time.Microsecond, 0
 	rp.AIRate, rp.Threshold = 1000, 1 // +1 kb/s per event: the rate creeps
-	rp.AlphaPeriod = time.Hour       // alpha stays 1: every CNP halves
+	rp.AlphaPeriod = time.Hour        // alpha stays 1: every CNP halves
 	f, a, b := ccPair(t, rp)
 	const size = 256 << 10
 	smr, _ := a.n.reg(t, size, allAccess)
