@@ -30,9 +30,11 @@ type Capture struct {
 // guests are seen as well as those to and from the host. Stop it with
 // Stop; Close stops it too.
 func (l *Lab) Capture(path string) (*Capture, error) {
+	// -s 9100 -B 16384: a full jumbo frame and a 16 MiB buffer, so a busy
+	// host does not make tcpdump drop frames.
 	// --immediate-mode: without it frames wait in the kernel ring for a
 	// block to fill or time out, and the last ones are lost at Stop.
-	cmd := l.Command("tcpdump", "-i", bridgeName, "-n", "-s", "0", "-U", "--immediate-mode", "-w", path)
+	cmd := l.Command("tcpdump", "-i", bridgeName, "-n", "-s", "9100", "-B", "16384", "-U", "--immediate-mode", "-w", path)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
