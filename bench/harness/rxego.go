@@ -243,15 +243,23 @@ func opcodeOf(op string) (rxego.SendWR, error) {
 }
 
 // rxegoBW: the client keeps Depth messages of Size bytes in flight on one
-// QP for the measured interval; a SEND server keeps receives posted.
+// QP for the measured interval, refilling the free slots with one post
+// list each time completions come back; a SEND server keeps many more
+// receives posted (recvDepth), so it rarely runs out while it reposts (an
+// RNR NAK makes the client wait and resend).
+
+// recvDepth is the receives a SEND server keeps posted for depth messages
+// of size bytes in flight: like perftest's 512, fewer when that would take
+// more than 64 MiB.
+func recvDepth(depth, size int) int { return max(2*depth, min(512, (64<<20)/size)) }
 func rxegoBW(p *peer) (Result, error) {
 	c := p.c
 	depth := c.Depth
 	mem := c.Size
 	if p.server && c.Op == "send" {
-		mem = c.Size * depth
+		mem = c.Size * recvDepth(depth, c.Size)
 	}
-	s, them, err := rxSetup(p, 1, mem, depth, depth, 2*depth+16, false)
+	s, them, err := rxSetup(p, 1, mem, depth, recvDepth(depth, c.Size), recvDepth(depth, c.Size)+depth+16, false)
 	defer s.close()
 	if err != nil {
 		return Result{}, err
@@ -262,7 +270,7 @@ func rxegoBW(p *peer) (Result, error) {
 	wcs := make([]rxego.WC, 64)
 	if p.server {
 		if c.Op == "send" {
-			return serveRecvs(ctx, p, s, c.Size, depth)
+			return serveRecvs(ctx, p, s, c.Size, recvDepth(depth, c.Size))
 		}
 		return idleServer(p, s)
 	}
@@ -272,17 +280,22 @@ func rxegoBW(p *peer) (Result, error) {
 	}
 	wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA(), Length: uint32(c.Size), LKey: s.mr.LKey()}}
 	wr.RemoteAddr, wr.RKey, wr.Flags = them.VA, them.RKey, rxego.SendSignaled
+	wrs := make([]rxego.SendWR, depth)
+	for i := range wrs {
+		wrs[i] = wr
+	}
 	var res Result
 	var am allocMeter
 	var pkts0 uint64
 	w := p.newWindow()
 	inflight := 0
 	for {
-		for inflight < depth {
-			if err := q.PostSend(wr); err != nil {
+		// Refill with one PostSend for all free slots (a post list).
+		if free := depth - inflight; free > 0 {
+			if err := q.PostSend(wrs[:free]...); err != nil {
 				return res, err
 			}
-			inflight++
+			inflight = depth
 		}
 		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
 		if err != nil {
@@ -486,7 +499,7 @@ func rxegoLat(p *peer) (Result, error) {
 
 // rateBatch is how many WRITEs one PostSend carries; only the last of
 // each is signaled, as perftest's completion moderation does.
-const rateBatch = 32
+const rateBatch = 64
 
 // rxegoRate keeps Depth 64-byte inline WRITEs in flight.
 func rxegoRate(p *peer) (Result, error) {
