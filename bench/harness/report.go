@@ -268,7 +268,7 @@ func WriteReport(w io.Writer, list []Result, nice bool) {
 		}
 	}
 	fmt.Fprintf(w, "| zero allocations per packet (largest seen in a bandwidth or rate run) | %.4f | %s |\n", worst,
-		map[bool]string{true: "yes (see go test -run Allocs for the exact per-path checks)", false: "**no**"}[worst < 0.01])
+		map[bool]string{true: "yes (exact per-path checks: go test -run NoAllocs ./qp ./transport ./bench)", false: "**no**"}[worst < 0.01])
 }
 
 func loadAvg() string {
