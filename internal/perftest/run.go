@@ -113,6 +113,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return &s.res, err
 }
 
+// maxBuffer bounds the registered buffer, whose size the peer's page size
+// helps decide.
+const maxBuffer = 1 << 30
+
 // Bounds of quiesce: the device must be silent for quietFor, and quiesce
 // gives up after quietMax.
 const (
@@ -202,6 +206,10 @@ func (s *session) run(conn net.Conn) error {
 	}
 	c.mtu = qp.MTU(code)
 	s.lay = layout{ctxSize: c.bufSizeFor(), cycle: cycle, cacheLine: cacheLine, numQPs: c.NumQPs}
+	if s.lay.total() > maxBuffer {
+		return fmt.Errorf("perftest: a %d-byte buffer (page size %d, %d QPs, size %d) exceeds %d bytes",
+			s.lay.total(), cycle, c.NumQPs, s.lay.ctxSize, maxBuffer)
+	}
 	if err := s.setup(conn); err != nil {
 		return err
 	}
