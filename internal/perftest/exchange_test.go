@@ -210,3 +210,40 @@ func TestServerAgainstCapturedClient(t *testing.T) {
 		})
 	}
 }
+
+// TestExchangeRejects feeds bad peer messages to each step: old or
+// garbled versions, unusable page and cache line sizes are errors; an
+// invalid peer MTU leaves this side's.
+func TestExchangeRejects(t *testing.T) {
+	// step runs f as the server against a peer that sends msg (and reads
+	// whatever the server answers).
+	step := func(msg []byte, f func(x *Exchange) error) error {
+		a, b := net.Pipe()
+		defer a.Close()
+		go io.Copy(io.Discard, b)
+		go b.Write(msg)
+		defer b.Close()
+		return f(NewExchange(a, false, time.Now().Add(5*time.Second)))
+	}
+	version := func(v string) []byte { b := make([]byte, versionLen); copy(b, v); return b }
+	for _, v := range []string{"5.60", "abc", "", "4.6"} {
+		if err := step(version(v), func(x *Exchange) error { return x.Versions() }); err == nil {
+			t.Errorf("version %q accepted", v)
+		}
+	}
+	if err := step(version("6.06-rc1"), func(x *Exchange) error { return x.Versions() }); err != nil {
+		t.Errorf("version 6.06-rc1: %v", err)
+	}
+	for _, bad := range [][]byte{{0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 64}, {0, 0, 0x10, 0, 0, 0, 0, 48}} {
+		if err := step(bad, func(x *Exchange) error { _, _, err := x.SysData(4096, 64); return err }); err == nil {
+			t.Errorf("sys data % x accepted", bad)
+		}
+	}
+	var got int
+	if err := step([]byte("9\x00"), func(x *Exchange) error { var err error; got, err = x.MTU(3); return err }); err != nil || got != 3 {
+		t.Errorf("peer MTU 9: got %d, %v", got, err)
+	}
+	if err := step([]byte("2\x00"), func(x *Exchange) error { var err error; got, err = x.MTU(3); return err }); err != nil || got != 2 {
+		t.Errorf("peer MTU 2: got %d, %v", got, err)
+	}
+}
