@@ -234,7 +234,7 @@ func TestExchangeRejects(t *testing.T) {
 	if err := step(version("6.06-rc1"), func(x *Exchange) error { return x.Versions() }); err != nil {
 		t.Errorf("version 6.06-rc1: %v", err)
 	}
-	for _, bad := range [][]byte{{0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 64}, {0, 0, 0x10, 0, 0, 0, 0, 48}} {
+	for _, bad := range [][]byte{{0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 64}, {0, 0, 0x10, 0, 0, 0, 0, 96}} {
 		if err := step(bad, func(x *Exchange) error { _, _, err := x.SysData(4096, 64); return err }); err == nil {
 			t.Errorf("sys data % x accepted", bad)
 		}
