@@ -218,7 +218,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 		rxMsgs: make([]transport.Message, recvBatch), rxIn: make([]qp.InPacket, 0, recvBatch)}
 	clock := qp.NewMonoClock()
 	d.clock = clock
-	if p, ok := conn.(transport.Poller); ok {
+	if p, ok := conn.(transport.Poller); ok && o.BusyPoll > 0 {
 		d.poller = p
 		d.busy = o.BusyPoll
 	}
@@ -319,13 +319,15 @@ const recvBatch = 256
 
 // receiveLoop takes in packets until the device closes.
 //
-// With a transport.Poller (the sockets of transport.Listen) the loop waits
-// for the socket to become readable and then takes its packets in without
-// blocking, under rxMu, so an application polling a CQ in busy-poll mode
-// can take them in too (pollOnce); views into the transport's buffers are
-// only ever in use under rxMu. Other Conns are read with blocking Recv.
+// In busy-poll mode the loop waits for the socket to become readable and
+// then takes its packets in without blocking, under rxMu, so that an
+// application polling a CQ can take them in too (pollOnce); views into the
+// transport's buffers are only ever in use under rxMu. Otherwise it reads
+// with blocking Recv, which makes one system call per wake-up fewer: a
+// recvmmsg that finds nothing parks the goroutine, and the next one after
+// the wake-up reads.
 func (d *Device) receiveLoop() {
-	if d.poller != nil {
+	if d.busy > 0 {
 		d.pollLoop()
 		return
 	}
