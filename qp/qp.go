@@ -173,6 +173,11 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	if err := checkModify(q.typ, q.state, a, mask); err != nil {
 		return err
 	}
+	// ACKs held back for the application's answer (see Input) go out
+	// before the state changes: a QP moving to ERR must still acknowledge
+	// what it received, or the peer retries work that was done.
+	e.flushAcks()
+	e.held.Store(false)
 	next := q.state
 	if mask&AttrState != 0 {
 		next = a.State
@@ -278,16 +283,20 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	for i := range wrs {
 		q.enqueueSend(&wrs[i])
 	}
+	if e.batching.Load() == 0 {
+		// ACKs the receive loop left for this moment (see Input) go in
+		// the same system call, and ahead of the new requests: they
+		// acknowledge what came before, and a peer must see them first
+		// (a DREQ overtaking the last ACK would flush completed work).
+		e.flushAcks()
+		e.held.Store(false)
+	}
 	if q.state == Err {
 		q.flushSQ()
 	} else {
 		e.kick(q)
 	}
 	if e.batching.Load() == 0 {
-		// ACKs the receive loop left for this moment (see Input) go in
-		// the same system call.
-		e.flushAcks()
-		e.held.Store(false)
 		e.flush()
 	}
 	return nil
