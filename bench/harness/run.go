@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -194,6 +196,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	list := fs.Bool("list", false, "list the cases and exit")
 	dur := fs.Duration("duration", 0, "measured interval per case (default 1.5s, -quick 0.3s)")
 	jsonOut := fs.String("json", "", "also write every result as JSON lines to this file")
+	repeat := fs.Int("repeat", 3, "run the suite this many times, in rounds, and report each case's median run")
 	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20, needs root) so other load on the machine disturbs the figures less")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rxego-bench [flags]\n\nMeasures rxego, raw UDP and TCP between two processes on loopback and prints a markdown report.")
@@ -210,6 +213,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		cases = filterCases(cases, re)
+	}
+	if *repeat < 1 {
+		*repeat = 1
 	}
 	if *dur > 0 {
 		for i := range cases {
@@ -245,31 +251,66 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			*nice = false
 		}
 	}
-	results := make([]Result, 0, len(cases))
+	// Rounds of the whole suite, so each case's runs are spread over the
+	// sitting and a passing disturbance spoils one run of a case, not all.
+	runs := make([][]Result, len(cases))
 	start := time.Now()
-	failed := 0
-	for i, c := range cases {
-		fmt.Fprintf(stderr, "[%2d/%d] %-44s ", i+1, len(cases), c.Name())
-		r, err := RunCase(exe, c)
-		if err != nil {
-			failed++
-			r.Err = err.Error()
-			fmt.Fprintf(stderr, "FAILED: %v\n", err)
-		} else {
-			fmt.Fprintln(stderr, r.Summary())
-		}
-		results = append(results, r)
-		if jw != nil {
-			b, _ := json.Marshal(r)
-			fmt.Fprintf(jw, "%s\n", b)
+	total := len(cases) * *repeat
+	for round := range *repeat {
+		for i, c := range cases {
+			fmt.Fprintf(stderr, "[%3d/%d] %-44s ", round*len(cases)+i+1, total, c.Name())
+			r, err := RunCase(exe, c)
+			if err != nil {
+				r.Err = err.Error()
+				fmt.Fprintf(stderr, "FAILED: %v\n", err)
+			} else {
+				fmt.Fprintln(stderr, r.Summary())
+			}
+			runs[i] = append(runs[i], r)
+			if jw != nil {
+				b, _ := json.Marshal(r)
+				fmt.Fprintf(jw, "%s\n", b)
+			}
 		}
 	}
 	fmt.Fprintf(stderr, "done in %v\n", time.Since(start).Round(time.Second))
-	WriteReport(stdout, results, *nice)
-	if failed > 0 {
+	results := make([]Result, len(cases))
+	failed := false
+	for i := range runs {
+		results[i] = median(runs[i])
+		failed = failed || results[i].Err != ""
+	}
+	WriteReport(stdout, results, *nice, *repeat)
+	if failed {
 		return 1
 	}
 	return 0
+}
+
+// median returns the run with the median figure of the runs that
+// succeeded (throughput, latency p50 or rate), or a failed run if all
+// failed.
+func median(runs []Result) Result {
+	var ok []Result
+	for _, r := range runs {
+		if r.Err == "" {
+			ok = append(ok, r)
+		}
+	}
+	if len(ok) == 0 {
+		return runs[0]
+	}
+	key := func(r Result) float64 {
+		switch {
+		case r.Samples > 0:
+			return float64(r.P50)
+		case r.Bytes > 0:
+			return r.Gbps()
+		}
+		return r.Rate()
+	}
+	slices.SortFunc(ok, func(a, b Result) int { return cmp.Compare(key(a), key(b)) })
+	return ok[len(ok)/2]
 }
 
 func filterCases(cs []Case, re *regexp.Regexp) []Case {
