@@ -52,6 +52,7 @@ func runPerf(args []string) error {
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
 	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
 	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
+	obs := addObserveFlags(fs)
 	hold := fs.String("hold", "", "test hook: at the final synchronisation, write what the peer's memory must hold to this JSON file, print \""+strings.TrimSpace(holdPrefix)+" FILE\" and wait until the file is removed")
 	// perftest's getopt lets the server name sit among the flags.
 	rest := args[1:]
@@ -93,7 +94,20 @@ func runPerf(args []string) error {
 	if *hold != "" {
 		cfg.Hold = holdAt(*hold, *timeout)
 	}
+	if err := obs.start(); err != nil {
+		return err
+	}
+	dev, err := obs.openDevice(cfg.Local, server)
+	if err != nil {
+		return errors.Join(err, obs.close())
+	}
+	cfg.Device = dev
 	res, err := perftest.Run(context.Background(), cfg)
+	defer func() {
+		if dev != nil {
+			dev.Close()
+		}
+	}()
 	if res != nil && res.Device != nil {
 		if *stats {
 			// Printed before the device closes, so packets still arriving
@@ -102,9 +116,11 @@ func runPerf(args []string) error {
 				err = serr
 			}
 		}
-		res.Device.Close()
+		if res.Device != dev {
+			res.Device.Close()
+		}
 	}
-	return err
+	return errors.Join(err, obs.close())
 }
 
 func perfUsage(fs *flag.FlagSet) {
