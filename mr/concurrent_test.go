@@ -42,6 +42,14 @@ func TestConcurrentLookupsAndRegistration(t *testing.T) {
 	flip := mustRegister(t, pd, flipBuf, rwAll, WithInvalidate())
 	var flipKey atomic.Uint32
 	flipKey.Store(flip.RKey())
+	// The board starts full, so lookups find live MRs even when a loaded
+	// machine runs every reader before any writer gets going.
+	for i := range board {
+		r := &record{buf: make([]byte, 64)}
+		m := mustRegister(t, pd, r.buf, LocalWrite|RemoteRead)
+		r.key, r.mr = m.RKey(), m
+		board[i].Store(r)
+	}
 
 	var hits, flipHits atomic.Int64 // successful lookups, to show both paths ran
 	var wg sync.WaitGroup
