@@ -44,6 +44,24 @@ func connect(a, b *endpoint) error {
 	return rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 1000}, &rxego.ConnectOptions{LocalPSN: 2000})
 }
 
+// pair sets up and connects endpoints on two addresses.
+func pair(addrA, addrB string) (a, b *endpoint, err error) {
+	if a, err = setup(addrA); err != nil {
+		return nil, nil, err
+	}
+	if b, err = setup(addrB); err == nil {
+		err = connect(a, b)
+	}
+	if err != nil {
+		a.dev.Close()
+		if b != nil {
+			b.dev.Close()
+		}
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
 func wait(cq *rxego.CQ) rxego.WC {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -56,22 +74,13 @@ func wait(cq *rxego.CQ) rxego.WC {
 // without the peer's CPU taking part; a SEND hands a message to a posted
 // receive.
 func Example() {
-	a, err := setup("127.0.0.1:24791")
+	a, b, err := pair("127.0.0.1:24791", "127.0.0.1:24792")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer a.dev.Close()
-	b, err := setup("127.0.0.1:24792")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
 	defer b.dev.Close()
-	if err := connect(a, b); err != nil {
-		fmt.Println(err)
-		return
-	}
 
 	copy(a.buf, "written remotely")
 	a.qp.PostSend(rxego.SendWR{ID: 1, Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
@@ -96,22 +105,13 @@ func Example() {
 // An RDMA READ fetches remote memory; FETCH_AND_ADD updates a remote
 // 64-bit counter atomically and returns the value before.
 func Example_readAndAtomics() {
-	a, err := setup("127.0.0.1:24793")
+	a, b, err := pair("127.0.0.1:24793", "127.0.0.1:24794")
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer a.dev.Close()
-	b, err := setup("127.0.0.1:24794")
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
 	defer b.dev.Close()
-	if err := connect(a, b); err != nil {
-		fmt.Println(err)
-		return
-	}
 	copy(b.buf, "remote notes")
 	off := 1024 - int(b.mr.IOVA()%8) // an 8-byte-aligned counter
 	binary.NativeEndian.PutUint64(b.buf[off:], 10)

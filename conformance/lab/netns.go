@@ -2,14 +2,11 @@ package lab
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"os"
 	"os/exec"
-	"runtime"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/rxego/rxego/internal/netns"
 )
 
 // InNetns runs fn on an OS thread switched into the lab's network
@@ -19,24 +16,7 @@ import (
 // namespace. If the thread cannot be switched back it is discarded rather
 // than reused.
 func (l *Lab) InNetns(fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := unix.Setns(int(l.ns.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("setns %s: %w", l.name, err)
-	}
-	ferr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// Leave the thread locked: the runtime ends it with this goroutine.
-		return fmt.Errorf("restoring network namespace: %w (fn: %v)", err, ferr)
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	return netns.Do(l.ns, fn)
 }
 
 // Dial connects to address inside the lab namespace (network "tcp",

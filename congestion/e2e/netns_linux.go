@@ -9,11 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/rxego/rxego/internal/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -64,24 +64,7 @@ func (n *Netns) Close() error {
 // there; goroutines fn starts do not run in it. A thread that cannot be
 // switched back is discarded rather than reused.
 func (n *Netns) Do(fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	if err := unix.Setns(int(n.f.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("setns %s: %w", n.name, err)
-	}
-	ferr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// Leave the thread locked: the runtime ends it with this goroutine.
-		return fmt.Errorf("restoring network namespace: %w (fn: %v)", err, ferr)
-	}
-	runtime.UnlockOSThread()
-	return ferr
+	return netns.Do(n.f, fn)
 }
 
 // Command returns name args... to run inside the namespace.
