@@ -318,6 +318,11 @@ type Case struct {
 // Outcome is what a case's body hands back for its row.
 type Outcome struct {
 	Note string
+	// Retry asks Case to run the body again from scratch (at most three
+	// times): the peer tool failed for a reason of its own, such as
+	// perftest's clock calibration in an emulated guest, before anything
+	// about rxego was judged.
+	Retry bool
 	// Rxego is rxego's counters over the case (parseStats), or nil.
 	Rxego map[string]uint64
 	// Dropped, when known, is how many RoCE packets the lab dropped toward
@@ -450,7 +455,25 @@ func (p *Peer) Case(t *testing.T, c Case, body func(t *testing.T) Outcome) {
 			report.Add(lab.Row{Case: c.Name, Kernel: p.Kernel, Role: c.Role, Result: result,
 				Duration: d, Counters: delta, Note: note})
 		}()
-		out = body(t)
+		for attempt := 1; ; attempt++ {
+			out = body(t)
+			if !out.Retry {
+				break
+			}
+			if attempt == 3 {
+				t.Fatalf("the peer tool failed for a reason of its own three times: %s", out.Note)
+			}
+			// The peer tool failed for an environmental reason before
+			// anything was judged: measure the case again from scratch.
+			t.Logf("attempt %d: %s; running the case again", attempt, out.Note)
+			if before, err = p.Guest.HWCounters(); err != nil {
+				t.Fatal(err)
+			}
+			if tapBefore, err = p.tapDrops(); err != nil {
+				t.Fatal(err)
+			}
+			t0 = time.Now()
+		}
 	})
 }
 
