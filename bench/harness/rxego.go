@@ -460,39 +460,27 @@ func rxegoLat(p *peer) (Result, error) {
 		wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA(), Length: size, LKey: s.mr.LKey()}}
 		wr.RemoteAddr, wr.RKey, wr.Flags = them.VA+1024, them.RKey, rxego.SendSignaled
 	}
-	samples := make([]time.Duration, 0, 1<<20)
-	w := p.newWindow()
-	var res Result
-	for {
-		t0 := time.Now()
+	res, err := p.roundTrips(func() error {
 		if err := q.PostSend(wr); err != nil {
-			return res, err
+			return err
 		}
 		n, err := waitCQ(ctx, s.cq, wcs[:1], c.Busy)
 		if err != nil {
-			return res, err
+			return err
 		}
 		if err := checkWCs(wcs[:n]); err != nil {
-			return res, err
+			return err
 		}
 		if c.Op == "send" {
 			if err := q.PostRecv(recv); err != nil {
-				return res, err
+				return err
 			}
 		}
-		now := time.Now()
-		measuring, done := w.tick(now)
-		if measuring && len(samples) < cap(samples) {
-			samples = append(samples, now.Sub(t0))
-		}
-		if done {
-			res.Elapsed = w.elapsed(now)
-			res.CPU = p.cpu()
-			break
-		}
+		return nil
+	})
+	if err != nil {
+		return res, err
 	}
-	res.Samples = len(samples)
-	res.P50, res.P99 = percentiles(samples)
 	res.Counters = counters(s.dev)
 	return res, p.ctl.send(signal{"done"})
 }

@@ -121,29 +121,14 @@ func tcpPing(p *peer) (Result, error) {
 		}
 	}
 	conn.SetDeadline(time.Now().Add(caseTimeout(c)))
-	samples := make([]time.Duration, 0, 1<<20)
-	w := p.newWindow()
-	var res Result
-	for {
-		t0 := time.Now()
+	res, err := p.roundTrips(func() error {
 		if _, err := conn.Write(buf); err != nil {
-			return res, err
+			return err
 		}
 		if err := full(); err != nil {
-			return res, err
+			return err
 		}
-		now := time.Now()
-		measuring, done := w.tick(now)
-		if measuring && len(samples) < cap(samples) {
-			samples = append(samples, now.Sub(t0))
-		}
-		if done {
-			res.Elapsed = w.elapsed(now)
-			res.CPU = p.cpu()
-			break
-		}
-	}
-	res.Samples = len(samples)
-	res.P50, res.P99 = percentiles(samples)
-	return res, nil
+		return nil
+	})
+	return res, err
 }

@@ -367,29 +367,17 @@ func udpPing(p *peer) (Result, error) {
 		return Result{}, nil
 	}
 	s.conn.SetReadDeadline(time.Now().Add(caseTimeout(c)))
-	samples := make([]time.Duration, 0, 1<<20)
-	w := p.newWindow()
-	var res Result
-	for {
-		t0 := time.Now()
+	res, err := p.roundTrips(func() error {
 		if err := write(); err != nil {
-			return res, err
+			return err
 		}
 		if err := read(); err != nil {
-			return res, err
+			return err
 		}
-		now := time.Now()
-		measuring, done := w.tick(now)
-		if measuring && len(samples) < cap(samples) {
-			samples = append(samples, now.Sub(t0))
-		}
-		if done {
-			res.Elapsed = w.elapsed(now)
-			res.CPU = p.cpu()
-			break
-		}
+		return nil
+	})
+	if err != nil {
+		return res, err
 	}
-	res.Samples = len(samples)
-	res.P50, res.P99 = percentiles(samples)
 	return res, p.ctl.send(signal{"done"})
 }

@@ -43,3 +43,31 @@ func percentiles(s []time.Duration) (p50, p99 time.Duration) {
 	slices.Sort(s)
 	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
 }
+
+// roundTrips runs round after round until the measurement window closes,
+// timing those inside it, and returns their latency percentiles and the
+// CPU time spent: the loop every latency case shares.
+func (p *peer) roundTrips(round func() error) (Result, error) {
+	samples := make([]time.Duration, 0, 1<<20)
+	w := p.newWindow()
+	var res Result
+	for {
+		t0 := time.Now()
+		if err := round(); err != nil {
+			return res, err
+		}
+		now := time.Now()
+		measuring, done := w.tick(now)
+		if measuring && len(samples) < cap(samples) {
+			samples = append(samples, now.Sub(t0))
+		}
+		if done {
+			res.Elapsed = w.elapsed(now)
+			res.CPU = p.cpu()
+			break
+		}
+	}
+	res.Samples = len(samples)
+	res.P50, res.P99 = percentiles(samples)
+	return res, nil
+}
