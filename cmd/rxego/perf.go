@@ -47,6 +47,7 @@ func runPerf(args []string) error {
 	gid := fs.String("x", "", "local RoCE address (the GID as an IP address); a GID index is accepted for compatibility")
 	addr := fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
 	conn := fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
+	rdmaCM := fs.Bool("R", false, "connect with rdma_cm, as perftest's -R: the exchange over an rdma_cm-connected QP on port -p, each data QP its own rdma_cm connection (IPv4)")
 	_ = fs.String("d", "", "device name (accepted for compatibility)")
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility)")
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
@@ -94,6 +95,21 @@ func runPerf(args []string) error {
 	if *hold != "" {
 		cfg.Hold = holdAt(*hold, *timeout)
 	}
+	if *rdmaCM {
+		cfg.RDMACM = true
+		if !cfg.Local.IsValid() {
+			if server == "" {
+				return errors.New("-R: a server needs its RoCE address (-x ADDRESS or --addr): there is no TCP exchange to take it from")
+			}
+			peer, err := perftest.ResolveIPv4(server)
+			if err != nil {
+				return err
+			}
+			if cfg.Local, err = localFor(peer); err != nil {
+				return err
+			}
+		}
+	}
 	if err := obs.start(); err != nil {
 		return err
 	}
@@ -132,6 +148,11 @@ default Ethernet (TCP) exchange, so either side may be perftest:
 
   rxego perf write_bw -n 1000 -s 65536             # server
   ib_write_bw -d rxe0 -x 1 -n 1000 -s 65536 HOST   # the client, elsewhere
+
+and with -R perftest's rdma_cm mode (IPv4; the server needs -x ADDRESS):
+
+  rxego perf read_bw -R -x 198.18.0.1              # server
+  ib_read_bw -d rxe0 -R 198.18.0.1                 # the client, elsewhere
 
 flags:
 `)

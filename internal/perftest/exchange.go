@@ -24,8 +24,11 @@ const Version = "6.06"
 const (
 	versionLen = 16  // MAX_VERSION
 	recordLen  = 108 // KEY_MSG_SIZE_GID: the key record with its NUL
-	reportLen  = 8   // each of the five report fields
-	doneMsg    = "done\x00"
+	// binaryRecordLen is sizeof(struct pingpong_dest) on x86-64, the key
+	// record of the rdma_cm exchange and the size of its receive buffer.
+	binaryRecordLen = 56
+	reportLen       = 8 // each of the five report fields
+	doneMsg         = "done\x00"
 )
 
 // minPeerVersion is the oldest version perftest itself accepts.
@@ -117,6 +120,42 @@ func ParseRecord(b []byte) (Dest, error) {
 	return d, nil
 }
 
+// MarshalBinary lays d out as perftest's rdma_write_keys sends it: struct
+// pingpong_dest with every integer big-endian (lid, out_reads, qpn, psn,
+// rkey as 4-byte ints, 4 bytes of padding, the 8-byte vaddr, the GID, srqn
+// and gid_index, which rxego leaves 0).
+func (d Dest) MarshalBinary() []byte {
+	b := make([]byte, binaryRecordLen)
+	be := binary.BigEndian
+	be.PutUint32(b[0:], uint32(d.LID))
+	be.PutUint32(b[4:], uint32(d.OutReads))
+	be.PutUint32(b[8:], d.QPN)
+	be.PutUint32(b[12:], d.PSN)
+	be.PutUint32(b[16:], d.RKey)
+	be.PutUint64(b[24:], d.VAddr)
+	copy(b[32:48], d.GID[:])
+	be.PutUint32(b[48:], d.SRQN)
+	return b
+}
+
+// ParseBinary parses a key record of the rdma_cm exchange (see
+// MarshalBinary). Values out of their field's range are an error.
+func ParseBinary(b []byte) (Dest, error) {
+	if len(b) != binaryRecordLen {
+		return Dest{}, fmt.Errorf("perftest: binary key record of %d bytes, want %d", len(b), binaryRecordLen)
+	}
+	be := binary.BigEndian
+	lid, out := be.Uint32(b[0:]), be.Uint32(b[4:])
+	d := Dest{LID: uint16(lid), OutReads: uint16(out), QPN: be.Uint32(b[8:]), PSN: be.Uint32(b[12:]),
+		RKey: be.Uint32(b[16:]), VAddr: be.Uint64(b[24:]), SRQN: be.Uint32(b[48:])}
+	copy(d.GID[:], b[32:48])
+	if lid > 0xffff || out > 0xffff || d.QPN > 0xffffff || d.PSN > 0xffffff {
+		return Dest{}, fmt.Errorf("perftest: malformed binary key record: lid %#x, out_reads %d, qpn %#x, psn %#x",
+			lid, out, d.QPN, d.PSN)
+	}
+	return d, nil
+}
+
 // Report is the bandwidth report the two sides of a write, read or atomic
 // BW test swap at the end (perftest's struct bw_report_data as it
 // travels: five big-endian 8-byte fields).
@@ -128,52 +167,92 @@ type Report struct {
 	MsgRate float64 // Mpps
 }
 
-// Exchange is perftest's out-of-band TCP exchange over one connection.
-// Every step is symmetric: the client writes first, then reads; the server
-// reads first, then writes (ctx_xchg_data and ctx_hand_shake).
+// Exchange is perftest's out-of-band exchange: over a TCP connection by
+// default, or with -R over SENDs on an rdma_cm-connected RC QP. Every step
+// is symmetric: the client writes first, then reads; the server reads
+// first, then writes (ctx_xchg_data and ctx_hand_shake).
 type Exchange struct {
-	conn     net.Conn
-	client   bool
-	deadline time.Time
+	ch     channel
+	client bool
+	// binaryKeys selects the key record format: perftest's rdma_cm
+	// exchange sends struct pingpong_dest itself (rdma_write_keys), the
+	// TCP one a text record (ethernet_write_keys).
+	binaryKeys bool
 	// PeerVersion is the version string the peer sent.
 	PeerVersion string
 }
 
-// NewExchange wraps an established connection; client says which side
+// channel carries the exchange's messages, each read whole.
+type channel interface {
+	write(msg []byte) error
+	read(n int) ([]byte, error)
+}
+
+// NewExchange wraps an established TCP connection; client says which side
 // writes first. Every read and write must finish by deadline (zero: none).
 func NewExchange(c net.Conn, client bool, deadline time.Time) *Exchange {
-	return &Exchange{conn: c, client: client, deadline: deadline}
+	return &Exchange{ch: &tcpChannel{conn: c, deadline: deadline}, client: client}
+}
+
+// tcpChannel is the exchange over TCP (ethernet_write_data and
+// ethernet_read_data).
+type tcpChannel struct {
+	conn     net.Conn
+	deadline time.Time
+}
+
+// write sends msg in one write, as perftest's read() expects it whole.
+func (c *tcpChannel) write(msg []byte) error {
+	if !c.deadline.IsZero() {
+		c.conn.SetDeadline(c.deadline)
+	}
+	if _, err := c.conn.Write(msg); err != nil {
+		return fmt.Errorf("perftest: writing %d bytes to the peer: %w", len(msg), err)
+	}
+	return nil
+}
+
+func (c *tcpChannel) read(n int) ([]byte, error) {
+	if !c.deadline.IsZero() {
+		c.conn.SetDeadline(c.deadline)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.conn, b); err != nil {
+		return nil, fmt.Errorf("perftest: reading %d bytes from the peer: %w", n, err)
+	}
+	return b, nil
 }
 
 // swap sends mine and receives len(mine) bytes, in the order of the role.
-// Each message goes out in one write, as perftest's read() expects it whole.
 func (x *Exchange) swap(mine []byte) ([]byte, error) {
-	if !x.deadline.IsZero() {
-		x.conn.SetDeadline(x.deadline)
-	}
-	theirs := make([]byte, len(mine))
-	read := func() error {
-		if _, err := io.ReadFull(x.conn, theirs); err != nil {
-			return fmt.Errorf("perftest: reading %d bytes from the peer: %w", len(theirs), err)
-		}
-		return nil
-	}
-	write := func() error {
-		if _, err := x.conn.Write(mine); err != nil {
-			return fmt.Errorf("perftest: writing %d bytes to the peer: %w", len(mine), err)
-		}
-		return nil
-	}
-	steps := [2]func() error{read, write}
+	return x.swapHold(mine, len(mine), nil)
+}
+
+// swapHold is swap receiving n bytes, with hold (if not nil) called at the
+// moment the peer is sure to be blocked waiting for this side: a client
+// calls it before writing; a server after reading and before answering.
+func (x *Exchange) swapHold(mine []byte, n int, hold func() error) ([]byte, error) {
 	if x.client {
-		steps = [2]func() error{write, read}
+		if hold != nil {
+			if err := hold(); err != nil {
+				return nil, err
+			}
+		}
+		if err := x.ch.write(mine); err != nil {
+			return nil, err
+		}
+		return x.ch.read(n)
 	}
-	for _, s := range steps {
-		if err := s(); err != nil {
+	theirs, err := x.ch.read(n)
+	if err != nil {
+		return nil, err
+	}
+	if hold != nil {
+		if err := hold(); err != nil {
 			return nil, err
 		}
 	}
-	return theirs, nil
+	return theirs, x.ch.write(mine)
 }
 
 // Versions swaps the 16-byte version strings and checks the peer's, as
@@ -252,11 +331,7 @@ func (x *Exchange) MTU(mine int) (int, error) {
 
 // HandShake swaps one key record (ctx_hand_shake).
 func (x *Exchange) HandShake(mine Dest) (Dest, error) {
-	theirs, err := x.swap(mine.MarshalRecord())
-	if err != nil {
-		return Dest{}, err
-	}
-	return ParseRecord(theirs)
+	return x.HandShakeHold(mine, nil)
 }
 
 // HandShakeHold is HandShake with hold called at the moment the peer is
@@ -264,36 +339,16 @@ func (x *Exchange) HandShake(mine Dest) (Dest, error) {
 // writing its record; a server after reading the peer's record and before
 // answering. Tests use it to inspect the peer's memory at the end of a run.
 func (x *Exchange) HandShakeHold(mine Dest, hold func() error) (Dest, error) {
-	if hold == nil {
-		return x.HandShake(mine)
-	}
-	if !x.deadline.IsZero() {
-		x.conn.SetDeadline(x.deadline)
-	}
-	theirs := make([]byte, recordLen)
-	if x.client {
-		if err := hold(); err != nil {
+	if x.binaryKeys {
+		theirs, err := x.swapHold(mine.MarshalBinary(), binaryRecordLen, hold)
+		if err != nil {
 			return Dest{}, err
 		}
-		if _, err := x.conn.Write(mine.MarshalRecord()); err != nil {
-			return Dest{}, fmt.Errorf("perftest: writing a key record: %w", err)
-		}
-		if _, err := io.ReadFull(x.conn, theirs); err != nil {
-			return Dest{}, fmt.Errorf("perftest: reading a key record: %w", err)
-		}
-		return ParseRecord(theirs)
+		return ParseBinary(theirs)
 	}
-	if _, err := io.ReadFull(x.conn, theirs); err != nil {
-		return Dest{}, fmt.Errorf("perftest: reading a key record: %w", err)
-	}
-	if err := hold(); err != nil {
+	theirs, err := x.swapHold(mine.MarshalRecord(), recordLen, hold)
+	if err != nil {
 		return Dest{}, err
-	}
-	if !x.deadline.IsZero() {
-		x.conn.SetDeadline(x.deadline)
-	}
-	if _, err := x.conn.Write(mine.MarshalRecord()); err != nil {
-		return Dest{}, fmt.Errorf("perftest: writing a key record: %w", err)
 	}
 	return ParseRecord(theirs)
 }
@@ -340,13 +395,16 @@ func (x *Exchange) Reports(mine Report) (Report, error) {
 }
 
 // Close ends the exchange as ctx_close_connection does: one more key
-// record each way, then "done" with its NUL (which nobody reads).
+// record each way, then over TCP "done" with its NUL (which nobody reads).
 func (x *Exchange) Close(mine Dest, hold func() error) error {
 	if _, err := x.HandShakeHold(mine, hold); err != nil {
 		return err
 	}
-	if _, err := x.conn.Write([]byte(doneMsg)); err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("perftest: writing done: %w", err)
+	if x.binaryKeys {
+		return nil
+	}
+	if err := x.ch.write([]byte(doneMsg)); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
 	}
 	return nil
 }

@@ -247,3 +247,37 @@ func TestExchangeRejects(t *testing.T) {
 		t.Errorf("peer MTU 2: got %d, %v", got, err)
 	}
 }
+
+// TestBinaryRecord checks the rdma_cm exchange's key record: struct
+// pingpong_dest with big-endian integers at its x86-64 offsets, round
+// trip, and values out of their fields' range refused.
+func TestBinaryRecord(t *testing.T) {
+	d := Dest{LID: 0x1234, OutReads: 16, QPN: 0x11, PSN: 0xabcdef, RKey: 0x1f00, VAddr: 0x5566778899aa,
+		GID: netip.MustParseAddr("::ffff:198.18.0.1").As16(), SRQN: 7}
+	b := d.MarshalBinary()
+	want := map[int][]byte{0: {0, 0, 0x12, 0x34}, 4: {0, 0, 0, 16}, 8: {0, 0, 0, 0x11}, 12: {0, 0xab, 0xcd, 0xef},
+		16: {0, 0, 0x1f, 0}, 24: {0, 0, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa}, 44: {198, 18, 0, 1}, 48: {0, 0, 0, 7}}
+	for off, w := range want {
+		if !bytes.Equal(b[off:off+len(w)], w) {
+			t.Errorf("offset %d: % x, want % x", off, b[off:off+len(w)], w)
+		}
+	}
+	got, err := ParseBinary(b)
+	if err != nil || got != d {
+		t.Fatalf("round trip: %+v, %v", got, err)
+	}
+	for _, bad := range []func([]byte){
+		func(b []byte) { b[8] = 1 },  // QPN beyond 24 bits
+		func(b []byte) { b[12] = 1 }, // PSN beyond 24 bits
+		func(b []byte) { b[1] = 1 },  // LID beyond 16 bits
+	} {
+		c := d.MarshalBinary()
+		bad(c)
+		if _, err := ParseBinary(c); err == nil {
+			t.Errorf("% x accepted", c[:16])
+		}
+	}
+	if _, err := ParseBinary(b[:55]); err == nil {
+		t.Error("55 bytes accepted")
+	}
+}

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cm"
 )
 
 // peerMem evaluates PeerChecks against the other rxego's memory.
@@ -51,6 +54,7 @@ type loopCase struct {
 	iters  int
 	all    bool
 	qps    int
+	rdmaCM bool // -R: the exchange and the QPs connect with rdma_cm
 }
 
 func (c loopCase) String() string {
@@ -63,6 +67,9 @@ func (c loopCase) String() string {
 	}
 	if c.qps > 1 {
 		s += fmt.Sprintf("/q=%d", c.qps)
+	}
+	if c.rdmaCM {
+		s += "/R"
 	}
 	return s
 }
@@ -78,17 +85,28 @@ var serverAddr, clientAddr = func() (netip.Addr, netip.Addr) {
 // runPair runs a server on serverAddr and a client on clientAddr.
 func runPair(t *testing.T, lc loopCase) (srv, cli *Result, sout, cout string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", netip.AddrPortFrom(serverAddr, 0).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	var sm, cm peerMem
+	var sm, cmem peerMem
 	base := Config{Test: lc.test, Atomic: lc.atomic, Size: lc.size, Iters: lc.iters, All: lc.all, NumQPs: lc.qps,
-		Timeout: 60 * time.Second}
+		Timeout: 60 * time.Second, RDMACM: lc.rdmaCM}
 	scfg, ccfg := base, base
-	scfg.Local, scfg.Listener, scfg.Hold = serverAddr, ln, sm.hold
-	ccfg.Local, ccfg.Server, ccfg.Port, ccfg.Hold = clientAddr, serverAddr.String(), port, cm.hold
+	scfg.Local, scfg.Hold = serverAddr, sm.hold
+	ccfg.Local, ccfg.Server, ccfg.Hold = clientAddr, serverAddr.String(), cmem.hold
+	if lc.rdmaCM {
+		// rdma_cm ports belong to the device: any will do.
+		scfg.Port = 20000 + rand.N(10000)
+		// A REQ sent before the server's device is open is lost; retry it
+		// after about 0.6 s rather than rdma_cm's 4.6 s.
+		fast := &cm.Config{ResponseTimeout: 14}
+		scfg.CMConfig, ccfg.CMConfig = fast, fast
+	} else {
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(serverAddr, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		scfg.Listener, scfg.Port = ln, ln.Addr().(*net.TCPAddr).Port
+	}
+	ccfg.Port = scfg.Port
 	var sb, cb bytes.Buffer
 	scfg.Out, ccfg.Out = &sb, &cb
 	type ret struct {
@@ -102,13 +120,12 @@ func runPair(t *testing.T, lc loopCase) (srv, cli *Result, sout, cout string) {
 	}()
 	cli, cerr := Run(context.Background(), ccfg)
 	sr := <-ch
-	ln.Close()
 	if cerr != nil || sr.err != nil {
 		t.Fatalf("client: %v\n%s\n%s\nserver: %v\n%s\n%s", cerr, engineSummary(cli), cb.String(), sr.err, engineSummary(sr.r), sb.String())
 	}
 	srv = sr.r
 	// Each side's checks describe the other side's memory.
-	n := cm.verify(t, "client", srv) + sm.verify(t, "server", cli)
+	n := cmem.verify(t, "client", srv) + sm.verify(t, "server", cli)
 	if lc.test != WriteLat && n == 0 {
 		t.Errorf("no peer checks")
 	}
@@ -151,43 +168,134 @@ func TestLoopback(t *testing.T) {
 			if lc.all && testing.Short() {
 				t.Skip("-short: -a moves 16 MiB per iteration")
 			}
-			srv, cli, sout, cout := runPair(t, lc)
-			header := resultFmtBW
-			if lc.test.Lat() {
-				header = resultFmtLat
-			}
-			lines := 1
-			if lc.all {
-				lines = 23 // 2 bytes to 8 MiB
-			}
-			client := cout
-			if !strings.Contains(client, header) {
-				t.Errorf("client output has no table header:\n%s", client)
-			}
-			switch {
-			case lc.test.Lat():
-				if len(cli.Lat) != lines || cli.Lat[0].Iters != lc.iters {
-					t.Errorf("client latency lines %+v", cli.Lat)
+			checkPair(t, lc)
+		})
+	}
+}
+
+// TestLoopbackRDMACM runs every test with -R between two rxego peers: the
+// exchange over an rdma_cm-connected QP, the data QPs connected by the CM
+// (one connection each, several with -q), the same tables and data checks,
+// and both sides' connections torn down at the end.
+func TestLoopbackRDMACM(t *testing.T) {
+	cases := []loopCase{
+		{test: SendBW, size: 1025, iters: 20}, {test: SendBW, size: 100, iters: 100, qps: 3},
+		{test: WriteBW, size: 65536, iters: 10}, {test: WriteBW, size: 64, iters: 50, qps: 4},
+		{test: ReadBW, size: 1025, iters: 20}, {test: ReadBW, size: 4096, iters: 10, qps: 2},
+		{test: AtomicBW, atomic: FetchAndAdd, iters: 100}, {test: AtomicBW, atomic: CmpAndSwap, iters: 50, qps: 2},
+		{test: SendLat, size: 1025, iters: 10}, {test: WriteLat, size: 1025, iters: 10},
+		{test: ReadLat, size: 65536, iters: 5}, {test: AtomicLat, atomic: FetchAndAdd, iters: 20},
+	}
+	for _, lc := range cases {
+		lc.rdmaCM = true
+		t.Run(lc.String(), func(t *testing.T) {
+			srv, cli, sout, cout := checkPair(t, lc)
+			for _, side := range []struct {
+				name string
+				r    *Result
+				out  string
+			}{{"server", srv, sout}, {"client", cli, cout}} {
+				if !strings.Contains(side.out, "Data ex. method : rdma_cm") {
+					t.Errorf("%s's header does not say rdma_cm:\n%s", side.name, side.out)
 				}
-			default:
-				q := max(lc.qps, 1)
-				srvLines := 1 // a write, read or atomic server prints the client's last report
-				if lc.test == SendBW {
-					srvLines = lines
+				if strings.Contains(side.out, "rdma_cm teardown") {
+					t.Errorf("%s: teardown failed:\n%s", side.name, side.out)
 				}
-				if len(cli.BW) != lines || cli.BW[0].Iters != uint64(lc.iters*q) || len(srv.BW) != srvLines || srv.BW[0].Iters != uint64(lc.iters*q) {
-					t.Errorf("BW reports: client %+v server %+v", cli.BW, srv.BW)
-				}
-			}
-			if cli.Checked+srv.Checked == 0 && lc.test != WriteBW {
-				t.Errorf("no data checks (client %d, server %d)", cli.Checked, srv.Checked)
-			}
-			if cli.Mismatches+srv.Mismatches != 0 {
-				t.Errorf("mismatches: client %d server %d", cli.Mismatches, srv.Mismatches)
-			}
-			if testing.Verbose() {
-				t.Logf("server:\n%s\nclient:\n%s", sout, cout)
 			}
 		})
 	}
+}
+
+// checkPair runs lc with runPair and checks the tables, the reports and
+// the data checks of both sides.
+func checkPair(t *testing.T, lc loopCase) (srv, cli *Result, sout, cout string) {
+	t.Helper()
+	srv, cli, sout, cout = runPair(t, lc)
+	header := resultFmtBW
+	if lc.test.Lat() {
+		header = resultFmtLat
+	}
+	lines := 1
+	if lc.all {
+		lines = 23 // 2 bytes to 8 MiB
+	}
+	client := cout
+	if !strings.Contains(client, header) {
+		t.Errorf("client output has no table header:\n%s", client)
+	}
+	switch {
+	case lc.test.Lat():
+		if len(cli.Lat) != lines || cli.Lat[0].Iters != lc.iters {
+			t.Errorf("client latency lines %+v", cli.Lat)
+		}
+	default:
+		q := max(lc.qps, 1)
+		srvLines := 1 // a write, read or atomic server prints the client's last report
+		if lc.test == SendBW {
+			srvLines = lines
+		}
+		if len(cli.BW) != lines || cli.BW[0].Iters != uint64(lc.iters*q) || len(srv.BW) != srvLines || srv.BW[0].Iters != uint64(lc.iters*q) {
+			t.Errorf("BW reports: client %+v server %+v", cli.BW, srv.BW)
+		}
+	}
+	if cli.Checked+srv.Checked == 0 && lc.test != WriteBW {
+		t.Errorf("no data checks (client %d, server %d)", cli.Checked, srv.Checked)
+	}
+	if cli.Mismatches+srv.Mismatches != 0 {
+		t.Errorf("mismatches: client %d server %d", cli.Mismatches, srv.Mismatches)
+	}
+	if testing.Verbose() {
+		t.Logf("server:\n%s\nclient:\n%s", sout, cout)
+	}
+	return srv, cli, sout, cout
+}
+
+// TestRDMACMClientRetries starts a -R client while the server's device
+// has a connection manager but nobody listens: its REQs draw REJs with
+// reason 8 (as the Linux CM answers), and the client dials again, with
+// its exchange QP reset and its receive posted again, until the server
+// runs; then the test completes with its data checks.
+func TestRDMACMClientRetries(t *testing.T) {
+	dev, err := rxego.Open(netip.AddrPortFrom(serverAddr, rxego.DefaultPort).String(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	early, err := cm.New(dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := 20000 + rand.N(10000)
+	base := Config{Test: SendBW, Size: 100, Iters: 20, Timeout: 30 * time.Second, RDMACM: true, Port: port}
+	ccfg := base
+	ccfg.Local, ccfg.Server = clientAddr, serverAddr.String()
+	type ret struct {
+		r   *Result
+		err error
+	}
+	cli := make(chan ret, 1)
+	go func() {
+		r, err := Run(context.Background(), ccfg)
+		cli <- ret{r, err}
+	}()
+	// Wait for at least two rejections, then make way for the server.
+	for end := time.Now().Add(10 * time.Second); early.Counters()["cm_sent_rej"] < 2; {
+		if time.Now().After(end) {
+			t.Fatalf("no rejections to the early client: %v", early.Counters())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	rejected := early.Counters()["cm_sent_rej"]
+	early.Close()
+	scfg := base
+	scfg.Device = dev
+	srv, serr := Run(context.Background(), scfg)
+	c := <-cli
+	if serr != nil || c.err != nil {
+		t.Fatalf("server: %v; client: %v", serr, c.err)
+	}
+	if srv.Checked == 0 || srv.Mismatches != 0 {
+		t.Errorf("server checks: %d, mismatches %d", srv.Checked, srv.Mismatches)
+	}
+	t.Logf("client rejected %d times before the server listened", rejected)
 }

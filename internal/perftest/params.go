@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -145,6 +146,13 @@ type Config struct {
 	// memory there. Not called by write_lat, whose peer ends without a
 	// final synchronisation.
 	Hold func([]PeerCheck) error
+	// RDMACM is perftest's -R: the exchange and the data QPs connect with
+	// rdma_cm (package cm) instead of TCP and a modify. Local (or Device)
+	// is then required, an IPv4 address as perftest's rdma_cm exchange is
+	// IPv4 only, and Server must name an IPv4 address.
+	RDMACM bool
+	// CMConfig tunes the connection manager of an RDMACM run (nil: rdma_cm's values).
+	CMConfig *cm.Config
 	// Seed makes the fill pattern of rxego's buffer reproducible; 0 picks
 	// one at random.
 	Seed uint64
@@ -156,6 +164,8 @@ type normalised struct {
 	Config
 	mtu   qp.MTU
 	cqMod int
+	// serverAddr is Server resolved, for an RDMACM client.
+	serverAddr netip.Addr
 }
 
 // normalise applies perftest's defaults and rules to c.
@@ -268,6 +278,11 @@ func normalise(c Config) (normalised, error) {
 	if n.Seed == 0 {
 		n.Seed = randomSeed()
 	}
+	if n.RDMACM {
+		if err := n.checkRDMACM(); err != nil {
+			return n, err
+		}
+	}
 	return n, nil
 }
 
@@ -291,4 +306,46 @@ func (n *normalised) bufSizeFor() int {
 		return maxSize
 	}
 	return n.Size
+}
+
+// checkRDMACM checks what -R needs: rxego's own address and the server's,
+// both IPv4 (perftest's rdma_cm exchange resolves AF_INET only).
+func (n *normalised) checkRDMACM() error {
+	local := n.Local
+	if n.Device != nil {
+		local = n.Device.Addr().Addr()
+	}
+	if !local.IsValid() {
+		return errors.New("perftest: -R needs rxego's RoCE address (Config.Local)")
+	}
+	if !local.Unmap().Is4() {
+		return fmt.Errorf("perftest: -R runs over IPv4 only (perftest's rdma_cm exchange is AF_INET); %v is not", local)
+	}
+	if n.Server == "" {
+		return nil
+	}
+	a, err := ResolveIPv4(n.Server)
+	n.serverAddr = a
+	return err
+}
+
+// ResolveIPv4 returns an IPv4 address of host (an address or a name), as
+// perftest's rdma_cm mode resolves its server (AF_INET only).
+func ResolveIPv4(host string) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		if a = a.Unmap(); !a.Is4() {
+			return netip.Addr{}, fmt.Errorf("perftest: -R runs over IPv4; %v is not an IPv4 address", a)
+		}
+		return a, nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("perftest: resolving %s: %w", host, err)
+	}
+	for _, ip := range ips {
+		if ip4 := ip.To4(); ip4 != nil {
+			return netip.AddrFrom4([4]byte(ip4)), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("perftest: %s has no IPv4 address (-R runs over IPv4)", host)
 }

@@ -72,8 +72,13 @@ func (s *session) printHeader() {
 	} else {
 		p.f(" Max inline data : 0[B]\n")
 	}
-	p.f(" rdma_cm QPs\t : OFF\n")
-	p.f(" Data ex. method : Ethernet\n")
+	if c.RDMACM {
+		p.f(" rdma_cm QPs\t : ON\n")
+		p.f(" Data ex. method : rdma_cm\n")
+	} else {
+		p.f(" rdma_cm QPs\t : OFF\n")
+		p.f(" Data ex. method : Ethernet\n")
+	}
 	p.s(resultLine)
 }
 

@@ -75,6 +75,8 @@ type session struct {
 	rcvdBase uint64
 	out      *printer
 	ctx      context.Context
+	// cm is the rdma_cm state of a -R run.
+	cm *cmState
 }
 
 // Run performs one perftest exchange and test as server (cfg.Server
@@ -89,15 +91,30 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	s := &session{cfg: n, client: n.Server != "", ctx: ctx, out: &printer{w: n.Out}}
-	conn, err := s.connectTCP(ctx)
-	if err != nil {
-		return nil, err
+	if n.RDMACM {
+		err = s.openDevice(n.Local)
+		if err == nil {
+			err = s.startCM()
+		}
+		if err == nil {
+			err = s.run()
+		}
+		if cerr := s.closeCM(); err == nil && cerr != nil {
+			fmt.Fprintf(n.Out, "rxego: rdma_cm teardown: %v\n", cerr)
+		}
+	} else {
+		var conn net.Conn
+		if conn, err = s.connectTCP(ctx); err != nil {
+			return nil, err
+		}
+		defer conn.Close()
+		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		defer stop()
+		s.ex = NewExchange(conn, s.client, deadline)
+		if err = s.openDevice(localOf(conn)); err == nil {
+			err = s.run()
+		}
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	s.ex = NewExchange(conn, s.client, deadline)
-	err = s.run(conn)
 	if s.dev != nil {
 		if err == nil {
 			s.quiesce()
@@ -190,8 +207,8 @@ func (s *session) connectTCP(ctx context.Context) (net.Conn, error) {
 	return conn, nil
 }
 
-// run does everything after the TCP connection is up.
-func (s *session) run(conn net.Conn) error {
+// run does everything after the exchange's connection is up.
+func (s *session) run() error {
 	c := &s.cfg
 	if err := s.ex.Versions(); err != nil {
 		return err
@@ -210,8 +227,13 @@ func (s *session) run(conn net.Conn) error {
 		return fmt.Errorf("perftest: a %d-byte buffer (page size %d, %d QPs, size %d) exceeds %d bytes",
 			s.lay.total(), cycle, c.NumQPs, s.lay.ctxSize, maxBuffer)
 	}
-	if err := s.setup(conn); err != nil {
+	if err := s.setup(); err != nil {
 		return err
+	}
+	if s.cm != nil {
+		if err := s.connectCM(); err != nil {
+			return err
+		}
 	}
 	s.printHeader()
 	if err := s.connect(); err != nil {
@@ -242,29 +264,44 @@ func (s *session) run(conn net.Conn) error {
 	return nil
 }
 
-// setup opens the device and creates the buffer, MR, CQ and QPs in INIT,
-// and this side's key records.
-func (s *session) setup(conn net.Conn) error {
-	c := &s.cfg
-	s.dev = c.Device
-	if s.dev == nil {
-		local := c.Local
-		if !local.IsValid() {
-			ap, err := netip.ParseAddrPort(conn.LocalAddr().String())
-			if err != nil {
-				return fmt.Errorf("perftest: local address of the exchange %v: %w", conn.LocalAddr(), err)
-			}
-			local = ap.Addr().Unmap().WithZone("")
-		}
-		var err error
-		if s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil); err != nil {
-			return err
-		}
+// localOf returns the local address of the exchange's TCP connection: by
+// default rxego's RoCE address, as rxe's IPv4 GID would be.
+func localOf(conn net.Conn) netip.Addr {
+	ap, err := netip.ParseAddrPort(conn.LocalAddr().String())
+	if err != nil {
+		return netip.Addr{}
 	}
+	return ap.Addr().Unmap().WithZone("")
+}
+
+// openDevice uses the configured device or opens one on Config.Local, or
+// else on local.
+func (s *session) openDevice(local netip.Addr) error {
+	c := &s.cfg
+	if s.dev = c.Device; s.dev != nil {
+		return nil
+	}
+	if c.Local.IsValid() {
+		local = c.Local
+	}
+	if !local.IsValid() {
+		return errors.New("perftest: no local address for the device")
+	}
+	var err error
+	s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
+	return err
+}
+
+// setup creates the buffer, MR, CQ and QPs in INIT, and this side's key
+// records.
+func (s *session) setup() error {
+	c := &s.cfg
 	s.rcvdBase = s.dev.Engine().Stats.RcvdBytes.Load()
 	var err error
-	if s.pd, err = s.dev.AllocPD(); err != nil {
-		return err
+	if s.pd == nil {
+		if s.pd, err = s.dev.AllocPD(); err != nil {
+			return err
+		}
 	}
 	s.buf = make([]byte, s.lay.total())
 	s.fill = make([]byte, len(s.buf))
@@ -323,15 +360,20 @@ func (s *session) connect() error {
 		_, err := s.ex.HandShake(s.my[0])
 		return err
 	}
+	// With -R the CM has moved the QPs to RTS already.
+	modify := s.modify
+	if s.cm != nil {
+		modify = func() error { return nil }
+	}
 	s.rem = make([]Dest, n)
 	var steps []func() error
 	switch c.Test {
 	case WriteBW, ReadBW, AtomicBW:
-		steps = []func() error{shakeAll, s.modify, s.printDests, shakeAll, shakeOne}
+		steps = []func() error{shakeAll, modify, s.printDests, shakeAll, shakeOne}
 	case SendBW, SendLat:
-		steps = []func() error{shakeAll, s.modify, shakeOne, s.printDests, shakeAll}
+		steps = []func() error{shakeAll, modify, shakeOne, s.printDests, shakeAll}
 	default: // write, read and atomic latency
-		steps = []func() error{shakeOne, shakeAll, s.modify, s.printDests, shakeAll, shakeOne}
+		steps = []func() error{shakeOne, shakeAll, modify, s.printDests, shakeAll, shakeOne}
 	}
 	for _, f := range steps {
 		if err := f(); err != nil {

@@ -1,0 +1,311 @@
+package perftest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/qp"
+)
+
+// perftest's -R (work_rdma_cm, which implies use_rdma_cm) replaces both
+// the TCP exchange and the QP set-up by rdma_cm:
+//
+//  1. The exchange runs over a "comm" RC QP that rdma_cm connects on the
+//     test's port (rdma_client_connect / rdma_server_connect): each message
+//     is one SEND into the peer's single posted receive of 56 bytes, and
+//     key records travel as struct pingpong_dest (rdma_write_keys).
+//  2. After the versions, system data and MTU, one key-record handshake,
+//     then the data QPs connect, one rdma_cm connection each, to the same
+//     port (the server listens again; the client retries while it gets a
+//     REJ), then another handshake (create_rdma_cm_connection).
+//  3. The test's own handshakes follow as without -R, minus the modify to
+//     RTR/RTS: the CM did it. Key records carry rkey and vaddr; their QPN
+//     and PSN are ignored.
+//  4. At the end the client disconnects the data connections and waits for
+//     the DREPs; the server, which perftest never makes disconnect, waits
+//     for the client's DREQs; then both drop the comm connection.
+
+// Bounds of the rdma_cm steps: the client's retries while the server does
+// not listen yet (perftest's client tries 10 times, 100 ms apart, but its
+// comm connection not at all), and how long a server waits for the
+// client's DREQs before disconnecting itself.
+const (
+	cmRetryEvery   = 100 * time.Millisecond
+	cmPeerHangsUp  = 5 * time.Second
+	cmDisconnectIn = 10 * time.Second
+)
+
+// cmState is a run's rdma_cm state.
+type cmState struct {
+	m     *cm.Manager
+	l     *cm.Listener // the server's, on the test's port
+	comm  *cm.Conn
+	ch    *cmChannel
+	conns []*cm.Conn // the data QPs' connections, in QP order
+}
+
+// cmChannel carries the exchange over the comm QP (rdma_write_data and
+// rdma_read_data).
+type cmChannel struct {
+	ctx      context.Context
+	q        *rxego.QP
+	scq, rcq *rxego.CQ
+	mr       *rxego.MR
+	buf      []byte // [0, binaryRecordLen): receives; the rest: sends
+	sends    uint64
+}
+
+// newCMChannel creates the comm QP in INIT with its one receive posted,
+// as perftest posts it before connecting.
+func newCMChannel(ctx context.Context, dev *rxego.Device, pd *rxego.PD) (*cmChannel, error) {
+	c := &cmChannel{ctx: ctx, buf: make([]byte, 2*binaryRecordLen)}
+	var err error
+	if c.mr, err = pd.RegMR(c.buf, rxego.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	if c.scq, err = dev.CreateCQ(4); err != nil {
+		return nil, err
+	}
+	if c.rcq, err = dev.CreateCQ(4); err != nil {
+		return nil, err
+	}
+	if c.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: c.scq, RecvCQ: c.rcq,
+		Caps: rxego.Caps{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		return nil, err
+	}
+	if err := rxego.InitQP(c.q, rxego.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	return c, c.postRecv()
+}
+
+// reset restores the comm QP after a rejected connection attempt left it
+// in ERR and then RESET: the flushed receive's completion is dropped, and
+// the QP goes to INIT with its receive posted again.
+func (c *cmChannel) reset() error {
+	var wc [4]rxego.WC
+	for c.rcq.Poll(wc[:]) > 0 || c.scq.Poll(wc[:]) > 0 {
+	}
+	if err := rxego.InitQP(c.q, rxego.AccessLocalWrite); err != nil {
+		return err
+	}
+	return c.postRecv()
+}
+
+func (c *cmChannel) postRecv() error {
+	return c.q.PostRecv(rxego.RecvWR{ID: 1, SGL: []rxego.SGE{{Addr: c.mr.IOVA(), Length: binaryRecordLen, LKey: c.mr.LKey()}}})
+}
+
+// wait returns the next completion of cq, which must be a success.
+func (c *cmChannel) wait(cq *rxego.CQ, what string) (rxego.WC, error) {
+	var wc [1]rxego.WC
+	if _, err := cq.PollWait(c.ctx, wc[:]); err != nil {
+		return wc[0], fmt.Errorf("perftest: rdma_cm exchange: waiting to %s: %w", what, err)
+	}
+	if wc[0].Status != qp.WCSuccess {
+		return wc[0], fmt.Errorf("perftest: rdma_cm exchange: %s: completion status %s", what, wc[0].Status)
+	}
+	return wc[0], nil
+}
+
+// write sends msg as one SEND and waits for its completion, as
+// rdma_write_data does (the peer has one receive posted at a time).
+func (c *cmChannel) write(msg []byte) error {
+	if len(msg) > binaryRecordLen {
+		return fmt.Errorf("perftest: rdma_cm exchange: a %d-byte message exceeds the peer's %d-byte receive", len(msg), binaryRecordLen)
+	}
+	copy(c.buf[binaryRecordLen:], msg)
+	c.sends++
+	err := c.q.PostSend(rxego.SendWR{ID: c.sends, Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
+		SGL: []rxego.SGE{{Addr: c.mr.IOVA() + binaryRecordLen, Length: uint32(len(msg)), LKey: c.mr.LKey()}}})
+	if err != nil {
+		return fmt.Errorf("perftest: rdma_cm exchange: %w", err)
+	}
+	_, err = c.wait(c.scq, "send")
+	return err
+}
+
+// read receives one message, which must be n bytes long, and posts the
+// receive again.
+func (c *cmChannel) read(n int) ([]byte, error) {
+	wc, err := c.wait(c.rcq, "receive")
+	if err != nil {
+		return nil, err
+	}
+	if int(wc.ByteLen) != n {
+		return nil, fmt.Errorf("perftest: rdma_cm exchange: received %d bytes, want %d", wc.ByteLen, n)
+	}
+	out := append([]byte(nil), c.buf[:n]...)
+	return out, c.postRecv()
+}
+
+// startCM opens the manager and connects the comm QP: a server listens on
+// the test's port and accepts one connection, a client dials it (retrying
+// while nobody listens). It returns the exchange over that QP.
+func (s *session) startCM() error {
+	c := &s.cfg
+	m, err := cm.New(s.dev, c.CMConfig)
+	if err != nil {
+		return err
+	}
+	s.cm = &cmState{m: m}
+	if s.pd, err = s.dev.AllocPD(); err != nil {
+		return err
+	}
+	if s.cm.ch, err = newCMChannel(s.ctx, s.dev, s.pd); err != nil {
+		return err
+	}
+	p := &cm.Params{}
+	if s.client {
+		fmt.Fprintf(c.Out, "rxego: rdma_cm connecting to %v\n", s.cmServer())
+		s.cm.comm, err = s.dialRetry(s.cm.ch.q, p, s.cm.ch.reset)
+	} else {
+		if s.cm.l, err = m.Listen(uint16(c.Port)); err != nil {
+			return err
+		}
+		fmt.Fprintf(c.Out, "%s%v\n", CMListening, netip.AddrPortFrom(s.dev.Addr().Addr(), uint16(c.Port)))
+		fmt.Fprintf(c.Out, "\n************************************\n* Waiting for client to connect... *\n************************************\n")
+		s.cm.comm, err = s.accept(s.cm.ch.q, p)
+	}
+	if err != nil {
+		return fmt.Errorf("perftest: rdma_cm connection of the exchange: %w", err)
+	}
+	s.ex = &Exchange{ch: s.cm.ch, client: s.client, binaryKeys: true}
+	return nil
+}
+
+// CMListening starts the line a -R server prints once it listens on its
+// rdma_cm port, for scripts and tests that start the client then.
+const CMListening = "rxego: rdma_cm listening on "
+
+// cmServer is the server's rdma_cm address.
+func (s *session) cmServer() netip.AddrPort {
+	return netip.AddrPortFrom(s.cfg.serverAddr, uint16(s.cfg.Port))
+}
+
+// dialRetry connects q to the server, dialling again every cmRetryEvery
+// while the server rejects for want of a listener (REJ reason 8, as the
+// Linux CM answers a REQ for a port nobody listens on). A rejection leaves
+// q in ERR; it goes back to RESET, and then rearm (if any) restores what
+// the ERR state flushed.
+func (s *session) dialRetry(q *rxego.QP, p *cm.Params, rearm func() error) (*cm.Conn, error) {
+	for {
+		conn, err := s.cm.m.Dial(s.ctx, s.cmServer(), q, p)
+		var rej *cm.RejectError
+		if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
+			return conn, err
+		}
+		// A rejected QP went to ERR; a fresh attempt needs it in RESET.
+		if err := q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err != nil {
+			return nil, err
+		}
+		if rearm != nil {
+			if err := rearm(); err != nil {
+				return nil, err
+			}
+		}
+		t := time.NewTimer(cmRetryEvery)
+		select {
+		case <-s.ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (last: %v)", s.ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// accept answers the listener's next request with q.
+func (s *session) accept(q *rxego.QP, p *cm.Params) (*cm.Conn, error) {
+	req, err := s.cm.l.Accept(s.ctx)
+	if err != nil {
+		return nil, err
+	}
+	return req.Accept(s.ctx, q, p)
+}
+
+// connectCM connects the data QPs with rdma_cm between two handshakes
+// (create_rdma_cm_connection). perftest's records in these two handshakes
+// are still zero; rxego's say the same.
+func (s *session) connectCM() error {
+	if _, err := s.ex.HandShake(Dest{}); err != nil {
+		return err
+	}
+	c := &s.cfg
+	// Responder resources and initiator depth are out_reads for READ and
+	// atomic tests, 0 (the CM's 1) for the others; retry and RNR retry
+	// perftest's retry_count, 7; the server's QP then gets min_rnr_timer 12.
+	p := &cm.Params{MTU: c.mtu, MinRNRTimer: minRNRTimer}
+	if v := c.Test.verb(); v == read || v == atomic {
+		p.ResponderResources, p.InitiatorDepth = uint8(c.OutReads), uint8(c.OutReads)
+	}
+	for _, q := range s.qps {
+		var conn *cm.Conn
+		var err error
+		if s.client {
+			conn, err = s.dialRetry(q, p, nil)
+		} else {
+			conn, err = s.accept(q, p)
+		}
+		if err != nil {
+			return fmt.Errorf("perftest: rdma_cm connection of QP %#x: %w", q.Num(), err)
+		}
+		s.cm.conns = append(s.cm.conns, conn)
+	}
+	_, err := s.ex.HandShake(Dest{})
+	return err
+}
+
+// closeCM tears the connections down after the test: a client disconnects
+// its data connections (perftest's client does, and waits for the DREPs);
+// a server gives the client cmPeerHangsUp to do so, as perftest's server
+// never disconnects, and disconnects what is left; then the comm
+// connection goes the same way. Errors of a peer that vanished do not
+// fail a run whose test passed; they are returned for the caller to judge.
+func (s *session) closeCM() error {
+	st := s.cm
+	if st == nil {
+		return nil
+	}
+	if st.l != nil {
+		st.l.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmDisconnectIn)
+	defer cancel()
+	var errs []error
+	hangUp := func(conns []*cm.Conn) {
+		if !s.client {
+			waitDone(ctx, conns, cmPeerHangsUp)
+		}
+		for _, conn := range conns {
+			if err := conn.Disconnect(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	hangUp(st.conns)
+	if st.comm != nil {
+		hangUp([]*cm.Conn{st.comm})
+	}
+	st.m.Close()
+	return errors.Join(errs...)
+}
+
+// waitDone waits until every connection has ended, at most for d.
+func waitDone(ctx context.Context, conns []*cm.Conn, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for _, c := range conns {
+		select {
+		case <-c.Done():
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
