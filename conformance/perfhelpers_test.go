@@ -28,6 +28,7 @@ type perfRun struct {
 	RxegoServer bool     // rxego listens, perftest connects; else the reverse
 	IPv6        bool     // use the IPv6 GIDs (the TCP exchange stays on IPv4)
 	QPs         int      // -q on both sides when above 1
+	RDMACM      bool     // -R on both sides: rdma_cm connects the exchange and the QPs (IPv4)
 	All         bool     // -a on both sides instead of -s: every size, 2 B to 8 MiB
 	Args        []string // more flags for both sides, e.g. -t 2
 	RxegoArgs   []string // more flags for rxego only, e.g. -m 512
@@ -49,6 +50,9 @@ var lossCounters = []string{"out_of_seq_request", "rcvd_seq_err", "naks_sent", "
 // guest overrun by a burst, see pathDrops).
 func (r perfRun) expect() []string {
 	e := append([]string(nil), lossCounters...)
+	if r.RDMACM {
+		e = append(e, cmExpect...)
+	}
 	if strings.HasPrefix(r.Test, "read_") || strings.HasPrefix(r.Test, "atomic_") {
 		e = append(e, "drop_stale_response")
 	}
@@ -85,6 +89,9 @@ func (r perfRun) name() string {
 	}
 	if r.IPv6 {
 		n += " ipv6"
+	}
+	if r.RDMACM {
+		n += " -R"
 	}
 	return n
 }
@@ -142,7 +149,12 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 		common = append(common, "-q", strconv.Itoa(r.QPs))
 	}
 	common = append(common, r.Args...)
-	tool := append([]string{"ib_" + r.Test, "-d", "rxe0", "-x", gidIdx}, common...)
+	tool := []string{"ib_" + r.Test, "-d", "rxe0", "-x", gidIdx}
+	if r.RDMACM {
+		// rdma_cm picks the GID; the exchange is IPv4 only.
+		tool, common = tool[:3], append(common, "-R")
+	}
+	tool = append(tool, common...)
 	holdFile := filepath.Join(t.TempDir(), "hold.json")
 	rxego := append([]string{"perf", r.Test, "-x", hostAddr, "--stats", "--hold", holdFile,
 		"-timeout", (timeout - 10*time.Second).String()}, append(common, r.RxegoArgs...)...)
@@ -159,7 +171,11 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	guestArgv := tool
 	if r.RxegoServer {
 		h = p.startRxego(t, ctx, rxego...)
-		if err := h.waitListen(ctx, p.Port); err != nil {
+		listening := h.waitListen
+		if r.RDMACM {
+			listening = func(ctx context.Context, _ int) error { return h.waitOutput(ctx, cmListening) }
+		}
+		if err := listening(ctx, p.Port); err != nil {
 			t.Fatalf("rxego server: %v\n%s", err, h.output())
 		}
 		guestArgv = append(guestArgv, p.HostIP)
@@ -173,7 +189,11 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	}
 	defer proc.Kill()
 	if !r.RxegoServer {
-		if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
+		listening := p.Guest.WaitTCPListen
+		if r.RDMACM {
+			listening = p.waitCMListen
+		}
+		if err := listening(ctx, p.Port); err != nil {
 			t.Fatal(err)
 		}
 		h = p.startRxego(t, ctx, append(rxego, p.Guest.IP())...)

@@ -99,3 +99,33 @@ func TestPerftestFlags(t *testing.T) {
 		}
 	})
 }
+
+// TestPerftestRDMACM runs perftest's -R mode against rxego in both roles:
+// perftest's exchange over an rdma_cm-connected QP (SENDs of its binary
+// records), every data QP its own rdma_cm connection on the same port
+// (the client retrying while the server does not listen yet), and the
+// disconnects at the end. send_bw, write_bw and read_bw at two sizes and
+// with two QPs, and every other tool once.
+func TestPerftestRDMACM(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		runs := []perfRun{
+			{Test: "send_bw", Size: 1025, Iters: 20}, {Test: "send_bw", Size: 65536, Iters: 10},
+			{Test: "write_bw", Size: 1025, Iters: 20}, {Test: "write_bw", Size: 65536, Iters: 10},
+			{Test: "read_bw", Size: 1025, Iters: 20}, {Test: "read_bw", Size: 65536, Iters: 10},
+			{Test: "send_bw", Size: 4096, Iters: 10, QPs: 2}, {Test: "write_bw", Size: 4096, Iters: 10, QPs: 2},
+			{Test: "read_bw", Size: 4096, Iters: 10, QPs: 2},
+			{Test: "atomic_bw", Atomic: "FETCH_AND_ADD", Iters: 20},
+			{Test: "send_lat", Size: 64, Iters: 20}, {Test: "write_lat", Size: 64, Iters: 20},
+			{Test: "read_lat", Size: 64, Iters: 20}, {Test: "atomic_lat", Atomic: "CMP_AND_SWAP", Iters: 20},
+		}
+		for _, r := range runs {
+			r.RDMACM = true
+			for _, server := range []bool{true, false} {
+				r.RxegoServer = server
+				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
+					return p.perf(t, r)
+				})
+			}
+		}
+	})
+}

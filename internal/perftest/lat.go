@@ -111,6 +111,9 @@ func (s *session) writeLat() error {
 	c := &s.cfg
 	s.latHeader()
 	base := s.rcvdBase
+	if s.cm != nil {
+		base += s.cm.ch.received
+	}
 	var arrived uint64 // payload bytes the peer's writes brought so far
 	pollOff := s.lay.vaddr(0)
 	for _, size := range c.sizes() {
@@ -166,7 +169,7 @@ func (s *session) waitBytes(total uint64) error {
 	start := time.Now()
 	for stats.RcvdBytes.Load() < total {
 		if err := s.ctx.Err(); err != nil {
-			return fmt.Errorf("perftest: waiting for the peer's RDMA WRITE: %w", err)
+			return fmt.Errorf("perftest: waiting for the peer's RDMA WRITE (have %d of %d bytes): %w", stats.RcvdBytes.Load(), total, err)
 		}
 		// Spin briefly for latency, then sleep so the engine gets the CPU.
 		if time.Since(start) < spinFor {

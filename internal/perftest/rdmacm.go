@@ -58,6 +58,9 @@ type cmChannel struct {
 	mr       *rxego.MR
 	buf      []byte // [0, binaryRecordLen): receives; the rest: sends
 	sends    uint64
+	// received counts the payload bytes received, which the engine's
+	// RcvdBytes counts too: write_lat tells the peer's WRITEs by that.
+	received uint64
 }
 
 // newCMChannel creates the comm QP in INIT with its one receive posted,
@@ -140,6 +143,7 @@ func (c *cmChannel) read(n int) ([]byte, error) {
 	if int(wc.ByteLen) != n {
 		return nil, fmt.Errorf("perftest: rdma_cm exchange: received %d bytes, want %d", wc.ByteLen, n)
 	}
+	c.received += uint64(n)
 	out := append([]byte(nil), c.buf[:n]...)
 	return out, c.postRecv()
 }
@@ -256,7 +260,23 @@ func (s *session) connectCM() error {
 		}
 		s.cm.conns = append(s.cm.conns, conn)
 	}
-	_, err := s.ex.HandShake(Dest{})
+	// The CM's MADs and the exchange so far are received payload too:
+	// write_lat counts the peer's WRITEs from here, adding the exchange's
+	// later messages (see writeLat). The count is taken when no message of
+	// the exchange can be in flight: a server's after reading the client's
+	// record (the client then waits for the answer), a client's after
+	// reading the server's (the server then waits for the client).
+	mark := func() error {
+		s.rcvdBase = s.dev.Engine().Stats.RcvdBytes.Load() - s.cm.ch.received
+		return nil
+	}
+	if s.client {
+		if _, err := s.ex.HandShake(Dest{}); err != nil {
+			return err
+		}
+		return mark()
+	}
+	_, err := s.ex.HandShakeHold(Dest{}, mark)
 	return err
 }
 
