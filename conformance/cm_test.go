@@ -73,6 +73,12 @@ func cmOutcome(t *testing.T, out []byte, note string) Outcome {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return Outcome{Note: strings.TrimSpace(note + " " + splitCM(stats)), Rxego: stats}
+}
+
+// splitCM removes the CM's counters (cm_*) from stats and returns the
+// non-zero ones as a note, "cm: sent_req=1 ...".
+func splitCM(stats map[string]uint64) string {
 	var cm []string
 	for _, k := range slices.Sorted(maps.Keys(stats)) {
 		if strings.HasPrefix(k, "cm_") {
@@ -82,7 +88,10 @@ func cmOutcome(t *testing.T, out []byte, note string) Outcome {
 			delete(stats, k)
 		}
 	}
-	return Outcome{Note: strings.TrimSpace(note + " cm: " + strings.Join(cm, " ")), Rxego: stats}
+	if len(cm) == 0 {
+		return ""
+	}
+	return "cm: " + strings.Join(cm, " ")
 }
 
 // rpingRun is one rping exchange.

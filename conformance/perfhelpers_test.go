@@ -238,6 +238,10 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmNote := splitCM(stats)
+	if r.RDMACM && !strings.Contains(cmNote, "sent_rtu=") && !strings.Contains(cmNote, "rcvd_rtu=") {
+		t.Errorf("-R: no RTU in rxego's CM counters (%q)", cmNote)
+	}
 	after, err := p.pathDrops(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -264,6 +268,9 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	}
 	if measured != "" {
 		note = append(note, measured)
+	}
+	if cmNote != "" {
+		note = append(note, cmNote)
 	}
 	if drops != (Drops{}) {
 		note = append(note, fmt.Sprintf("lab dropped %d packets to the guest, %d from it", drops.ToGuest, drops.FromGuest))

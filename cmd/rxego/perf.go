@@ -128,7 +128,7 @@ func runPerf(args []string) error {
 		if *stats {
 			// Printed before the device closes, so packets still arriving
 			// (a peer's late retransmission) are counted.
-			if serr := printStats(os.Stdout, res.Device); serr != nil && err == nil {
+			if serr := printStatsWith(os.Stdout, res.Device, defaultStatsQuiet, res.CM); serr != nil && err == nil {
 				err = serr
 			}
 		}

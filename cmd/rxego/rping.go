@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -126,22 +123,9 @@ func cmRun(local netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm.Manag
 	err = fn(ctx, m)
 	m.Close()
 	if *f.stats {
-		err = errors.Join(err, printCMStats(os.Stdout, dev, m))
+		err = errors.Join(err, printStatsWith(os.Stdout, dev, 0, m.Counters()))
 	}
 	return errors.Join(err, f.obs.close())
-}
-
-// printCMStats prints what printStats prints plus the CM's counters.
-func printCMStats(w io.Writer, dev *rxego.Device, m *cm.Manager) error {
-	st := engineStats(&dev.Engine().Stats)
-	maps.Copy(st, transportStats(dev.Transport().Stats()))
-	maps.Copy(st, m.Counters())
-	b, err := json.Marshal(st)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(w, "%s%s\n", statsPrefix, b)
-	return err
 }
 
 func runRping(args []string) error {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"time"
 
 	"github.com/rxego/rxego"
@@ -14,27 +15,31 @@ import (
 // a tool's output.
 const statsPrefix = "rxego-stats "
 
-// How long printStats waits for the device to go quiet by default, and at
+// How long printStatsWith waits for the device to go quiet by default, and at
 // most.
 const (
 	defaultStatsQuiet = 250 * time.Millisecond
 	settleMax         = 5 * time.Second
 )
 
-// printStats writes dev's engine and transport counters as one line:
-// statsPrefix then a JSON object of name to value (package devstats names
-// them). It first waits until the device has neither sent nor received a
-// packet for defaultStatsQuiet (at most settleMax): the ACK of the last
-// message received goes out after the run ends, and a peer's last packets
-// may still be arriving.
-func printStats(w io.Writer, dev *rxego.Device) error {
-	return printStatsQuiet(w, dev, defaultStatsQuiet)
+// printStatsQuiet is printStatsWith without more counters.
+func printStatsQuiet(w io.Writer, dev *rxego.Device, quiet time.Duration) error {
+	return printStatsWith(w, dev, quiet, nil)
 }
 
-// printStatsQuiet is printStats with the quiet period given.
-func printStatsQuiet(w io.Writer, dev *rxego.Device, quiet time.Duration) error {
-	devstats.Settle(dev, quiet, settleMax)
-	b, err := json.Marshal(devstats.Map(dev))
+// printStatsWith writes dev's engine and transport counters, and extra
+// (a connection manager's), as one line: statsPrefix then a JSON object of
+// name to value (package devstats names them). It first waits until the
+// device has neither sent nor received a packet for quiet (at most
+// settleMax; 0 prints at once): the ACK of the last message received goes
+// out after the run ends, and a peer's last packets may still be arriving.
+func printStatsWith(w io.Writer, dev *rxego.Device, quiet time.Duration, extra map[string]uint64) error {
+	if quiet > 0 {
+		devstats.Settle(dev, quiet, settleMax)
+	}
+	st := devstats.Map(dev)
+	maps.Copy(st, extra)
+	b, err := json.Marshal(st)
 	if err != nil {
 		return err
 	}
@@ -42,7 +47,7 @@ func printStatsQuiet(w io.Writer, dev *rxego.Device, quiet time.Duration) error 
 	return err
 }
 
-// engineStats and transportStats name counters as printStats does (see
+// engineStats and transportStats name counters as printStatsWith does (see
 // package devstats).
 var (
 	engineStats    = devstats.Engine

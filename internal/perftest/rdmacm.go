@@ -312,6 +312,7 @@ func (s *session) closeCM() error {
 		hangUp([]*cm.Conn{st.comm})
 	}
 	st.m.Close()
+	s.res.CM = st.m.Counters()
 	return errors.Join(errs...)
 }
 

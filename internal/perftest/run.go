@@ -36,6 +36,9 @@ type Result struct {
 	// evaluate one side's PeerChecks against the other side's memory.
 	Mem     []byte
 	MemAddr uint64
+	// CM holds the connection manager's counters of a -R run (cm_sent_req,
+	// ...), taken when it closed.
+	CM map[string]uint64
 	// Device is the device the run used, for its counters. Run closes a
 	// device it opened itself unless Config.KeepDevice.
 	Device *rxego.Device
