@@ -193,34 +193,9 @@ func (s *session) cmServer() netip.AddrPort {
 }
 
 // dialRetry connects q to the server, dialling again every cmRetryEvery
-// while the server rejects for want of a listener (REJ reason 8, as the
-// Linux CM answers a REQ for a port nobody listens on). A rejection leaves
-// q in ERR; it goes back to RESET, and then rearm (if any) restores what
-// the ERR state flushed.
+// while nobody listens there (cm.Manager.DialRetry).
 func (s *session) dialRetry(q *rxego.QP, p *cm.Params, rearm func() error) (*cm.Conn, error) {
-	for {
-		conn, err := s.cm.m.Dial(s.ctx, s.cmServer(), q, p)
-		var rej *cm.RejectError
-		if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
-			return conn, err
-		}
-		// A rejected QP went to ERR; a fresh attempt needs it in RESET.
-		if err := q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err != nil {
-			return nil, err
-		}
-		if rearm != nil {
-			if err := rearm(); err != nil {
-				return nil, err
-			}
-		}
-		t := time.NewTimer(cmRetryEvery)
-		select {
-		case <-s.ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("%w (last: %v)", s.ctx.Err(), err)
-		case <-t.C:
-		}
-	}
+	return s.cm.m.DialRetry(s.ctx, s.cmServer(), q, p, cmRetryEvery, rearm)
 }
 
 // accept answers the listener's next request with q.
@@ -296,37 +271,15 @@ func (s *session) closeCM() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmDisconnectIn)
 	defer cancel()
-	var errs []error
-	hangUp := func(conns []*cm.Conn) {
-		if !s.client {
-			waitDone(ctx, conns, cmPeerHangsUp)
-		}
-		for _, conn := range conns {
-			if err := conn.Disconnect(ctx); err != nil {
-				errs = append(errs, err)
-			}
-		}
+	peerFirst := cmPeerHangsUp
+	if s.client {
+		peerFirst = 0
 	}
-	hangUp(st.conns)
+	err := cm.HangUp(ctx, st.conns, peerFirst)
 	if st.comm != nil {
-		hangUp([]*cm.Conn{st.comm})
+		err = errors.Join(err, cm.HangUp(ctx, []*cm.Conn{st.comm}, peerFirst))
 	}
 	st.m.Close()
 	s.res.CM = st.m.Counters()
-	return errors.Join(errs...)
-}
-
-// waitDone waits until every connection has ended, at most for d.
-func waitDone(ctx context.Context, conns []*cm.Conn, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for _, c := range conns {
-		select {
-		case <-c.Done():
-		case <-t.C:
-			return
-		case <-ctx.Done():
-			return
-		}
-	}
+	return err
 }
