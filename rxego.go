@@ -23,6 +23,7 @@
 package rxego
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -175,6 +176,16 @@ type Device struct {
 	busy     time.Duration // Options.BusyPoll, with a Poller
 	clock    *qp.MonoClock
 	lastPoll atomic.Int64 // clock time of the last application poll (busy mode)
+
+	// Blocking mode over a transport.Waker: see readLoop and cqWaiter.
+	waker     transport.Waker
+	wantRd    atomic.Int32    // goroutines in PollWait waiting for the socket while another reads
+	rxReading atomic.Bool     // the receive goroutine holds rxMu
+	rxDown    atomic.Bool     // the Conn is closed: PollWait waits on the CQ alone
+	handoff   chan struct{}   // a token: the socket is free for a goroutine counted in wantRd
+	standBy   *time.Timer     // wakes the receive goroutine to look for an abandoned socket
+	ctxDone   <-chan struct{} // see watchCtx (under rxMu)
+	ctxStop   func() bool
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
@@ -221,6 +232,11 @@ func Open(addr string, opts *Options) (*Device, error) {
 	if p, ok := conn.(transport.Poller); ok && o.BusyPoll > 0 {
 		d.poller = p
 		d.busy = o.BusyPoll
+	} else if w, ok := conn.(transport.Waker); ok {
+		d.waker = w
+		d.handoff = make(chan struct{}, 1)
+		d.standBy = time.NewTimer(time.Hour)
+		d.standBy.Stop()
 	}
 	d.eng, err = qp.NewEngine(qp.Config{
 		Local: local.Addr(), Port: local.Port(), Clock: clock, Out: (*deviceOut)(d), MRs: d.mrs,
@@ -331,6 +347,10 @@ func (d *Device) receiveLoop() {
 		d.pollLoop()
 		return
 	}
+	if d.waker != nil {
+		d.readLoop()
+		return
+	}
 	for {
 		n, err := d.conn.Recv(d.rxMsgs)
 		if err != nil {
@@ -357,10 +377,11 @@ func (d *Device) closing(err error) bool {
 }
 
 // input hands the n packets in rxMsgs to the engine.
-func (d *Device) input(n int) { d.inputWith(n, d.eng.Input) }
+func (d *Device) input(n int) { d.inputWith(n, d.eng.InputWoke) }
 
-// inputWith hands the n packets in rxMsgs to the engine through input.
-func (d *Device) inputWith(n int, input func([]qp.InPacket)) {
+// inputWith hands the n packets in rxMsgs to the engine through input
+// and returns what input does.
+func (d *Device) inputWith(n int, input func([]qp.InPacket) bool) bool {
 	in := d.rxIn[:0]
 	for i := range d.rxMsgs[:n] {
 		m := &d.rxMsgs[i]
@@ -370,9 +391,10 @@ func (d *Device) inputWith(n int, input func([]qp.InPacket)) {
 		}
 		in = append(in, qp.InPacket{Pkt: p, Src: m.Peer, TOS: m.TOS, Dest: d.local.Addr()})
 	}
-	input(in)
+	r := input(in)
 	clear(in) // no references into the transport's buffers
 	clear(d.rxMsgs[:n])
+	return r
 }
 
 // receiveOnce takes in what the socket holds, without blocking.
@@ -424,6 +446,159 @@ func (d *Device) pollOnce() {
 	}
 }
 
+// standBack is how long the socket may go unread after an application
+// goroutine stops reading it (its PollWait returned) before the receive
+// goroutine takes it over. An application that waits again sooner, as
+// one answering messages does, keeps reading it itself; packets for other
+// QPs and CQs wait at most this long when it does not.
+const standBack = 200 * time.Microsecond
+
+// readLoop is the receive loop of a blocking-mode device over a
+// transport.Waker.
+//
+// Whoever holds rxMu reads the socket: this goroutine, or an application
+// goroutine blocked in PollWait on one of the device's CQs (cqWaiter).
+// When the application reads, the packet that completes its work wakes
+// the goroutine that wants it straight from the runtime's network poller:
+// no hand-off between goroutines, which on a two-CPU machine cost two
+// futex calls and a goroutine switch per message. Packets for other QPs
+// and CQs go into the engine all the same.
+//
+// The receive goroutine reads only while no application goroutine waits:
+// one that comes to PollWait while it reads wakes it, and it hands the
+// socket over (release). An application goroutine that stops reading
+// hands it to another waiting one, if any; otherwise the receive
+// goroutine takes over standBack later unless an application goroutine
+// has meanwhile.
+func (d *Device) readLoop() {
+	for {
+		if d.wantRd.Load() == 0 && d.rxMu.TryLock() {
+			d.rxReading.Store(true)
+			err := d.serve()
+			d.rxReading.Store(false)
+			d.release()
+			if err != nil {
+				return
+			}
+		}
+		select {
+		case <-d.stop:
+			return
+		case <-d.standBy.C:
+		}
+	}
+}
+
+// serve reads for the receive goroutine, with rxMu held, until an
+// application goroutine wants the socket (nil) or the device closes.
+func (d *Device) serve() error {
+	for {
+		seq := d.waker.WakeSeq()
+		if d.wantRd.Load() > 0 {
+			return nil
+		}
+		n, err := d.waker.RecvWait(d.rxMsgs, seq, time.Time{})
+		if err != nil {
+			if d.closing(err) {
+				d.rxDown.Store(true)
+				return err
+			}
+			continue
+		}
+		if n > 0 {
+			d.input(n)
+		}
+	}
+}
+
+// release gives up the socket (rxMu): to an application goroutine that
+// waits for it, or, should none come within standBack, to the receive
+// goroutine.
+func (d *Device) release() {
+	d.rxMu.Unlock()
+	if d.wantRd.Load() > 0 {
+		select {
+		case d.handoff <- struct{}{}:
+		default:
+		}
+	}
+	d.standBy.Reset(standBack)
+}
+
+// cqWaiter is the qp.Waiter of a blocking-mode device's CQs: PollWait on
+// an empty CQ reads the socket on the caller's goroutine (readLoop).
+type cqWaiter Device
+
+// WaitCQ implements qp.Waiter.
+func (w *cqWaiter) WaitCQ(ctx context.Context, cq *qp.CQ) error {
+	d := (*Device)(w)
+	if d.rxDown.Load() {
+		return cq.Wait(ctx)
+	}
+	if !d.rxMu.TryLock() {
+		// Another goroutine reads. Say so, then look again: either this
+		// goroutine then finds the socket free or whoever releases it
+		// sees wantRd and hands it over.
+		d.wantRd.Add(1)
+		if !d.rxMu.TryLock() {
+			if d.rxReading.Load() {
+				d.waker.Wake() // the receive goroutine: it hands over
+			}
+			err := cq.WaitOr(ctx, d.handoff)
+			d.wantRd.Add(-1)
+			return err
+		}
+		d.wantRd.Add(-1)
+	}
+	defer d.release()
+	return d.readFor(ctx, cq)
+}
+
+// Wake implements qp.Waiter.
+func (w *cqWaiter) Wake() { w.waker.Wake() }
+
+// readFor reads the socket, with rxMu held, until cq may hold
+// completions or ctx is done. ACKs for what it takes in wait for the
+// caller's answer, as in busy polling (qp.Engine.InputPolled), and go out
+// before it blocks again.
+func (d *Device) readFor(ctx context.Context, cq *qp.CQ) error {
+	d.watchCtx(ctx)
+	for {
+		seq := d.waker.WakeSeq()
+		if !cq.Watch() {
+			return nil
+		}
+		d.eng.FlushAcks() // nothing to answer: the held ACKs go now
+		if err := ctx.Err(); err != nil {
+			cq.Unwatch()
+			return err
+		}
+		n, err := d.waker.RecvWait(d.rxMsgs, seq, time.Time{})
+		cq.Unwatch()
+		if n > 0 {
+			d.inputWith(n, d.eng.InputPolled)
+		} else if err != nil && d.closing(err) {
+			d.rxDown.Store(true)
+			return nil // PollWait waits on the CQ from now on
+		}
+	}
+}
+
+// watchCtx makes ctx's end wake the socket's reader. The registration
+// (context.AfterFunc, which allocates) is kept for the next wait and
+// made again only for a context with another Done channel: a loop
+// calling PollWait with one context registers once. rxMu is held.
+func (d *Device) watchCtx(ctx context.Context) {
+	done := ctx.Done()
+	if done == nil || done == d.ctxDone {
+		return
+	}
+	if d.ctxStop != nil {
+		d.ctxStop()
+	}
+	d.ctxDone, d.ctxStop = done, context.AfterFunc(ctx, d.waker.Wake)
+}
+
 // Close stops the device. QPs stop working; their memory stays the
 // application's.
 func (d *Device) Close() error {
@@ -432,6 +607,13 @@ func (d *Device) Close() error {
 		close(d.stop)
 		err = d.conn.Close()
 		d.wg.Wait()
+		if d.waker != nil {
+			d.rxMu.Lock()
+			if d.ctxStop != nil {
+				d.ctxStop()
+			}
+			d.rxMu.Unlock()
+		}
 	})
 	return err
 }
@@ -465,6 +647,8 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	cq, err := qp.NewCQ(depth)
 	if err == nil && d.busy > 0 {
 		cq.SetPoller(d.pollOnce, d.busy)
+	} else if err == nil && d.waker != nil {
+		cq.SetWaiter((*cqWaiter)(d))
 	}
 	return cq, err
 }

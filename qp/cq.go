@@ -27,6 +27,46 @@ type CQ struct {
 	closed  bool
 	poller  func()        // see SetPoller
 	spin    time.Duration // see SetPoller
+	waiter  Waiter        // see SetWaiter
+	watched bool          // a goroutine in waiter.WaitCQ asked to be woken (Watch)
+}
+
+// Waiter waits for a CQ's completions in PollWait in place of the CQ's
+// own Wait: a device whose application goroutines read the socket
+// themselves while they wait (so that the packet's wake-up reaches the
+// goroutine that wants it, with no hand-off) gives one to its CQs.
+type Waiter interface {
+	// WaitCQ waits until c may hold completions, ctx is done (it returns
+	// ctx's error) or c may have closed; it may return nil early.
+	WaitCQ(ctx context.Context, c *CQ) error
+	// Wake is called when a completion arrives in, or Close closes, a CQ
+	// that a goroutine in WaitCQ watches (see Watch). It is called with
+	// the CQ's lock held and must not block.
+	Wake()
+}
+
+// SetWaiter makes PollWait wait through w rather than Wait. Set it before
+// the CQ is used.
+func (c *CQ) SetWaiter(w Waiter) { c.waiter = w }
+
+// Watch reports whether the CQ is empty and open and, if it is, makes
+// the next completion or Close call the Waiter's Wake until Unwatch: a
+// goroutine that then blocks without seeing the CQ's bell is still woken.
+func (c *CQ) Watch() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n > 0 || c.closed {
+		return false
+	}
+	c.watched = true
+	return true
+}
+
+// Unwatch ends Watch.
+func (c *CQ) Unwatch() {
+	c.mu.Lock()
+	c.watched = false
+	c.mu.Unlock()
 }
 
 // SetPoller makes Poll, when it finds the CQ empty, call f (which takes in
@@ -79,6 +119,9 @@ func (c *CQ) pushWoke(wc WC) (ok, woke bool) {
 		c.ringBell()
 		woke = true
 	}
+	if c.n == 1 && c.watched {
+		c.waiter.Wake()
+	}
 	return true, woke
 }
 
@@ -126,7 +169,12 @@ func (c *CQ) Err() error {
 
 // Wait blocks until at least one completion is waiting, ctx is done, or
 // the CQ is closed.
-func (c *CQ) Wait(ctx context.Context) error {
+func (c *CQ) Wait(ctx context.Context) error { return c.WaitOr(ctx, nil) }
+
+// WaitOr is Wait that also returns nil, CQ empty or not, when it receives
+// from wake: a device uses it to hand its socket to a goroutine waiting
+// for completions (see Waiter).
+func (c *CQ) WaitOr(ctx context.Context, wake <-chan struct{}) error {
 	c.mu.Lock()
 	c.waiters++
 	defer func() {
@@ -145,15 +193,21 @@ func (c *CQ) Wait(ctx context.Context) error {
 		}
 		c.mu.Unlock()
 		var err error
+		woken := false
 		select {
 		case <-c.bell:
 		case <-c.done:
 		case <-ctx.Done():
 			err = ctx.Err()
+		case <-wake:
+			woken = true
 		}
 		c.mu.Lock()
 		if err != nil && c.n == 0 {
 			return err
+		}
+		if woken {
+			return nil
 		}
 	}
 }
@@ -177,10 +231,23 @@ func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
 		if n := c.Poll(wcs); n > 0 {
 			return n, nil
 		}
-		if err := c.Wait(ctx); err != nil {
+		var err error
+		if c.waiter != nil && !c.isClosed() {
+			err = c.waiter.WaitCQ(ctx, c)
+		} else {
+			err = c.Wait(ctx)
+		}
+		if err != nil {
 			return 0, err
 		}
 	}
+}
+
+// isClosed reports whether Close has been called.
+func (c *CQ) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // Close wakes waiters; later Waits fail.
@@ -190,5 +257,8 @@ func (c *CQ) Close() {
 	if !c.closed {
 		c.closed = true
 		close(c.done)
+		if c.watched {
+			c.waiter.Wake()
+		}
 	}
 }

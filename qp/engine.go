@@ -212,10 +212,15 @@ func (e *Engine) Batch(fn func()) {
 // then posts its reply, and PostSend sends the ACKs and the reply in one
 // system call, which the peer takes in with one wake-up instead of two.
 // The ACKs wait one yield of the processor at most.
-func (e *Engine) Input(pkts []InPacket) {
+func (e *Engine) Input(pkts []InPacket) { e.InputWoke(pkts) }
+
+// InputWoke is Input that reports whether the batch woke a goroutine
+// waiting on a CQ.
+func (e *Engine) InputWoke(pkts []InPacket) (woke bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.input(pkts)
+	woke = e.woke
 	if e.woke && len(e.ackList) > 0 {
 		e.woke = false
 		e.mu.Unlock()
@@ -225,6 +230,7 @@ func (e *Engine) Input(pkts []InPacket) {
 	e.flushAcks()
 	e.held.Store(false)
 	e.flush()
+	return woke
 }
 
 func (e *Engine) input(pkts []InPacket) {
@@ -242,11 +248,13 @@ func (e *Engine) input(pkts []InPacket) {
 // answer, or for FlushAcks, which the poller calls when it finds nothing
 // new (and the device's receive loop calls before it sleeps), so they
 // usually wait no longer than the poller takes to look again, and never
-// longer than ackHold.
-func (e *Engine) InputPolled(pkts []InPacket) {
+// longer than ackHold. It reports whether the batch woke a goroutine
+// waiting on a CQ.
+func (e *Engine) InputPolled(pkts []InPacket) (woke bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.input(pkts)
+	woke = e.woke
 	if e.pushed && len(e.ackList) > 0 {
 		e.held.Store(true)
 		// Should the poller stop polling, the timer sends them.
@@ -260,6 +268,7 @@ func (e *Engine) InputPolled(pkts []InPacket) {
 		e.flushAcks()
 	}
 	e.flush()
+	return woke
 }
 
 // ackHold bounds how long InputPolled's ACKs wait for the poller.

@@ -285,11 +285,15 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	}
 	if e.batching.Load() == 0 {
 		// ACKs the receive loop left for this moment (see Input) go in
-		// the same system call, and ahead of the new requests: they
-		// acknowledge what came before, and a peer must see them first
-		// (a DREQ overtaking the last ACK would flush completed work).
-		e.flushAcks()
-		e.held.Store(false)
+		// the same system call, those of other QPs ahead of the new
+		// requests: they acknowledge what came before, and a peer must
+		// see them first (a DREQ overtaking the last ACK would flush
+		// completed work). This QP's own ACK follows its requests, since
+		// its two directions are independent: shorter than a request,
+		// it then ends the request's GSO run, and a ping-pong's reply
+		// and ACK reach the peer as one datagram, in one wake-up, where
+		// an ACK sent first often wakes the peer alone.
+		e.flushAcksBut(q)
 	}
 	if q.state == Err {
 		q.flushSQ()
@@ -297,6 +301,8 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		e.kick(q)
 	}
 	if e.batching.Load() == 0 {
+		e.flushAcks()
+		e.held.Store(false)
 		e.flush()
 	}
 	return nil

@@ -194,8 +194,17 @@ func (e *Engine) queueAck(q *QP, psn bth.PSN) {
 	e.ackList = append(e.ackList, q)
 }
 
-func (e *Engine) flushAcks() {
+func (e *Engine) flushAcks() { e.flushAcksBut(nil) }
+
+// flushAcksBut sends the pending ACKs of every QP but keep, whose ACK
+// stays pending.
+func (e *Engine) flushAcksBut(keep *QP) {
+	kept := false
 	for _, q := range e.ackList {
+		if q == keep {
+			kept = true
+			continue
+		}
 		if q.resp.ackPending && !q.destroyed && q.state != Err {
 			e.sendAck(q, reth.ACKSyndrome(reth.CreditsInvalid), q.resp.ackPSN)
 		}
@@ -203,6 +212,9 @@ func (e *Engine) flushAcks() {
 	}
 	clear(e.ackList)
 	e.ackList = e.ackList[:0]
+	if kept {
+		e.ackList = append(e.ackList, keep)
+	}
 }
 
 // classCError NAKs a request the responder cannot execute and moves the

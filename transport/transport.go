@@ -134,6 +134,28 @@ type Poller interface {
 	WaitReadable() error
 }
 
+// Waker is implemented by Conns whose blocking receive another goroutine
+// can cut short, for receive loops that let an application goroutine
+// waiting for a completion read the socket itself (so that the goroutine
+// the packet wakes is the one that wanted it, with no hand-off between
+// goroutines) and still stop when the application must look elsewhere.
+// The Conns of Listen implement it.
+type Waker interface {
+	// WakeSeq returns how many times Wake has been called. A caller reads
+	// it before checking whatever it is waiting for and passes it to
+	// RecvWait, so that a Wake in between is not lost.
+	WakeSeq() uint64
+	// RecvWait is Recv that also returns (0, nil) when Wake has been
+	// called since WakeSeq returned seq, and when until (if not zero)
+	// passes. It may also return (0, nil) for no reason; callers loop.
+	// One goroutine at a time may call it; a Recv or WaitReadable meeting
+	// a Wake meant for it ignores it.
+	RecvWait(msgs []Message, seq uint64, until time.Time) (n int, err error)
+	// Wake makes the RecvWait blocked now, or else the next to start,
+	// return. It never blocks; call it from any goroutine.
+	Wake()
+}
+
 // Errors returned by Listen and Send. Listen wraps system errors (address
 // in use, permission) with what it was doing.
 var (

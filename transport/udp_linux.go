@@ -37,12 +37,16 @@ type udpConn struct {
 	gro    bool
 	gso    atomic.Bool
 	closed atomic.Bool
-	file   *os.File
-	rc     syscall.RawConn
-	raw    *os.File
-	rrc    syscall.RawConn
-	tap    tapSlot
-	ctr    counters
+	// wakeSeq counts Wake calls; dlSet is set while a read deadline
+	// (a Wake's, or RecvWait's limit) may be in force.
+	wakeSeq atomic.Uint64
+	dlSet   atomic.Bool
+	file    *os.File
+	rc      syscall.RawConn
+	raw     *os.File
+	rrc     syscall.RawConn
+	tap     tapSlot
+	ctr     counters
 
 	smu sync.Mutex
 	s   sendState
@@ -386,11 +390,84 @@ func (r *recvState) init(batch, slot int) {
 	}
 }
 
+// recvHow says how a receive waits.
+type recvHow uint8
+
+const (
+	recvTry   recvHow = iota // never wait (TryRecv)
+	recvBlock                // wait for a packet (Recv)
+	recvWake                 // wait for a packet, a Wake or a time limit (RecvWait)
+)
+
 // Recv implements Conn.
-func (c *udpConn) Recv(msgs []Message) (int, error) { return c.recv(msgs, true) }
+func (c *udpConn) Recv(msgs []Message) (int, error) { return c.recv(msgs, recvBlock) }
 
 // TryRecv implements Poller.
-func (c *udpConn) TryRecv(msgs []Message) (int, error) { return c.recv(msgs, false) }
+func (c *udpConn) TryRecv(msgs []Message) (int, error) { return c.recv(msgs, recvTry) }
+
+// pastDeadline is the read deadline Wake sets: any time in the past makes
+// the runtime's poller return the blocked reader at once.
+var pastDeadline = time.Unix(1, 0)
+
+// readFile is the file packets are read from: the raw socket in raw mode.
+func (c *udpConn) readFile() *os.File {
+	if c.raw != nil {
+		return c.raw
+	}
+	return c.file
+}
+
+// WakeSeq implements Waker.
+func (c *udpConn) WakeSeq() uint64 { return c.wakeSeq.Load() }
+
+// Wake implements Waker. The read deadline, set in the past, is what
+// returns a reader parked in the runtime's poller; the sequence number
+// covers a Wake that comes before the reader parks (see RecvWait).
+func (c *udpConn) Wake() {
+	c.wakeSeq.Add(1)
+	c.dlSet.Store(true)
+	_ = c.readFile().SetReadDeadline(pastDeadline)
+}
+
+// RecvWait implements Waker. It sets the read deadline (until, or none)
+// before it compares the wake count with seq: a Wake whose count it does
+// not see comes after the deadline was set, and its own deadline in the
+// past then ends the wait.
+func (c *udpConn) RecvWait(msgs []Message, seq uint64, until time.Time) (int, error) {
+	if c.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if err := c.setDeadline(until); err != nil {
+		return 0, err
+	}
+	if c.wakeSeq.Load() != seq {
+		return 0, nil
+	}
+	return c.recv(msgs, recvWake)
+}
+
+// setDeadline sets the read deadline, skipping the call when it is and
+// stays none (dlSet is false only while no deadline can be set).
+func (c *udpConn) setDeadline(until time.Time) error {
+	if until.IsZero() && !c.dlSet.Load() {
+		return nil
+	}
+	c.dlSet.Store(!until.IsZero())
+	return c.mapClosed(c.readFile().SetReadDeadline(until))
+}
+
+// deadlineHit handles a read that ended at the read deadline. A Wake or
+// time limit meant for RecvWait that a Recv or WaitReadable meets is
+// cleared, and they go on waiting; RecvWait returns.
+func (c *udpConn) deadlineHit(err error, how recvHow) (retry bool, _ error) {
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		return false, c.mapClosed(err)
+	}
+	if how == recvWake {
+		return false, errNothing
+	}
+	return true, c.setDeadline(time.Time{})
+}
 
 // WaitReadable implements Poller: it parks in the runtime's poller until
 // a datagram is queued, without reading it and without holding the
@@ -403,22 +480,31 @@ func (c *udpConn) WaitReadable() error {
 	if c.raw != nil {
 		rc = c.rrc
 	}
-	return c.mapClosed(rc.Read(c.r.ready))
+	for {
+		err := rc.Read(c.r.ready)
+		if err == nil {
+			return nil
+		}
+		if retry, err := c.deadlineHit(err, recvBlock); !retry || err != nil {
+			return err
+		}
+	}
 }
 
-// recv is Recv (block) and TryRecv (return 0 at once when nothing is
-// queued or another goroutine is receiving).
-func (c *udpConn) recv(msgs []Message, block bool) (int, error) {
+// recv is Recv (recvBlock), TryRecv (recvTry: return 0 at once when
+// nothing is queued or another goroutine is receiving) and RecvWait
+// (recvWake: return 0 when woken or at the deadline).
+func (c *udpConn) recv(msgs []Message, how recvHow) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
 	}
 	for {
-		if block {
+		if how != recvTry {
 			c.rmu.Lock()
 		} else if !c.rmu.TryLock() {
 			return 0, nil
 		}
-		n, err := c.fill(msgs, block)
+		n, err := c.fill(msgs, how)
 		drops := c.r.drops
 		c.r.drops = c.r.drops[:0]
 		c.rmu.Unlock()
@@ -433,16 +519,16 @@ func (c *udpConn) recv(msgs []Message, block bool) (int, error) {
 			}
 		}
 		clear(drops) // drop references into the buffers
-		if n > 0 || err != nil || !block {
+		if n > 0 || err != nil || how != recvBlock {
 			return n, err
 		}
 	}
 }
 
 // fill delivers packets from the datagrams read so far, reading a new batch
-// only when nothing has been delivered or dropped yet: blocking until one
-// comes, or (!block) only if one is queued already.
-func (c *udpConn) fill(msgs []Message, block bool) (int, error) {
+// only when nothing has been delivered or dropped yet: waiting for one as
+// how says.
+func (c *udpConn) fill(msgs []Message, how recvHow) (int, error) {
 	r := &c.r
 	n := 0
 	var bytes uint64
@@ -468,7 +554,7 @@ func (c *udpConn) fill(msgs []Message, block bool) (int, error) {
 			if n > 0 || len(r.drops) > 0 {
 				break
 			}
-			if err := c.readBatch(block); err != nil {
+			if err := c.readBatch(how); err != nil {
 				if err == errNothing {
 					return n, nil
 				}
@@ -498,9 +584,10 @@ func (c *udpConn) fill(msgs []Message, block bool) (int, error) {
 // errNothing is readBatch's answer when, not blocking, nothing is queued.
 var errNothing = errors.New("transport: nothing queued")
 
-// readBatch runs recvmmsg; with block it waits until at least one datagram
-// comes, without it it returns errNothing when none is queued.
-func (c *udpConn) readBatch(block bool) error {
+// readBatch runs recvmmsg; it returns errNothing when, as how allows,
+// it stops waiting (recvTry: at once; recvWake: at a Wake or the
+// deadline) before a datagram comes.
+func (c *udpConn) readBatch(how recvHow) error {
 	r := &c.r
 	for i := range r.hdrs {
 		h := &r.hdrs[i]
@@ -514,9 +601,15 @@ func (c *udpConn) readBatch(block bool) error {
 	if c.raw != nil {
 		rc = c.rrc
 	}
-	if block {
-		if err := rc.Read(r.fn); err != nil {
-			return c.mapClosed(err)
+	if how != recvTry {
+		for {
+			err := rc.Read(r.fn)
+			if err == nil {
+				break
+			}
+			if retry, err := c.deadlineHit(err, how); !retry || err != nil {
+				return err
+			}
 		}
 	} else {
 		r.got = false
