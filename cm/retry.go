@@ -11,6 +11,20 @@ import (
 	"github.com/rxego/rxego/qp"
 )
 
+// Defaults for DialRetry and HangUp as rxego's tools use them.
+const (
+	// DefaultDialRetry is the interval between attempts on a server that
+	// does not listen yet: perftest's client waits 100 ms.
+	DefaultDialRetry = 100 * time.Millisecond
+	// DefaultHangUpGrace is how long a server lets the client disconnect
+	// first.
+	DefaultHangUpGrace = 5 * time.Second
+	// DefaultHangUpWait bounds the disconnects themselves: a few CM
+	// retransmissions at rdma_cm's 4.3-second response timeout would take
+	// longer, but a peer that vanished must not hold an application up.
+	DefaultHangUpWait = 10 * time.Second
+)
+
 // DialRetry is Dial repeated every interval while the server rejects for
 // want of a listener (REJ reason 8, which the Linux CM sends for a port
 // nobody listens on), as rdma_cm clients (perftest's among them) retry a

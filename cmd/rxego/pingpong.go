@@ -29,6 +29,12 @@ exchange. Without a server name it waits for a client, like the C tools.
   rxego pingpong -g 198.18.0.1                 # server, RC
   ibv_rc_pingpong -d rxe0 -g 1 198.18.0.1      # the peer, elsewhere
 
+With -R the QPs connect with rdma_cm (the IB CM on QP1) instead; the
+C tools have no such mode, so both ends are rxego:
+
+  rxego pingpong -R -g 198.18.0.1              # server
+  rxego pingpong -R -g 198.18.0.2 198.18.0.1   # client
+
 flags:
 `)
 		fs.PrintDefaults()
@@ -46,6 +52,7 @@ flags:
 	_ = fs.String("d", "", "device name (accepted for compatibility; the device is the local address)")
 	_ = fs.Int("l", 0, "service level (accepted for compatibility)")
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility; rxego has port 1)")
+	rdmaCM := fs.Bool("R", false, "connect with rdma_cm on port -p instead of the TCP exchange (rc and srq; the peer is another rxego pingpong -R, as the C tools have no rdma_cm mode)")
 	verify := fs.Bool("c", false, "verify every received message (fill byte, echo, or rxego's self-checking pattern)")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
 	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
@@ -66,7 +73,8 @@ flags:
 		return fmt.Errorf("local address %q: %v", local, err)
 	}
 	cfg := pingpong.Config{Kind: pingpong.Kind(*kind), Local: la, TCPPort: *port, Size: *size, Iters: *iters,
-		MTU: *mtu, RxDepth: *rx, NumQP: *numQP, Events: *events, Verify: *verify, Timeout: *timeout, Out: os.Stdout}
+		MTU: *mtu, RxDepth: *rx, NumQP: *numQP, Events: *events, Verify: *verify, Timeout: *timeout, Out: os.Stdout,
+		RDMACM: *rdmaCM}
 	if fs.NArg() > 0 {
 		cfg.Server = fs.Arg(0)
 	}

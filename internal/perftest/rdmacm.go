@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
@@ -29,16 +28,6 @@ import (
 //  4. At the end the client disconnects the data connections and waits for
 //     the DREPs; the server, which perftest never makes disconnect, waits
 //     for the client's DREQs; then both drop the comm connection.
-
-// Bounds of the rdma_cm steps: the client's retries while the server does
-// not listen yet (perftest's client tries 10 times, 100 ms apart, but its
-// comm connection not at all), and how long a server waits for the
-// client's DREQs before disconnecting itself.
-const (
-	cmRetryEvery   = 100 * time.Millisecond
-	cmPeerHangsUp  = 5 * time.Second
-	cmDisconnectIn = 10 * time.Second
-)
 
 // cmState is a run's rdma_cm state.
 type cmState struct {
@@ -192,10 +181,10 @@ func (s *session) cmServer() netip.AddrPort {
 	return netip.AddrPortFrom(s.cfg.serverAddr, uint16(s.cfg.Port))
 }
 
-// dialRetry connects q to the server, dialling again every cmRetryEvery
+// dialRetry connects q to the server, dialling again every cm.DefaultDialRetry
 // while nobody listens there (cm.Manager.DialRetry).
 func (s *session) dialRetry(q *rxego.QP, p *cm.Params, rearm func() error) (*cm.Conn, error) {
-	return s.cm.m.DialRetry(s.ctx, s.cmServer(), q, p, cmRetryEvery, rearm)
+	return s.cm.m.DialRetry(s.ctx, s.cmServer(), q, p, cm.DefaultDialRetry, rearm)
 }
 
 // accept answers the listener's next request with q.
@@ -257,7 +246,7 @@ func (s *session) connectCM() error {
 
 // closeCM tears the connections down after the test: a client disconnects
 // its data connections (perftest's client does, and waits for the DREPs);
-// a server gives the client cmPeerHangsUp to do so, as perftest's server
+// a server gives the client cm.DefaultHangUpGrace to do so, as perftest's server
 // never disconnects, and disconnects what is left; then the comm
 // connection goes the same way. Errors of a peer that vanished do not
 // fail a run whose test passed; they are returned for the caller to judge.
@@ -269,9 +258,9 @@ func (s *session) closeCM() error {
 	if st.l != nil {
 		st.l.Close()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cmDisconnectIn)
+	ctx, cancel := context.WithTimeout(context.Background(), cm.DefaultHangUpWait)
 	defer cancel()
-	peerFirst := cmPeerHangsUp
+	peerFirst := cm.DefaultHangUpGrace
 	if s.client {
 		peerFirst = 0
 	}

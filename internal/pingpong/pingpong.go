@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -48,7 +49,16 @@ type Config struct {
 	Listener net.Listener
 	// Device, when set, is used instead of opening one on Local.
 	Device *rxego.Device
+	// RDMACM connects the QPs with rdma_cm instead of the TCP exchange
+	// (kinds rc and srq; see rdmacm.go); CMConfig tunes its connection
+	// manager (nil: rdma_cm's values).
+	RDMACM   bool
+	CMConfig *cm.Config
 }
+
+// pollSpin is how long the polling loop spins on an empty CQ before it
+// blocks.
+const pollSpin = 50 * time.Microsecond
 
 // ibv_ud_pingpong's Q_Key.
 const udQKey = 0x11111111
@@ -125,6 +135,9 @@ func (c *Config) defaults() error {
 	if !c.Local.IsValid() && c.Device == nil {
 		return errors.New("pingpong: a local RoCE address is needed (-g ADDRESS)")
 	}
+	if c.RDMACM {
+		return c.checkRDMACM()
+	}
 	return nil
 }
 
@@ -149,6 +162,9 @@ type conn struct {
 	mismatch int
 	posted   int // receives posted so far, for slot rotation
 	recvDone int // receives completed so far
+	// rdma_cm mode
+	cm    *cm.Manager
+	conns []*cm.Conn
 }
 
 // Run performs one pingpong run as server or client.
@@ -163,6 +179,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	if err != nil {
 		return Result{}, err
+	}
+	if cfg.RDMACM {
+		err = c.connectCM(ctx)
+		if err == nil {
+			var res Result
+			res, err = c.loop(ctx)
+			return res, errors.Join(err, c.closeCM())
+		}
+		return Result{}, errors.Join(err, c.closeCM())
 	}
 	if err := c.exchange(ctx); err != nil {
 		return Result{}, err
@@ -233,8 +258,17 @@ func (c *conn) setup() error {
 			return err
 		}
 	}
-	// Receives are posted before the exchange, as the C tools do.
-	for i := 0; i < cfg.RxDepth; i++ {
+	// Receives are posted before the exchange, as the C tools do; an
+	// rdma_cm client posts them once connected (connectCM).
+	if cfg.RDMACM && cfg.Server != "" {
+		return nil
+	}
+	return c.postRecvs()
+}
+
+// postRecvs posts RxDepth receives, spread over the QPs.
+func (c *conn) postRecvs() error {
+	for i := 0; i < c.cfg.RxDepth; i++ {
 		if err := c.postRecv(i % max(1, len(c.qps))); err != nil {
 			return err
 		}
@@ -466,15 +500,21 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 				return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
 			}
 		} else {
-			n = c.cq.Poll(wcs)
-			if n == 0 {
-				if ctx.Err() != nil {
-					return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, ctx.Err())
+			// rxego's engine runs on goroutines of this process: a busy
+			// poll must leave it the CPU, unlike with a NIC. Spinning on
+			// with runtime.Gosched starves the runtime's network poller
+			// (it then polls only from sysmon, every 10 ms: 9 ms per round
+			// trip was measured), so after a short spin the poll blocks.
+			for spin := time.Now(); n == 0 && time.Since(spin) < pollSpin; {
+				if n = c.cq.Poll(wcs); n == 0 {
+					runtime.Gosched()
 				}
-				// rxego's engine runs on goroutines of this process: a
-				// busy poll must leave it the CPU, unlike with a NIC.
-				runtime.Gosched()
-				continue
+			}
+			if n == 0 {
+				var err error
+				if n, err = c.cq.PollWait(ctx, wcs); err != nil {
+					return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
+				}
 			}
 		}
 		for _, wc := range wcs[:n] {
