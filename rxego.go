@@ -183,7 +183,7 @@ type Device struct {
 	rxReading atomic.Bool     // the receive goroutine holds rxMu
 	rxDown    atomic.Bool     // the Conn is closed: PollWait waits on the CQ alone
 	handoff   chan struct{}   // a token: the socket is free for a goroutine counted in wantRd
-	standBy   *time.Timer     // wakes the receive goroutine to look for an abandoned socket
+	rdEpoch   atomic.Uint64   // counts application goroutines taking the socket
 	ctxDone   <-chan struct{} // see watchCtx (under rxMu)
 	ctxStop   func() bool
 }
@@ -235,8 +235,6 @@ func Open(addr string, opts *Options) (*Device, error) {
 	} else if w, ok := conn.(transport.Waker); ok {
 		d.waker = w
 		d.handoff = make(chan struct{}, 1)
-		d.standBy = time.NewTimer(time.Hour)
-		d.standBy.Stop()
 	}
 	d.eng, err = qp.NewEngine(qp.Config{
 		Local: local.Addr(), Port: local.Port(), Clock: clock, Out: (*deviceOut)(d), MRs: d.mrs,
@@ -446,12 +444,17 @@ func (d *Device) pollOnce() {
 	}
 }
 
-// standBack is how long the socket may go unread after an application
-// goroutine stops reading it (its PollWait returned) before the receive
-// goroutine takes it over. An application that waits again sooner, as
-// one answering messages does, keeps reading it itself; packets for other
-// QPs and CQs wait at most this long when it does not.
-const standBack = 200 * time.Microsecond
+// The receive goroutine looks whether application goroutines have
+// stopped reading the socket checkMin after it handed the socket over,
+// then at intervals doubling up to checkMax: a socket an application
+// stopped reading waits at most about twice that. The check runs on the
+// receive goroutine's own timer: resetting a timer at every PollWait
+// would wake the runtime's network poller each time, the very cost that
+// reading on the application's goroutine saves.
+const (
+	checkMin = time.Millisecond
+	checkMax = 4 * time.Millisecond
+)
 
 // readLoop is the receive loop of a blocking-mode device over a
 // transport.Waker.
@@ -468,23 +471,36 @@ const standBack = 200 * time.Microsecond
 // one that comes to PollWait while it reads wakes it, and it hands the
 // socket over (release). An application goroutine that stops reading
 // hands it to another waiting one, if any; otherwise the receive
-// goroutine takes over standBack later unless an application goroutine
-// has meanwhile.
+// goroutine takes it back once it finds it unread, and not taken by an
+// application goroutine, for a whole check period.
 func (d *Device) readLoop() {
+	t := time.NewTimer(checkMin)
+	defer t.Stop()
+	period, seen := checkMin/2, d.rdEpoch.Load()
 	for {
+		period = min(2*period, checkMax)
 		if d.wantRd.Load() == 0 && d.rxMu.TryLock() {
-			d.rxReading.Store(true)
-			err := d.serve()
-			d.rxReading.Store(false)
-			d.release()
-			if err != nil {
-				return
+			if d.rdEpoch.Load() != seen {
+				d.rxMu.Unlock() // taken and left again lately: likely back soon
+			} else {
+				// Unread for a whole period: take it back.
+				d.rxReading.Store(true)
+				d.eng.FlushAcks() // held for an answer that did not come
+				err := d.serve()
+				d.rxReading.Store(false)
+				d.release()
+				if err != nil {
+					return
+				}
+				period = checkMin
 			}
 		}
+		seen = d.rdEpoch.Load()
+		t.Reset(period)
 		select {
 		case <-d.stop:
 			return
-		case <-d.standBy.C:
+		case <-t.C:
 		}
 	}
 }
@@ -511,9 +527,8 @@ func (d *Device) serve() error {
 	}
 }
 
-// release gives up the socket (rxMu): to an application goroutine that
-// waits for it, or, should none come within standBack, to the receive
-// goroutine.
+// release gives up the socket (rxMu), to an application goroutine that
+// waits for it if there is one.
 func (d *Device) release() {
 	d.rxMu.Unlock()
 	if d.wantRd.Load() > 0 {
@@ -522,7 +537,6 @@ func (d *Device) release() {
 		default:
 		}
 	}
-	d.standBy.Reset(standBack)
 }
 
 // cqWaiter is the qp.Waiter of a blocking-mode device's CQs: PollWait on
@@ -550,6 +564,7 @@ func (w *cqWaiter) WaitCQ(ctx context.Context, cq *qp.CQ) error {
 		}
 		d.wantRd.Add(-1)
 	}
+	d.rdEpoch.Add(1)
 	defer d.release()
 	return d.readFor(ctx, cq)
 }
