@@ -619,6 +619,10 @@ func (d *Device) watchCtx(ctx context.Context) {
 func (d *Device) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
+		// ACKs the engine still holds (for a reply that will not come now)
+		// go out first: the peer would otherwise retransmit to a closed
+		// port and, with retry_cnt 7, wait forever for them.
+		d.eng.FlushAcks()
 		close(d.stop)
 		err = d.conn.Close()
 		d.wg.Wait()
