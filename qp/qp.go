@@ -332,7 +332,7 @@ func (q *QP) checkSendWR(wr *SendWR) error {
 			return bad("%v not supported on UC", op)
 		}
 	case RC:
-		if _, ok := wrNames[op]; !ok {
+		if !op.known() {
 			return bad("unknown opcode %d", op)
 		}
 	}

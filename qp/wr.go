@@ -24,16 +24,21 @@ const (
 	wrOpcodeLimit WROpcode = 16
 )
 
-var wrNames = map[WROpcode]string{
+// wrNames names the opcodes rxego knows; the others have no name. An
+// array, not a map: PostSend checks every WR's opcode against it.
+var wrNames = [wrOpcodeLimit]string{
 	WRWrite: "RDMA_WRITE", WRWriteImm: "RDMA_WRITE_WITH_IMM", WRSend: "SEND", WRSendImm: "SEND_WITH_IMM",
 	WRRead: "RDMA_READ", WRCompareSwap: "ATOMIC_CMP_AND_SWP", WRFetchAdd: "ATOMIC_FETCH_AND_ADD",
 	WRLocalInv: "LOCAL_INV", WRSendInv: "SEND_WITH_INV", WRFlush: "FLUSH", WRAtomicWrite: "ATOMIC_WRITE",
 }
 
+// known reports whether rxego knows the opcode.
+func (o WROpcode) known() bool { return o < wrOpcodeLimit && wrNames[o] != "" }
+
 // String names the opcode as ibv_wr_opcode_str does.
 func (o WROpcode) String() string {
-	if s, ok := wrNames[o]; ok {
-		return s
+	if o.known() {
+		return wrNames[o]
 	}
 	return "WR_OPCODE_" + strconv.Itoa(int(o))
 }
