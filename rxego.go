@@ -481,7 +481,7 @@ func (d *Device) readLoop() {
 		period = min(2*period, checkMax)
 		if d.wantRd.Load() == 0 && d.rxMu.TryLock() {
 			if d.rdEpoch.Load() != seen {
-				d.rxMu.Unlock() // taken and left again lately: likely back soon
+				d.release() // taken and left again lately: likely back soon (a goroutine that came meanwhile gets the socket)
 			} else {
 				// Unread for a whole period: take it back.
 				d.rxReading.Store(true)

@@ -87,8 +87,11 @@ func (c *conn) connectCM(ctx context.Context) error {
 	return nil
 }
 
-// closeCM disconnects at the end: a client at once, a server after giving
-// the client cm.DefaultHangUpGrace to do so; then the manager stops.
+// closeCM disconnects at the end. The server hangs up first: its loop
+// ends last, once its final replies are acknowledged (with several QPs it
+// may send replies the client no longer waits for, and a client that
+// disconnected first would leave them unacknowledged). The client gives it
+// cm.DefaultHangUpGrace; then the manager stops.
 func (c *conn) closeCM() error {
 	if c.cm == nil {
 		return nil
@@ -96,7 +99,7 @@ func (c *conn) closeCM() error {
 	ctx, cancel := context.WithTimeout(context.Background(), cm.DefaultHangUpWait)
 	defer cancel()
 	peerFirst := cm.DefaultHangUpGrace
-	if c.cfg.Server != "" {
+	if c.cfg.Server == "" {
 		peerFirst = 0
 	}
 	err := cm.HangUp(ctx, c.conns, peerFirst)
