@@ -252,6 +252,12 @@ func (q *QP) Destroy() error {
 	if q.destroyed {
 		return ErrClosed
 	}
+	// ACKs held back for the application's answer (see InputPolled) go
+	// out first, as in Modify: the peer must learn that what it sent
+	// arrived, or it retries, then fails, work that was done.
+	e.flushAcks()
+	e.held.Store(false)
+	e.flush()
 	q.destroyed = true
 	delete(e.qps, q.num)
 	return nil
