@@ -464,6 +464,12 @@ func (c *udpConn) deadlineHit(err error, how recvHow) (retry bool, _ error) {
 		return false, c.mapClosed(err)
 	}
 	if how == recvWake {
+		// The deadline may be a Wake's that raced with setDeadline's
+		// clearing (Wake's dlSet stored before the clear, its deadline set
+		// after): with dlSet false it would stay and end every later read
+		// at once, a reader spinning without reading. Mark it set, so the
+		// next RecvWait clears it.
+		c.dlSet.Store(true)
 		return false, errNothing
 	}
 	return true, c.setDeadline(time.Time{})
