@@ -518,6 +518,11 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 			}
 		}
 		for _, wc := range wcs[:n] {
+			if rcnt >= cfg.Iters && scnt >= cfg.Iters {
+				// Done: what follows in the batch is not the run's (with
+				// rdma_cm, receives flushed by the peer's disconnect).
+				break
+			}
 			if wc.Status != 0 {
 				return Result{}, fmt.Errorf("pingpong: failed status %s (%d) for wr_id %d", wc.Status, wc.Status, wc.ID)
 			}
