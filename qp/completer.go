@@ -88,6 +88,7 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 			if r.retryLeft != 7 {
 				r.retryLeft--
 			}
+			r.retrying = true
 			e.retry(q, psn)
 		case reth.NAKInvalidRequest:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemInvReqErr)
@@ -130,7 +131,7 @@ func (e *Engine) acknowledge(q *QP, psn bth.PSN, now time.Duration) {
 			}
 			if psn.After(w.lastPSN) && (!r.gapPending || r.gapPSN != r.compPSN) {
 				// acknowledged past a response that never came
-				r.gapPending, r.gapPSN = true, r.compPSN
+				r.gapPending, r.gapPSN, r.retrying = true, r.compPSN, true
 				e.retry(q, r.compPSN)
 			}
 			break
@@ -157,6 +158,19 @@ func (e *Engine) acknowledge(q *QP, psn bth.PSN, now time.Duration) {
 	e.completeAcked(q)
 }
 
+// responderAlive re-arms the retransmit timer when responses the
+// requester cannot use (duplicates, responses past a gap, responses to
+// finished READs) still arrive: the responder is at work, most likely on
+// a stream from before a retry, and a timeout now would start one more
+// stream behind it (rxe likewise re-arms its timer while a long READ's
+// responses come). The retry budget is not reset.
+func (e *Engine) responderAlive(q *QP, now time.Duration) {
+	r := &q.req
+	if q.deadline[timerRetransmit] != 0 && r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
+		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
+	}
+}
+
 // progress resets the retry budgets and the retransmit timer after an
 // acknowledgement moved the window.
 func (e *Engine) progress(q *QP, now time.Duration) {
@@ -178,6 +192,7 @@ func (e *Engine) completeAcked(q *QP) {
 		if !w.acked {
 			return
 		}
+		q.req.retrying = false
 		if w.needsResponse() {
 			q.req.rdOut--
 		}
@@ -193,6 +208,7 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 	p := in.Pkt
 	if psn.Before(r.compPSN) {
 		e.drop(DropDuplicate)
+		e.responderAlive(q, now)
 		return
 	}
 	if psn.After(r.compPSN) {
@@ -202,18 +218,20 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 	}
 	if psn.After(r.compPSN) {
 		// A response is missing: ask again from the first one not received,
-		// once per gap.
-		if !r.gapPending || r.gapPSN != r.compPSN {
-			r.gapPending, r.gapPSN = true, r.compPSN
+		// once per gap, and not while an earlier retry is under way.
+		if !r.retrying && (!r.gapPending || r.gapPSN != r.compPSN) {
+			r.gapPending, r.gapPSN, r.retrying = true, r.compPSN, true
 			e.Stats.RcvdSeqErr.Add(1)
 			e.retry(q, r.compPSN)
 		}
 		e.drop(DropOutOfSequence)
+		e.responderAlive(q, now)
 		return
 	}
 	w := e.wqeAt(q, psn)
 	if !w.started || !w.needsResponse() || w.acked {
 		e.drop(DropStaleResponse)
+		e.responderAlive(q, now)
 		return
 	}
 	// The response implicitly acknowledges everything before it.

@@ -25,6 +25,13 @@ type requester struct {
 	// for, so one gap triggers one retry.
 	gapPSN     bth.PSN
 	gapPending bool
+	// retrying is set by every retry and cleared when a WQE completes
+	// (rxe's comp.started_retry): until then a gap in READ responses
+	// starts no further retry. A peer that keeps sending its earlier
+	// responses (rxe 6.1 does not stop a READ's stream when the request
+	// comes again) would otherwise meet each retry's gaps with yet
+	// another stream.
+	retrying bool
 	maxSent    bth.PSN // the PSN after the highest one ever sent
 }
 
@@ -503,6 +510,7 @@ func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
 	if r.retryLeft != 7 {
 		r.retryLeft--
 	}
+	r.retrying = true
 	e.retry(q, r.compPSN)
 	e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	e.kick(q)

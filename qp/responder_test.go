@@ -603,3 +603,86 @@ func TestRDMALengthOver2G(t *testing.T) {
 		}
 	}
 }
+
+// TestReadResponsesKeepTimerAlive: READ responses that arrive past a gap
+// are of no use but show the responder at work: after the one gap retry
+// they keep re-arming the retransmit timer, so a stream slower than the
+// timeout in total starts no timeout retry (rxe's completer likewise), and
+// the READ completes from the retry's responses.
+func TestReadResponsesKeepTimerAlive(t *testing.T) {
+	o := defaultConn()
+	f, a, b := pair(t, RC, o)
+	const size = 20 * 1024
+	lmr, lbuf := a.n.reg(t, size, allAccess)
+	rmr, rbuf := b.n.reg(t, size, allAccess)
+	fill(rbuf, 5)
+	var responses []wirePkt
+	capture := true
+	f.drop = func(p wirePkt) bool {
+		pkt, err := bth.Parse(p.data)
+		if !capture || err != nil || pkt.Info.Op != bth.OpReadResponse {
+			return false
+		}
+		responses = append(responses, wirePkt{data: append([]byte(nil), p.data...), src: p.src, dst: p.dst, tos: p.tos})
+		return true
+	}
+	a.post(t, SendWR{ID: 9, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()})
+	f.run(time.Microsecond) // the request reaches b; its 20 responses are held
+	capture = false
+	if len(responses) != 20 {
+		t.Fatalf("%d READ responses held, want 20", len(responses))
+	}
+	timeout := ackTimeout(o.timeout)
+	// All but the first, one every half timeout: 9.5 timeouts in all.
+	for _, p := range responses[1:] {
+		f.clock.now += timeout / 2
+		a.n.e.Tick()
+		f.deliver(p)
+	}
+	if got := a.n.e.Stats.CompleterRetryErr.Load(); got != 1 {
+		t.Fatalf("completer_retry_err %d while responses kept coming, want 1 (the gap's retry)", got)
+	}
+	f.run(time.Second)
+	check(t, "requester", pollAll(a.scq), want{9, WCSuccess, WCRead})
+	if !bytes.Equal(lbuf, rbuf) {
+		t.Fatal("READ data differs")
+	}
+	if got := a.n.e.Stats.CompleterRetryErr.Load(); got != 1 {
+		t.Errorf("completer_retry_err %d at the end, want 1", got)
+	}
+}
+
+// TestOneGapRetryPerRead: after a READ's gap starts a retry, a second gap
+// (in the retried stream) starts none until the retransmit timer fires,
+// as rxe's completer does (started_retry): a responder that keeps sending
+// its earlier stream would otherwise meet every retry with another.
+func TestOneGapRetryPerRead(t *testing.T) {
+	o := defaultConn()
+	f, a, b := pair(t, RC, o)
+	const size = 20 * 1024
+	lmr, lbuf := a.n.reg(t, size, allAccess)
+	rmr, rbuf := b.n.reg(t, size, allAccess)
+	fill(rbuf, 6)
+	first := bth.PSN(o.apsn)
+	seen := map[bth.PSN]int{}
+	f.drop = func(p wirePkt) bool {
+		pkt, err := bth.Parse(p.data)
+		if err != nil || pkt.Info.Op != bth.OpReadResponse {
+			return false
+		}
+		psn := pkt.BTH().PSN()
+		seen[psn]++
+		// The first stream loses response 0, the retried one response 5.
+		return psn == first && seen[psn] == 1 || psn == first.Add(5) && seen[psn] == 2
+	}
+	a.post(t, SendWR{ID: 3, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()})
+	f.run(time.Second)
+	check(t, "requester", pollAll(a.scq), want{3, WCSuccess, WCRead})
+	if !bytes.Equal(lbuf, rbuf) {
+		t.Fatal("READ data differs")
+	}
+	s := &a.n.e.Stats
+	if seq, all := s.RcvdSeqErr.Load(), s.CompleterRetryErr.Load(); seq != 1 || all != 2 {
+		t.Fatalf("rcvd_seq_err %d (gap retries), completer_retry_err %d; want 1 and 2 (the second gap waits for the timer)", seq, all)
+	}
+}
