@@ -32,7 +32,7 @@ type requester struct {
 	// comes again) would otherwise meet each retry's gaps with yet
 	// another stream.
 	retrying bool
-	maxSent    bth.PSN // the PSN after the highest one ever sent
+	maxSent  bth.PSN // the PSN after the highest one ever sent
 }
 
 func (r *requester) init(q *QP) {
