@@ -303,6 +303,13 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 		e.classCError(q, reth.NAKInvalidRequest, DropBadLength, psn)
 		return
 	}
+	if usesResource(in2.Op) && q.attr.MaxDestRdAtomic == 0 {
+		// No responder resources: READ, atomics, ATOMIC WRITE and FLUSH
+		// are refused with an Invalid Request NAK, as rxe refuses READ and
+		// atomics (RESPST_ERR_TOO_MANY_RDMA_ATM_REQ).
+		e.classCError(q, reth.NAKInvalidRequest, DropOther, psn)
+		return
+	}
 	switch in2.Op {
 	case bth.OpSend:
 		e.recvSend(q, p, psn)
@@ -315,6 +322,16 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 	case bth.OpAtomicWrite, bth.OpFlush:
 		e.recvAtomicWriteOrFlush(q, p, psn)
 	}
+}
+
+// usesResource reports whether a request takes a responder resource
+// (max_dest_rd_atomic): it is answered by a response, not an ACK.
+func usesResource(op bth.Op) bool {
+	switch op {
+	case bth.OpReadRequest, bth.OpCompareSwap, bth.OpFetchAdd, bth.OpAtomicWrite, bth.OpFlush:
+		return true
+	}
+	return false
 }
 
 // allows reports whether the QP's access flags permit a remote operation.

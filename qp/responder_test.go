@@ -686,3 +686,30 @@ func TestOneGapRetryPerRead(t *testing.T) {
 		t.Fatalf("rcvd_seq_err %d (gap retries), completer_retry_err %d; want 1 and 2 (the second gap waits for the timer)", seq, all)
 	}
 }
+
+// TestNoResponderResources: a responder with max_dest_rd_atomic 0 refuses
+// READ and atomics with an Invalid Request NAK (as rxe), the requester's
+// WQE completes REM_INV_REQ_ERR, and the target memory is untouched.
+func TestNoResponderResources(t *testing.T) {
+	for _, op := range []WROpcode{WRRead, WRFetchAdd} {
+		o := defaultConn()
+		f, a, b := pair(t, RC, o)
+		b.qp.attr.MaxDestRdAtomic = 0 // as if brought to RTR with 0
+		lmr, _ := a.n.reg(t, 64, allAccess)
+		rmr, rbuf := b.n.reg(t, 64, allAccess)
+		fill(rbuf, 9)
+		before := append([]byte(nil), rbuf...)
+		wr := SendWR{ID: 4, Opcode: op, Flags: SendSignaled, SGL: sge(lmr, 0, 8), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey(), CompareAdd: 1}
+		a.post(t, wr)
+		f.run(time.Second)
+		wcop := WCRead
+		if op == WRFetchAdd {
+			wcop = WCFetchAdd
+		}
+		check(t, op.String(), pollAll(a.scq), want{4, WCRemInvReqErr, wcop})
+		b.n.e.Sync()
+		if !bytes.Equal(rbuf, before) {
+			t.Errorf("%v: responder memory changed", op)
+		}
+	}
+}

@@ -154,6 +154,9 @@ func TestMaxRdAtomicLimit(t *testing.T) {
 		o := defaultConn()
 		o.rdAtomic = limit
 		f, a, b := pair(t, RC, o)
+		// The limit under test is the requester's; a responder with
+		// max_dest_rd_atomic 0 would refuse them all.
+		b.qp.attr.MaxDestRdAtomic = 16
 		lmr, _ := a.n.reg(t, 1<<16, allAccess)
 		rmr, _ := b.n.reg(t, 1<<16, allAccess)
 		out, most := 0, 0
