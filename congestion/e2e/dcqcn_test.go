@@ -257,7 +257,11 @@ func TestOneFlowSettlesAndRecovers(t *testing.T) {
 	if st.Rate != LineRate {
 		t.Errorf("rate %d after marking stopped, want line rate %d", st.Rate, LineRate)
 	}
-	if r.after < 3*float64(markRate) {
+	// The rate state is back at line rate (above); what the flow then
+	// delivers depends on the CPU it gets: 1.4-2.4 Gbit/s on a quiet
+	// machine, about 600 Mbit/s while the rest of the race suite runs
+	// beside it. Twice the marking rate still shows the marker's hold gone.
+	if r.after < 2*float64(markRate) {
 		t.Errorf("delivered %s Mbit/s after marking stopped, want well above the marking rate %s", mbps(r.after), mbps(float64(markRate)))
 	}
 }
