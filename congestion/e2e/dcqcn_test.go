@@ -291,15 +291,15 @@ func fairRun(t *testing.T, name string, first int, join, end time.Duration) {
 	n := first + 1
 	before := Throughput(s, join-time.Second, join)
 	after := Throughput(s, end-1500*time.Millisecond, end)
-	conv := settleTime(s, joined, 300*time.Millisecond, func(tp []float64) bool { return len(tp) == n && Jain(tp) >= 0.9 })
+	conv := settleTime(s, joined, 300*time.Millisecond, func(tp []float64) bool { return len(tp) == n && congestion.Jain(tp) >= 0.9 })
 	t.Logf("before the join %s Mbit/s (Jain %.3f); after: %s Mbit/s (Jain %.3f, total %s); "+
 		"Jain >= 0.9 over 100 ms windows for 300 ms from %v after the join; %.0f %% of the last window starved",
-		mbps(before...), Jain(before), mbps(after...), Jain(after), mbps(sum(after)), conv,
+		mbps(before...), congestion.Jain(before), mbps(after...), congestion.Jain(after), mbps(sum(after)), conv,
 		100*starvation(s, end-1500*time.Millisecond, end))
-	if first > 1 && Jain(before) < 0.9 {
-		t.Errorf("%d flows: Jain's index %.3f < 0.9: %s Mbit/s", first, Jain(before), mbps(before...))
+	if first > 1 && congestion.Jain(before) < 0.9 {
+		t.Errorf("%d flows: Jain's index %.3f < 0.9: %s Mbit/s", first, congestion.Jain(before), mbps(before...))
 	}
-	if j := Jain(after); j < 0.9 {
+	if j := congestion.Jain(after); j < 0.9 {
 		t.Errorf("%d flows: Jain's index %.3f < 0.9: %s Mbit/s", n, j, mbps(after...))
 	}
 	if fair := sum(after) / float64(n); after[n-1] < 0.7*fair {

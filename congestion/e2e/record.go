@@ -117,20 +117,6 @@ func Throughput(samples []Sample, from, to time.Duration) []float64 {
 	return out
 }
 
-// Jain returns Jain's fairness index of x: 1 when all are equal, 1/n when
-// one takes everything, 0 for an empty or all-zero x.
-func Jain(x []float64) float64 {
-	var sum, sq float64
-	for _, v := range x {
-		sum += v
-		sq += v * v
-	}
-	if sq == 0 {
-		return 0
-	}
-	return sum * sum / (float64(len(x)) * sq)
-}
-
 // WriteCSV writes the samples in long form, one row per flow and sample:
 // t_ms, flow, rx_mbps (delivered rate over the window ending at the
 // sample), rate_mbps, target_mbps, alpha, cnps. The header names the

@@ -56,7 +56,7 @@ func TestConvergesToFairShare(t *testing.T) {
 					sum += x
 				}
 				fair := sum / float64(n)
-				if j := Jain(tp); j < 0.9 {
+				if j := congestion.Jain(tp); j < 0.9 {
 					t.Errorf("%s n=%d seed=%d: Jain %.3f < 0.9, throughputs %.3g", name, n, seed, j, tp)
 				}
 				if late := tp[n-1] / fair; late < 0.6 {
@@ -186,23 +186,6 @@ func TestRunRejectsBadConfig(t *testing.T) {
 		mutate(&cfg)
 		if res, err := Run(cfg); err == nil || res != nil {
 			t.Errorf("%s: bad config accepted", name)
-		}
-	}
-}
-
-func TestJain(t *testing.T) {
-	for _, tc := range []struct {
-		x    []float64
-		want float64
-	}{
-		{[]float64{5, 5, 5, 5}, 1},
-		{[]float64{8, 0, 0, 0}, 0.25}, // (8)^2 / (4*64)
-		{[]float64{3, 1}, 16.0 / 20},  // (3+1)^2 / (2*(9+1))
-		{nil, 0},
-		{[]float64{0, 0}, 0},
-	} {
-		if got := Jain(tc.x); got != tc.want {
-			t.Errorf("Jain(%v) = %v, want %v", tc.x, got, tc.want)
 		}
 	}
 }
