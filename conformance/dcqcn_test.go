@@ -1,12 +1,13 @@
 package conformance
 
 import (
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rxego/rxego/internal/nftcount"
 )
 
 // ecnMarker marks CE, on the lab bridge, every RoCE packet from p's guest
@@ -66,24 +67,7 @@ func (m *ecnMarker) counters() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nft list counters: %w", err)
 	}
-	var doc struct {
-		Nftables []struct {
-			Counter *struct {
-				Name    string `json:"name"`
-				Packets uint64 `json:"packets"`
-			} `json:"counter"`
-		} `json:"nftables"`
-	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return nil, err
-	}
-	c := map[string]uint64{}
-	for _, o := range doc.Nftables {
-		if o.Counter != nil {
-			c[o.Counter.Name] = o.Counter.Packets
-		}
-	}
-	return c, nil
+	return nftcount.Parse(out)
 }
 
 // dcqcnCounters are the rxego counters marking moves: the packets it

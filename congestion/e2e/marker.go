@@ -1,10 +1,11 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
+
+	"github.com/rxego/rxego/internal/nftcount"
 )
 
 // Marker is the bottleneck: an nftables rule in the receiver's namespace
@@ -82,26 +83,9 @@ func (m *Marker) Counters() (seen, marked uint64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	var doc struct {
-		Nftables []struct {
-			Counter *struct {
-				Name    string `json:"name"`
-				Packets uint64 `json:"packets"`
-			} `json:"counter"`
-		} `json:"nftables"`
+	c, err := nftcount.Parse(out)
+	if err != nil {
+		return 0, 0, err
 	}
-	if err := json.Unmarshal(out, &doc); err != nil {
-		return 0, 0, fmt.Errorf("nft -j: %w", err)
-	}
-	for _, o := range doc.Nftables {
-		if c := o.Counter; c != nil {
-			switch c.Name {
-			case "seen":
-				seen = c.Packets
-			case "marked":
-				marked = c.Packets
-			}
-		}
-	}
-	return seen, marked, nil
+	return c["seen"], c["marked"], nil
 }
