@@ -12,12 +12,7 @@ import (
 func TestPerftest(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		for _, r := range perftestMatrix() {
-			for _, server := range []bool{true, false} {
-				r.RxegoServer = server
-				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
-					return p.perf(t, r)
-				})
-			}
+			p.perfBothRoles(t, r)
 		}
 	})
 }
@@ -63,12 +58,7 @@ func TestPerftestIPv6(t *testing.T) {
 			if test == "atomic_bw" || test == "atomic_lat" {
 				r.Size, r.Atomic = 0, "FETCH_AND_ADD"
 			}
-			for _, server := range []bool{true, false} {
-				r.RxegoServer = server
-				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
-					return p.perf(t, r)
-				})
-			}
+			p.perfBothRoles(t, r)
 		}
 	})
 }
@@ -92,12 +82,7 @@ func TestPerftestFlags(t *testing.T) {
 			{Test: "read_bw", All: true, Iters: 5, Timeout: 4 * time.Minute},
 		}
 		for _, r := range runs {
-			for _, server := range []bool{true, false} {
-				r.RxegoServer = server
-				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
-					return p.perf(t, r)
-				})
-			}
+			p.perfBothRoles(t, r)
 		}
 	})
 }
@@ -122,12 +107,19 @@ func TestPerftestRDMACM(t *testing.T) {
 		}
 		for _, r := range runs {
 			r.RDMACM = true
-			for _, server := range []bool{true, false} {
-				r.RxegoServer = server
-				p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
-					return p.perf(t, r)
-				})
-			}
+			p.perfBothRoles(t, r)
 		}
 	})
+}
+
+// perfBothRoles runs r as a case with rxego as the server, then as the
+// client.
+func (p *Peer) perfBothRoles(t *testing.T, r perfRun) {
+	t.Helper()
+	for _, server := range []bool{true, false} {
+		r.RxegoServer = server
+		p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
+			return p.perf(t, r)
+		})
+	}
 }
