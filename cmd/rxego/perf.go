@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	register("perf", "peer for perftest's ib_{send,write,read,atomic}_{bw,lat} (same TCP exchange, flags and tables)", runPerf)
+	register("perf", "peer for perftest's ib_{send,write,read,atomic}_{bw,lat} (same TCP exchange, or rdma_cm with -R; same flags and tables)", runPerf)
 }
 
 // holdPrefix starts the line --hold prints when rxego waits at the final
@@ -43,7 +43,7 @@ func runPerf(args []string) error {
 	rx := fs.Int("r", 0, "rx depth: receives posted per QP (SEND tests; default 512, at most -n)")
 	outReads := fs.Int("o", 0, "outstanding READs/atomics this side accepts (READ and atomic tests; default 128)")
 	atomicOp := fs.String("A", "", "atomic operation: FETCH_AND_ADD (default) or CMP_AND_SWAP")
-	port := fs.Int("p", perftest.DefaultPort, "TCP port of the exchange")
+	port := fs.Int("p", perftest.DefaultPort, "TCP port of the exchange (with -R: the rdma_cm port)")
 	gid := fs.String("x", "", "local RoCE address (the GID as an IP address); a GID index is accepted for compatibility")
 	addr := fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
 	conn := fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")

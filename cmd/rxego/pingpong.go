@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register("pingpong", "peer for ibv_rc/uc/ud/srq_pingpong (same TCP exchange and flags)", runPingpong)
+	register("pingpong", "peer for ibv_rc/uc/ud/srq_pingpong (same TCP exchange and flags; -R: rdma_cm between rxego peers)", runPingpong)
 }
 
 func runPingpong(args []string) error {
@@ -40,7 +40,7 @@ flags:
 		fs.PrintDefaults()
 	}
 	kind := fs.String("t", "rc", "which tool to mimic: rc, uc, ud or srq")
-	port := fs.Int("p", 18515, "TCP port of the exchange")
+	port := fs.Int("p", 18515, "TCP port of the exchange (with -R: the rdma_cm port)")
 	size := fs.Int("s", 0, "message size (default 4096; ud 2048)")
 	iters := fs.Int("n", 1000, "number of exchanges")
 	mtu := fs.Int("m", 1024, "path MTU: 256, 512, 1024, 2048 or 4096")
