@@ -69,7 +69,7 @@ func (c Case) Name() string {
 	case RxegoLat:
 		return fmt.Sprintf("rxego %s 64 B latency, %s", c.Op, wait)
 	case RxegoRate:
-		return fmt.Sprintf("rxego WRITE 64 B rate, depth %d", c.Depth)
+		return fmt.Sprintf("rxego WRITE 64 B rate, depth %d, %s", c.Depth, wait)
 	case RxegoScale:
 		return fmt.Sprintf("rxego %d RC QPs", c.QPs)
 	case UDPBW:

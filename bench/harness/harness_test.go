@@ -31,6 +31,7 @@ func TestCases(t *testing.T) {
 		{Kind: RxegoLat, Op: "send", MTU: 1024},
 		{Kind: RxegoLat, Op: "atomic", MTU: 1024, Busy: true},
 		{Kind: RxegoRate, MTU: 1024, Depth: 128},
+		{Kind: RxegoRate, MTU: 1024, Depth: 128, Busy: true},
 		{Kind: RxegoScale, MTU: 4096, Size: 4096, QPs: 100},
 	}
 	var all []Result
@@ -72,7 +73,7 @@ func TestCases(t *testing.T) {
 	}
 	var b bytes.Buffer
 	WriteReport(&b, all, false, 1)
-	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "## Targets"} {
+	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | busy-poll |", "## Targets"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
@@ -92,7 +93,7 @@ func TestSuite(t *testing.T) {
 	if budget*3 > 5*time.Minute { // three rounds by default
 		t.Errorf("default run takes about %v", budget*3)
 	}
-	if kinds[RxegoBW] != 18 || kinds[RxegoLat] != 8 || kinds[RxegoRate] != 1 || kinds[RxegoScale] != 1 {
+	if kinds[RxegoBW] != 18 || kinds[RxegoLat] != 8 || kinds[RxegoRate] != 2 || kinds[RxegoScale] != 1 {
 		t.Errorf("rxego cases: %v", kinds)
 	}
 }

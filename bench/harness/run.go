@@ -57,7 +57,10 @@ func Suite(quick bool) []Case {
 			add(Case{Kind: RxegoLat, Op: op, MTU: 1024, Busy: busy})
 		}
 	}
-	add(Case{Kind: RxegoRate, MTU: 1024, Depth: 128})
+	// Blocking, and polling as perftest's ib_write_bw does by default.
+	for _, busy := range []bool{false, true} {
+		add(Case{Kind: RxegoRate, MTU: 1024, Depth: 128, Busy: busy})
+	}
 	qps := 10000
 	if quick {
 		qps = 1000
