@@ -64,12 +64,21 @@ type mmsghdr struct {
 	n   uint32
 }
 
-// mmsg runs sendmmsg or recvmmsg through the runtime poller.
+// mmsg runs sendmmsg or recvmmsg through the runtime poller, as raw
+// system calls on the non-blocking socket, as rxego's transport does (no P
+// hand-off around a long GSO send): the yardstick gets the same I/O
+// technique as the stack it measures.
 func (s *udpSock) mmsg(trap uintptr, hdrs []mmsghdr, write bool) (int, error) {
 	var n int
 	var errno unix.Errno
 	fn := func(fd uintptr) bool {
-		r, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), 0, 0, 0)
+		var r uintptr
+		var e unix.Errno
+		for range 64 { // a signal (the runtime's preemption) may interrupt it
+			if r, _, e = unix.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), 0, 0, 0); e != unix.EINTR {
+				break
+			}
+		}
 		if e == unix.EAGAIN {
 			return false
 		}
