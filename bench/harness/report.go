@@ -275,6 +275,7 @@ func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
 		}
 		fmt.Fprintf(w, "| 10,000 idle RC QPs under 40 MiB | %.1f MiB | %s |\n", mib, met)
 	}
+	defer writeCeiling(w, rs, tcp, tcpOK)
 	var worst float64
 	for _, r := range rs {
 		if r.Packets > 0 && r.AllocsPerPkt > worst {
@@ -283,6 +284,31 @@ func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
 	}
 	fmt.Fprintf(w, "| zero allocations per packet (largest seen in a bandwidth or rate run) | %.4f | %s |\n", worst,
 		map[bool]string{true: "yes (exact per-path checks: go test -run NoAllocs ./qp ./transport ./bench)", false: "**no**"}[worst < 0.01])
+}
+
+// writeCeiling bounds what any stack over UDP sockets could reach here
+// against TCP: it makes at least raw UDP's system calls for every byte, so
+// with every CPU of the machine busy it moves at most (CPUs) x (UDP
+// GSO/GRO's Gbit/s per busy CPU). When that is below a target ratio to
+// TCP, the machine, not the stack, rules the target out.
+func writeCeiling(w io.Writer, rs results, tcp Result, tcpOK bool) {
+	if !tcpOK || tcp.Gbps() <= 0 {
+		return
+	}
+	var lines []string
+	for _, size := range []int{4096, 1024} {
+		u, ok := rs.udpBW(UDPGSO, size)
+		if !ok || u.CPU <= 0 {
+			continue
+		}
+		perCPU := u.Gbps() / u.Cores()
+		bound := perCPU * float64(runtime.NumCPU())
+		lines = append(lines, fmt.Sprintf("with %s segments %.1f Gbit/s per busy CPU, so at most %.1f Gbit/s on %d CPUs: %.2fx TCP's %.1f",
+			sizeName(size), perCPU, bound, runtime.NumCPU(), bound/tcp.Gbps(), tcp.Gbps()))
+	}
+	if len(lines) > 0 {
+		fmt.Fprintf(w, "\nCeiling for a stack over UDP sockets (it makes at least raw UDP GSO/GRO's system calls for each byte): %s.\n", strings.Join(lines, "; "))
+	}
 }
 
 func loadAvg() string {
