@@ -51,6 +51,7 @@ type Case struct {
 	Size  int    `json:",omitempty"` // message (rxego, TCP) or datagram payload (UDP) bytes
 	MTU   int    `json:",omitempty"` // rxego path MTU
 	Depth int    `json:",omitempty"` // work requests kept outstanding
+	Batch int    `json:",omitempty"` // message rate: WRITEs per PostSend, the last signaled
 	QPs   int    `json:",omitempty"`
 	Busy  bool   `json:",omitempty"` // busy-poll instead of blocking waits
 	// Warmup runs before the measurement, Duration is measured.
@@ -69,7 +70,7 @@ func (c Case) Name() string {
 	case RxegoLat:
 		return fmt.Sprintf("rxego %s 64 B latency, %s", c.Op, wait)
 	case RxegoRate:
-		return fmt.Sprintf("rxego WRITE 64 B rate, depth %d, %s", c.Depth, wait)
+		return fmt.Sprintf("rxego WRITE 64 B rate, depth %d, %d per post, %s", c.Depth, c.rateBatch(), wait)
 	case RxegoScale:
 		return fmt.Sprintf("rxego %d RC QPs", c.QPs)
 	case UDPBW:
@@ -174,4 +175,14 @@ func merge(a, b Result) Result {
 		}
 	}
 	return out
+}
+
+// rateBatch is how many WRITEs one PostSend of the message-rate case
+// carries (default 64); only the last of each is signaled, as perftest's
+// completion moderation (-Q) does.
+func (c Case) rateBatch() int {
+	if c.Batch > 0 {
+		return c.Batch
+	}
+	return 64
 }

@@ -30,7 +30,7 @@ func TestCases(t *testing.T) {
 		{Kind: RxegoBW, Op: "send", Size: 4 << 10, MTU: 1024, Depth: 8},
 		{Kind: RxegoLat, Op: "send", MTU: 1024},
 		{Kind: RxegoLat, Op: "atomic", MTU: 1024, Busy: true},
-		{Kind: RxegoRate, MTU: 1024, Depth: 128},
+		{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: 32},
 		{Kind: RxegoRate, MTU: 1024, Depth: 128, Busy: true},
 		{Kind: RxegoScale, MTU: 4096, Size: 4096, QPs: 100},
 	}
@@ -73,7 +73,7 @@ func TestCases(t *testing.T) {
 	}
 	var b bytes.Buffer
 	WriteReport(&b, all, false, 1)
-	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | busy-poll |", "## Targets"} {
+	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | 32 | blocking |", "| WRITE 64 B, depth 128 | 64 | busy-poll |", "## Targets"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
@@ -93,7 +93,7 @@ func TestSuite(t *testing.T) {
 	if budget*3 > 5*time.Minute { // three rounds by default
 		t.Errorf("default run takes about %v", budget*3)
 	}
-	if kinds[RxegoBW] != 18 || kinds[RxegoLat] != 8 || kinds[RxegoRate] != 2 || kinds[RxegoScale] != 1 {
+	if kinds[RxegoBW] != 18 || kinds[RxegoLat] != 8 || kinds[RxegoRate] != 4 || kinds[RxegoScale] != 1 {
 		t.Errorf("rxego cases: %v", kinds)
 	}
 }

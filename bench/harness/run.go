@@ -57,9 +57,12 @@ func Suite(quick bool) []Case {
 			add(Case{Kind: RxegoLat, Op: op, MTU: 1024, Busy: busy})
 		}
 	}
-	// Blocking, and polling as perftest's ib_write_bw does by default.
+	// Blocking, and polling as perftest's ib_write_bw does by default; post
+	// lists of 32 (four in flight) and 64 (two in flight).
 	for _, busy := range []bool{false, true} {
-		add(Case{Kind: RxegoRate, MTU: 1024, Depth: 128, Busy: busy})
+		for _, batch := range []int{32, 64} {
+			add(Case{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: batch, Busy: busy})
+		}
 	}
 	qps := 10000
 	if quick {

@@ -493,14 +493,11 @@ func rxegoLat(p *peer) (Result, error) {
 	return res, p.ctl.send(signal{"done"})
 }
 
-// rateBatch is how many WRITEs one PostSend carries; only the last of
-// each is signaled, as perftest's completion moderation does.
-const rateBatch = 64
-
 // rxegoRate keeps Depth 64-byte inline WRITEs in flight.
 func rxegoRate(p *peer) (Result, error) {
 	c := p.c
 	const size = 64
+	rateBatch := c.rateBatch()
 	depth := max(c.Depth/rateBatch*rateBatch, rateBatch)
 	s, them, err := rxSetup(p, 1, 4096, depth, 16, 64, false)
 	defer s.close()
