@@ -113,6 +113,9 @@ type Result struct {
 	// CPU is the user and system time this side used in the measured
 	// interval; merged results hold both sides' sum.
 	CPU time.Duration `json:",omitempty"`
+	// ClientCPU is the client's share of CPU in a merged result: in the
+	// UDP, TCP, WRITE and SEND bandwidth cases, the sender's.
+	ClientCPU time.Duration `json:",omitempty"`
 	// MemPerQP is heap bytes per idle connected QP; MemTotal for all.
 	MemPerQP float64 `json:",omitempty"`
 	MemTotal uint64  `json:",omitempty"`
@@ -150,6 +153,10 @@ func (r Result) Rate() float64 {
 func merge(a, b Result) Result {
 	out := a
 	out.CPU = a.CPU + b.CPU
+	out.ClientCPU = a.CPU
+	if b.Role == "client" {
+		out.ClientCPU = b.CPU
+	}
 	if out.Elapsed == 0 {
 		out.Elapsed, out.Bytes, out.Msgs = b.Elapsed, b.Bytes, b.Msgs
 	}
