@@ -2,6 +2,8 @@ package harness
 
 import (
 	"bytes"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -113,5 +115,41 @@ func TestMedian(t *testing.T) {
 	}
 	if got := median([]Result{{Err: "a"}, {Err: "b"}}); got.Err != "a" {
 		t.Errorf("all failed: %+v", got)
+	}
+}
+
+// TestCeiling checks the report's bound on a UDP-socket stack: raw UDP
+// GSO/GRO's Gbit/s per CPU of its sending process, and per busy CPU times
+// the machine's CPUs, each against TCP; and that merge keeps the client's
+// CPU apart.
+func TestCeiling(t *testing.T) {
+	side := func(role string, gbps float64, cpu time.Duration) Result {
+		return Result{Role: role, Bytes: uint64(gbps * 1e9 / 8), Elapsed: time.Second, CPU: cpu}
+	}
+	tcp := merge(side("client", 20, 800*time.Millisecond), Result{Role: "server", CPU: 700 * time.Millisecond})
+	tcp.Case = Case{Kind: TCPBW}
+	udp := merge(Result{Role: "server", CPU: 500 * time.Millisecond}, side("client", 30, 1000*time.Millisecond))
+	udp.Case = Case{Kind: UDPBW, Mode: UDPGSO, Size: 4096}
+	if udp.ClientCPU != time.Second || udp.CPU != 1500*time.Millisecond || udp.Gbps() < 29.9 {
+		t.Fatalf("merged UDP result: client CPU %v, CPU %v, %.1f Gbit/s", udp.ClientCPU, udp.CPU, udp.Gbps())
+	}
+	var b bytes.Buffer
+	writeCeiling(&b, results{tcp, udp}, tcp, true)
+	// 30 Gbit/s on 1 sending CPU: 1.50x TCP; 20 Gbit/s per busy CPU on
+	// every CPU of this machine.
+	all := 20 * float64(runtime.NumCPU())
+	for _, want := range []string{
+		"30.0 Gbit/s per CPU of the sending process (1.50x TCP)",
+		fmt.Sprintf("%.1f Gbit/s on all %d CPUs (%.2fx)", all, runtime.NumCPU(), all/20),
+		"TCP 20.0 Gbit/s",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("ceiling line lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	writeCeiling(&b, results{tcp}, tcp, true) // no UDP GSO result: nothing to bound with
+	if b.Len() != 0 {
+		t.Errorf("ceiling without a UDP GSO/GRO result: %q", b.String())
 	}
 }
