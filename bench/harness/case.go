@@ -119,6 +119,10 @@ type Result struct {
 	// MemPerQP is heap bytes per idle connected QP; MemTotal for all.
 	MemPerQP float64 `json:",omitempty"`
 	MemTotal uint64  `json:",omitempty"`
+	// Low and High are the lowest and highest figure (see figure) of the
+	// Runs successful runs a median result was taken from.
+	Low, High float64 `json:",omitempty"`
+	Runs      int     `json:",omitempty"`
 	// Counters worth a look: retransmissions, drops, GSO use.
 	Counters map[string]uint64 `json:",omitempty"`
 	Err      string            `json:",omitempty"`
@@ -138,6 +142,29 @@ func (r Result) Cores() float64 {
 		return 0
 	}
 	return r.CPU.Seconds() / r.Elapsed.Seconds()
+}
+
+// figure is what a result is ranked by: latency p50 in microseconds,
+// messages per second for the message rate, Gbit/s otherwise.
+func (r Result) figure() float64 {
+	switch {
+	case r.Samples > 0:
+		return float64(r.P50) / 1e3
+	case r.Case.Kind == RxegoRate:
+		return r.Rate()
+	case r.Bytes > 0:
+		return r.Gbps()
+	}
+	return r.Rate()
+}
+
+// span formats the range of a median result's runs as "lo-hi", scaled
+// by div, or the single figure when there was one run.
+func (r Result) span(div float64, format string) string {
+	if r.Runs < 2 {
+		return fmt.Sprintf(format, r.figure()/div)
+	}
+	return fmt.Sprintf(format+"-"+format, r.Low/div, r.High/div)
 }
 
 // Rate returns messages per second.

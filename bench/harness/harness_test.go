@@ -106,8 +106,18 @@ func TestMedian(t *testing.T) {
 	bw := func(gbps float64) Result {
 		return Result{Bytes: uint64(gbps * 1e9 / 8), Elapsed: time.Second}
 	}
-	if got := median([]Result{bw(9), bw(1), bw(5)}); int(got.Gbps()+0.5) != 5 {
+	got := median([]Result{bw(9), bw(1), bw(5)})
+	if int(got.Gbps()+0.5) != 5 {
 		t.Errorf("median of 9, 1, 5 Gbit/s: %v", got.Gbps())
+	}
+	if got.Runs != 3 || got.span(1, "%.0f") != "1-9" {
+		t.Errorf("range of 9, 1, 5 Gbit/s: %d runs, %s", got.Runs, got.span(1, "%.0f"))
+	}
+	rate := func(perSec float64) Result {
+		return Result{Case: Case{Kind: RxegoRate}, Msgs: uint64(perSec), Bytes: uint64(perSec) * 64, Elapsed: time.Second}
+	}
+	if got := median([]Result{rate(2.4e6), rate(2.0e6), {Err: "x"}}); got.Runs != 2 || got.span(1e6, "%.1f") != "2.0-2.4" {
+		t.Errorf("rate range of 2.4, 2.0 M/s and a failed run: %d runs, %s", got.Runs, got.span(1e6, "%.1f"))
 	}
 	lat := func(us int) Result { return Result{Samples: 10, P50: time.Duration(us) * time.Microsecond} }
 	if got := median([]Result{lat(30), lat(10), {Err: "x"}, lat(20)}); got.P50 != 20*time.Microsecond {

@@ -294,8 +294,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 // median returns the run with the median figure of the runs that
-// succeeded (throughput, latency p50 or rate), or a failed run if all
-// failed.
+// succeeded (throughput, latency p50 or rate), with the lowest and highest
+// figure of those runs in Low and High, or a failed run if all failed.
 func median(runs []Result) Result {
 	var ok []Result
 	for _, r := range runs {
@@ -306,17 +306,10 @@ func median(runs []Result) Result {
 	if len(ok) == 0 {
 		return runs[0]
 	}
-	key := func(r Result) float64 {
-		switch {
-		case r.Samples > 0:
-			return float64(r.P50)
-		case r.Bytes > 0:
-			return r.Gbps()
-		}
-		return r.Rate()
-	}
-	slices.SortFunc(ok, func(a, b Result) int { return cmp.Compare(key(a), key(b)) })
-	return ok[len(ok)/2]
+	slices.SortFunc(ok, func(a, b Result) int { return cmp.Compare(a.figure(), b.figure()) })
+	m := ok[len(ok)/2]
+	m.Low, m.High, m.Runs = ok[0].figure(), ok[len(ok)-1].figure(), len(ok)
+	return m
 }
 
 func filterCases(cs []Case, re *regexp.Regexp) []Case {
