@@ -44,11 +44,19 @@ type responder struct {
 const readBurst = 256
 
 // readStream is a READ response the responder sends a burst at a time. A
-// QP has at most one: while it goes out, new requests are dropped and
-// answered, once it is done, with a sequence-error NAK for the first of
-// them, so the requester resends them (responses must leave in PSN order).
-// A duplicate READ replaces the stream, restarting it where the requester
-// asks (rxe does the same), so duplicates cannot multiply the traffic.
+// QP has at most one going out. READ requests that arrive meanwhile, in
+// sequence, are accepted and queued (pending) up to the responder's
+// resources, and their responses follow in PSN order, as rxe's responder
+// takes queued requests one after another: a requester that keeps several
+// long READs outstanding (perftest's ib_read_bw) is not made to resend
+// them. Other requests (and READs beyond the queue) are dropped and
+// answered, once the responses are out, with a sequence-error NAK for the
+// first of them, so the requester resends them: their ACKs must not pass
+// the READ responses. A duplicate READ for a range already sent restarts
+// the stream where the requester asks (rxe does the same), so duplicates
+// cannot multiply the traffic; one for a range still to be sent is
+// dropped, and one for a later READ the restart dropped from the queue
+// joins the queue again.
 type readStream struct {
 	active   bool
 	psn      bth.PSN // PSN of the first response
@@ -57,7 +65,68 @@ type readStream struct {
 	n        uint32 // bytes in all
 	npk      int    // packets in all
 	next     int    // index of the next packet to send
+	msn      uint32 // MSN the responses carry
 	nakAfter bool   // new requests were dropped meanwhile
+	pending  []readReq
+}
+
+// readReq is an accepted READ request whose responses wait for the
+// stream before it.
+type readReq struct {
+	psn  bth.PSN // PSN of its first response
+	va   uint64
+	rkey uint32
+	n    uint32
+	npk  int
+	msn  uint32
+}
+
+// toSend reports whether the response with PSN psn is still to be sent:
+// at or after the stream's next packet, or in a queued READ.
+func (rd *readStream) toSend(psn bth.PSN) bool {
+	if !rd.active {
+		return false
+	}
+	if !psn.Before(rd.psn.Add(rd.next)) && psn.Before(rd.psn.Add(rd.npk)) {
+		return true
+	}
+	for _, r := range rd.pending {
+		if !psn.Before(r.psn) && psn.Before(r.psn.Add(r.npk)) {
+			return true
+		}
+	}
+	return false
+}
+
+// queueRead accepts a READ request that arrives, in sequence, while q's
+// READ stream goes out, and queues its responses behind it. It reports
+// false, leaving the request to be dropped and resent, for anything else:
+// another opcode, a full queue, or a READ that would fail its checks (the
+// NAK for it must not pass the responses before it).
+func (e *Engine) queueRead(q *QP, p bth.Packet, psn bth.PSN) bool {
+	rs := &q.resp
+	if p.Info.Op != bth.OpReadRequest || rs.inMsg || !q.allows(bth.OpReadRequest) ||
+		q.attr.MaxDestRdAtomic == 0 || len(rs.rd.pending)+1 >= max(rs.resSlots, 1) {
+		return false
+	}
+	h := p.RETH()
+	va, rkey, n := h.VA(), h.RKey(), h.DMALen()
+	if n > maxMessage {
+		return false
+	}
+	if n > 0 {
+		if _, err := e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead); err != nil {
+			return false
+		}
+	}
+	e.Stats.RDMARecvs.Add(1)
+	npk := packetsFor(n, q.mtu)
+	rs.saveResource(resource{op: bth.OpReadRequest, firstPSN: psn, lastPSN: psn.Add(npk - 1), va: va, rkey: rkey, length: n})
+	rs.msn++
+	rs.ePSN = psn.Add(npk)
+	rs.nakSent = false
+	rs.rd.pending = append(rs.rd.pending, readReq{psn: psn, va: va, rkey: rkey, n: n, npk: npk, msn: rs.msn})
+	return true
 }
 
 // resource remembers an executed READ, atomic, ATOMIC WRITE or FLUSH so a
@@ -228,7 +297,7 @@ func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) 
 		e.Stats.InvalidRequestNAKs.Add(1)
 	}
 	e.drop(reason)
-	q.resp.rd.active = false
+	q.resp.stopRead()
 	e.sendAck(q, reth.NAKSyndrome(code), psn)
 	if q.resp.haveRecv {
 		// The WQE a failed SEND or WRITE with immediate had taken
@@ -263,8 +332,12 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 	psn := p.BTH().PSN()
 	d := psn.Diff(rs.ePSN)
 	if d >= 0 && rs.rd.active {
-		// A long READ response is going out; this request's answer would
-		// have to wait behind it. The requester resends it after the NAK.
+		// A long READ response is going out. A READ in sequence queues
+		// behind it; anything else would have to wait behind it, and the
+		// requester resends it after the NAK.
+		if d == 0 && e.queueRead(q, p, psn) {
+			return
+		}
 		rs.rd.nakAfter = true
 		e.drop(DropBusy)
 		return
@@ -494,11 +567,18 @@ func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) {
 
 // sendReadResponses answers a READ for n bytes at va with PSNs from psn:
 // the first burst now, the rest on later engine turns. It replaces any
-// READ response still going out.
+// READ response still going out, and its queue.
 func (e *Engine) sendReadResponses(q *QP, psn bth.PSN, va uint64, rkey uint32, n uint32, now time.Duration) {
 	rs := &q.resp
-	rs.rd = readStream{active: true, psn: psn, va: va, rkey: rkey, n: n, npk: packetsFor(n, q.mtu), nakAfter: rs.rd.nakAfter}
+	rs.rd = readStream{active: true, psn: psn, va: va, rkey: rkey, n: n, npk: packetsFor(n, q.mtu), msn: rs.msn,
+		nakAfter: rs.rd.nakAfter, pending: rs.rd.pending[:0]}
 	e.continueRead(q, now)
+}
+
+// stopRead ends q's READ stream and drops its queue.
+func (rs *responder) stopRead() {
+	rs.rd.active = false
+	rs.rd.pending = rs.rd.pending[:0]
 }
 
 // continueRead sends the next burst of q's READ response. When packets
@@ -509,7 +589,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	rs := &q.resp
 	rd := &rs.rd
 	if !rd.active || q.state != RTR && q.state != RTS && q.state != SQD && q.state != SQE {
-		rd.active = false
+		rs.stopRead()
 		return
 	}
 	mtu := uint32(q.mtu)
@@ -541,7 +621,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 		}
 		buf, p := e.header(q, op, rd.psn.Add(i), k, false, false, q.attr.DestQPN)
 		if a := p.AETH(); a != nil {
-			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), rs.msn)
+			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), rd.msn)
 		}
 		copy(buf[p.Info.HdrLen:], src[off:off+uint32(k)])
 		e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
@@ -549,6 +629,14 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	}
 	rd.next = end
 	if rd.next < rd.npk {
+		e.schedule(q, timerRead, now+1)
+		return
+	}
+	if len(rd.pending) > 0 {
+		// The next queued READ, on the next turn.
+		r := rd.pending[0]
+		rd.pending = append(rd.pending[:0], rd.pending[1:]...)
+		rd.psn, rd.va, rd.rkey, rd.n, rd.npk, rd.next, rd.msn = r.psn, r.va, r.rkey, r.n, r.npk, 0, r.msn
 		e.schedule(q, timerRead, now+1)
 		return
 	}
@@ -633,8 +721,8 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) 
 		e.queueAck(q, rs.ePSN.Add(-1))
 	case bth.OpReadRequest:
 		r := rs.findResource(psn)
-		if r == nil || r.op != bth.OpReadRequest {
-			e.drop(DropDuplicate)
+		if r == nil || r.op != bth.OpReadRequest || rs.rd.toSend(psn) {
+			e.drop(DropDuplicate) // unknown, or its responses are still to go
 			return
 		}
 		h := p.RETH()
@@ -644,6 +732,17 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) 
 		skip := uint64(psn.Diff(r.firstPSN)) * uint64(q.mtu)
 		if h.RKey() != r.rkey || va != r.va+skip || uint64(n)+skip != uint64(r.length) && !(r.length == 0 && n == 0) {
 			e.drop(DropDuplicate)
+			return
+		}
+		if rd := &rs.rd; rd.active && !psn.Before(rd.psn.Add(rd.npk)) {
+			// A READ after the one going out, which a restart took off
+			// the queue: it joins the queue again (the requester resends
+			// the READs after a lost response in order).
+			if len(rd.pending)+1 >= max(rs.resSlots, 1) {
+				e.drop(DropDuplicate)
+				return
+			}
+			rd.pending = append(rd.pending, readReq{psn: psn, va: va, rkey: r.rkey, n: n, npk: packetsFor(n, q.mtu), msn: rs.msn})
 			return
 		}
 		e.sendReadResponses(q, psn, va, r.rkey, n, now)

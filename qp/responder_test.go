@@ -713,3 +713,102 @@ func TestNoResponderResources(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuedReads: READs that reach the responder while a long READ
+// response is going out (it sends readBurst packets per turn) queue behind
+// it and are answered in PSN order, instead of being dropped and NAKed for
+// the requester to resend, as rxe's responder takes queued requests one
+// after another. A SEND among them is still refused until the responses
+// are out (its ACK must not pass them), and resent once.
+func TestQueuedReads(t *testing.T) {
+	o := defaultConn()
+	f, a, b := pair(t, RC, o)
+	a.n.e.cfg.Window = 1 << 16 // every request leaves at once
+	f.batch = true
+	const size, nread = 600 << 10, 4 // 600 packets each at MTU 1024
+	lmr, lbuf := a.n.reg(t, nread*size, allAccess)
+	rmr, rbuf := b.n.reg(t, nread*size+64, allAccess)
+	fastFill(rbuf, 21)
+	next := bth.PSN(o.apsn)
+	outOfOrder := 0
+	f.tap = func(p wirePkt, pkt bth.Packet) {
+		if p.dst == a.n.addr && pkt.Info.Op == bth.OpReadResponse {
+			if pkt.BTH().PSN() != next {
+				outOfOrder++
+			}
+			next = pkt.BTH().PSN().Add(1)
+		}
+	}
+	var wrs []SendWR
+	for i := range nread {
+		wrs = append(wrs, SendWR{ID: uint64(i + 1), Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, i*size, size),
+			RemoteAddr: rmr.IOVA() + uint64(i*size), RKey: rmr.RKey()})
+	}
+	b.recv(t, 9, rmr, nread*size, 64)
+	wrs = append(wrs, SendWR{ID: 9, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 64)})
+	a.post(t, wrs...)
+	f.run(time.Minute)
+	check(t, "requester", pollAll(a.scq), want{1, WCSuccess, WCRead}, want{2, WCSuccess, WCRead},
+		want{3, WCSuccess, WCRead}, want{4, WCSuccess, WCRead}, want{9, WCSuccess, WCSend})
+	b.n.e.Sync()
+	if !bytes.Equal(lbuf, rbuf[:nread*size]) {
+		t.Fatal("READ data differs")
+	}
+	if outOfOrder != 0 {
+		t.Errorf("%d READ responses out of PSN order", outOfOrder)
+	}
+	// Only the SEND was refused while the responses went out, and resent.
+	if busy, dup := b.n.e.Stats.Drops[DropBusy].Load(), b.n.e.Stats.DuplicateRequest.Load(); busy != 1 || dup != 0 {
+		t.Errorf("responder refused %d requests as busy, saw %d duplicates; want 1 (the SEND) and 0", busy, dup)
+	}
+	if got := b.n.e.Stats.RDMARecvs.Load(); got != nread {
+		t.Errorf("responder executed %d READs, want %d", got, nread)
+	}
+}
+
+// TestQueuedReadsRetry: a response of the first of several queued READs is
+// lost. The requester resends from the gap, and then the READs after it;
+// the responder restarts the first where asked and queues the others
+// behind it again, rather than letting each resent READ replace the
+// stream before it, so one retry completes them all.
+func TestQueuedReadsRetry(t *testing.T) {
+	o := defaultConn()
+	f, a, b := pair(t, RC, o)
+	a.n.e.cfg.Window = 1 << 16
+	f.batch = true
+	const size, nread = 600 << 10, 4
+	lmr, lbuf := a.n.reg(t, nread*size, allAccess)
+	rmr, rbuf := b.n.reg(t, nread*size, allAccess)
+	fastFill(rbuf, 22)
+	lost := bth.PSN(o.apsn).Add(10)
+	dropped := false
+	f.drop = func(p wirePkt) bool {
+		pkt, err := bth.Parse(p.data)
+		if err != nil || dropped || pkt.Info.Op != bth.OpReadResponse || pkt.BTH().PSN() != lost {
+			return false
+		}
+		dropped = true
+		return true
+	}
+	var wrs []SendWR
+	for i := range nread {
+		wrs = append(wrs, SendWR{ID: uint64(i + 1), Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, i*size, size),
+			RemoteAddr: rmr.IOVA() + uint64(i*size), RKey: rmr.RKey()})
+	}
+	a.post(t, wrs...)
+	f.run(time.Minute)
+	check(t, "requester", pollAll(a.scq), want{1, WCSuccess, WCRead}, want{2, WCSuccess, WCRead},
+		want{3, WCSuccess, WCRead}, want{4, WCSuccess, WCRead})
+	if !dropped {
+		t.Fatal("no response was lost")
+	}
+	if !bytes.Equal(lbuf, rbuf) {
+		t.Fatal("READ data differs")
+	}
+	if got := a.n.e.Stats.CompleterRetryErr.Load(); got != 1 {
+		t.Errorf("%d retries, want 1", got)
+	}
+	if got := b.n.e.Stats.Drops[DropBusy].Load(); got != 0 {
+		t.Errorf("responder refused %d requests as busy", got)
+	}
+}
