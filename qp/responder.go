@@ -109,24 +109,47 @@ func (e *Engine) queueRead(q *QP, p bth.Packet, psn bth.PSN) bool {
 		q.attr.MaxDestRdAtomic == 0 || len(rs.rd.pending)+1 >= max(rs.resSlots, 1) {
 		return false
 	}
-	h := p.RETH()
-	va, rkey, n := h.VA(), h.RKey(), h.DMALen()
-	if n > maxMessage {
+	if e.checkRead(q, p) != nil {
 		return false
 	}
+	rs.rd.pending = append(rs.rd.pending, e.takeRead(q, p, psn))
+	return true
+}
+
+// errReadTooLong is checkRead's verdict on a READ longer than 2^31 bytes.
+var errReadTooLong = errors.New("qp: READ longer than 2^31 bytes")
+
+// checkRead checks a READ request's length and its access to the
+// target memory, returning the MR check's error or errReadTooLong.
+func (e *Engine) checkRead(q *QP, p bth.Packet) error {
+	h := p.RETH()
+	n := h.DMALen()
+	if n > maxMessage {
+		return errReadTooLong
+	}
 	if n > 0 {
-		if _, err := e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead); err != nil {
-			return false
+		if _, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), n, mr.RemoteRead); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// takeRead executes a checked READ request: it keeps the READ as a
+// responder resource for duplicates, moves the expected PSN past its
+// responses and counts the message, and returns the responses to send.
+func (e *Engine) takeRead(q *QP, p bth.Packet, psn bth.PSN) readReq {
+	rs := &q.resp
+	h := p.RETH()
+	r := readReq{psn: psn, va: h.VA(), rkey: h.RKey(), n: h.DMALen()}
+	r.npk = packetsFor(r.n, q.mtu)
 	e.Stats.RDMARecvs.Add(1)
-	npk := packetsFor(n, q.mtu)
-	rs.saveResource(resource{op: bth.OpReadRequest, firstPSN: psn, lastPSN: psn.Add(npk - 1), va: va, rkey: rkey, length: n})
+	rs.saveResource(resource{op: bth.OpReadRequest, firstPSN: psn, lastPSN: psn.Add(r.npk - 1), va: r.va, rkey: r.rkey, length: r.n})
 	rs.msn++
-	rs.ePSN = psn.Add(npk)
+	r.msn = rs.msn
+	rs.ePSN = psn.Add(r.npk)
 	rs.nakSent = false
-	rs.rd.pending = append(rs.rd.pending, readReq{psn: psn, va: va, rkey: rkey, n: n, npk: npk, msn: rs.msn})
-	return true
+	return r
 }
 
 // resource remembers an executed READ, atomic, ATOMIC WRITE or FLUSH so a
@@ -543,26 +566,15 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 }
 
 func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) {
-	rs := &q.resp
-	h := p.RETH()
-	va, rkey, n := h.VA(), h.RKey(), h.DMALen()
-	if n > maxMessage {
+	if err := e.checkRead(q, p); errors.Is(err, errReadTooLong) {
 		e.classCError(q, reth.NAKInvalidRequest, DropBadLength, psn)
 		return
+	} else if err != nil {
+		e.accessError(q, err, psn)
+		return
 	}
-	if n > 0 {
-		if _, err := e.cfg.MRs.Remote(rkey, q.pd, va, n, mr.RemoteRead); err != nil {
-			e.accessError(q, err, psn)
-			return
-		}
-	}
-	e.Stats.RDMARecvs.Add(1)
-	npk := packetsFor(n, q.mtu)
-	rs.saveResource(resource{op: bth.OpReadRequest, firstPSN: psn, lastPSN: psn.Add(npk - 1), va: va, rkey: rkey, length: n})
-	rs.msn++
-	rs.ePSN = psn.Add(npk)
-	rs.nakSent = false
-	e.sendReadResponses(q, psn, va, rkey, n, now)
+	r := e.takeRead(q, p, psn)
+	e.sendReadResponses(q, r.psn, r.va, r.rkey, r.n, now)
 }
 
 // sendReadResponses answers a READ for n bytes at va with PSNs from psn:

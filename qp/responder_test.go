@@ -117,8 +117,7 @@ func TestReadRetryFromFirstMissingByte(t *testing.T) {
 	o := defaultConn()
 	f, a, b := pair(t, RC, o)
 	const mtu, size = 1024, 20*1024 - 100
-	lmr, lbuf := a.n.reg(t, size, allAccess)
-	rmr, rbuf := b.n.reg(t, size, allAccess)
+	lmr, lbuf, rmr, rbuf := regBoth(t, a, b, size, size)
 	fill(rbuf, 3)
 	type req struct {
 		psn bth.PSN
@@ -613,8 +612,7 @@ func TestReadResponsesKeepTimerAlive(t *testing.T) {
 	o := defaultConn()
 	f, a, b := pair(t, RC, o)
 	const size = 20 * 1024
-	lmr, lbuf := a.n.reg(t, size, allAccess)
-	rmr, rbuf := b.n.reg(t, size, allAccess)
+	lmr, lbuf, rmr, rbuf := regBoth(t, a, b, size, size)
 	fill(rbuf, 5)
 	var responses []wirePkt
 	capture := true
@@ -660,8 +658,7 @@ func TestOneGapRetryPerRead(t *testing.T) {
 	o := defaultConn()
 	f, a, b := pair(t, RC, o)
 	const size = 20 * 1024
-	lmr, lbuf := a.n.reg(t, size, allAccess)
-	rmr, rbuf := b.n.reg(t, size, allAccess)
+	lmr, lbuf, rmr, rbuf := regBoth(t, a, b, size, size)
 	fill(rbuf, 6)
 	first := bth.PSN(o.apsn)
 	seen := map[bth.PSN]int{}
@@ -726,8 +723,7 @@ func TestQueuedReads(t *testing.T) {
 	a.n.e.cfg.Window = 1 << 16 // every request leaves at once
 	f.batch = true
 	const size, nread = 600 << 10, 4 // 600 packets each at MTU 1024
-	lmr, lbuf := a.n.reg(t, nread*size, allAccess)
-	rmr, rbuf := b.n.reg(t, nread*size+64, allAccess)
+	lmr, lbuf, rmr, rbuf := regBoth(t, a, b, nread*size, nread*size+64)
 	fastFill(rbuf, 21)
 	next := bth.PSN(o.apsn)
 	outOfOrder := 0
@@ -739,11 +735,7 @@ func TestQueuedReads(t *testing.T) {
 			next = pkt.BTH().PSN().Add(1)
 		}
 	}
-	var wrs []SendWR
-	for i := range nread {
-		wrs = append(wrs, SendWR{ID: uint64(i + 1), Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, i*size, size),
-			RemoteAddr: rmr.IOVA() + uint64(i*size), RKey: rmr.RKey()})
-	}
+	wrs := readWRs(lmr, rmr, nread, size)
 	b.recv(t, 9, rmr, nread*size, 64)
 	wrs = append(wrs, SendWR{ID: 9, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 64)})
 	a.post(t, wrs...)
@@ -777,8 +769,7 @@ func TestQueuedReadsRetry(t *testing.T) {
 	a.n.e.cfg.Window = 1 << 16
 	f.batch = true
 	const size, nread = 600 << 10, 4
-	lmr, lbuf := a.n.reg(t, nread*size, allAccess)
-	rmr, rbuf := b.n.reg(t, nread*size, allAccess)
+	lmr, lbuf, rmr, rbuf := regBoth(t, a, b, nread*size, nread*size)
 	fastFill(rbuf, 22)
 	lost := bth.PSN(o.apsn).Add(10)
 	dropped := false
@@ -790,11 +781,7 @@ func TestQueuedReadsRetry(t *testing.T) {
 		dropped = true
 		return true
 	}
-	var wrs []SendWR
-	for i := range nread {
-		wrs = append(wrs, SendWR{ID: uint64(i + 1), Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, i*size, size),
-			RemoteAddr: rmr.IOVA() + uint64(i*size), RKey: rmr.RKey()})
-	}
+	wrs := readWRs(lmr, rmr, nread, size)
 	a.post(t, wrs...)
 	f.run(time.Minute)
 	check(t, "requester", pollAll(a.scq), want{1, WCSuccess, WCRead}, want{2, WCSuccess, WCRead},
@@ -811,4 +798,24 @@ func TestQueuedReadsRetry(t *testing.T) {
 	if got := b.n.e.Stats.Drops[DropBusy].Load(); got != 0 {
 		t.Errorf("responder refused %d requests as busy", got)
 	}
+}
+
+// regBoth registers an MR of lsize bytes on a's node and one of rsize
+// bytes on b's, with every access.
+func regBoth(t *testing.T, a, b *endpoint, lsize, rsize int) (lmr *mr.MR, lbuf []byte, rmr *mr.MR, rbuf []byte) {
+	t.Helper()
+	lmr, lbuf = a.n.reg(t, lsize, allAccess)
+	rmr, rbuf = b.n.reg(t, rsize, allAccess)
+	return lmr, lbuf, rmr, rbuf
+}
+
+// readWRs are n signaled READs of size bytes each, IDs 1..n, the i-th
+// reading rmr at i*size into lmr at i*size.
+func readWRs(lmr, rmr *mr.MR, n, size int) []SendWR {
+	var wrs []SendWR
+	for i := range n {
+		wrs = append(wrs, SendWR{ID: uint64(i + 1), Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, i*size, size),
+			RemoteAddr: rmr.IOVA() + uint64(i*size), RKey: rmr.RKey()})
+	}
+	return wrs
 }
