@@ -180,7 +180,7 @@ func runMatrix(t *testing.T, da, db *rxego.Device, typ rxego.QPType, mtu qp.MTU)
 					t.Fatalf("%s: data differs", what)
 				}
 			case rxego.WRWrite, rxego.WRWriteImm:
-				rcvd0 := b.dev.Engine().Stats.RcvdBytes.Load()
+				rcvd0 := b.dev.Stats().RcvdBytes.Load()
 				if op == rxego.WRWriteImm {
 					if err := b.qp.PostRecv(rxego.RecvWR{ID: 3}); err != nil {
 						t.Fatal(err)
@@ -274,7 +274,7 @@ func opsFor(typ rxego.QPType) []qp.WROpcode {
 func waitBytes(t *testing.T, b *node, n uint64, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if b.dev.Engine().Stats.RcvdBytes.Load() >= n {
+		if b.dev.Stats().RcvdBytes.Load() >= n {
 			return
 		}
 	}

@@ -19,21 +19,22 @@
 // those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
 // code and intuition carry over. The engine behind them lives in package
 // qp; memory registration in package mr; the UDP transport in package
-// transport.
+// transport. A device spreads its QPs over shards, one engine, socket and
+// receive loop each (Options.Shards); CQs, SRQs, PDs and MRs are
+// device-wide.
 package rxego
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/sched"
 	"github.com/rxego/rxego/mr"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
@@ -44,8 +45,6 @@ import (
 type (
 	// QP is a queue pair.
 	QP = qp.QP
-	// CQ is a completion queue.
-	CQ = qp.CQ
 	// SRQ is a shared receive queue.
 	SRQ = qp.SRQ
 	// MR is a registered memory region.
@@ -125,8 +124,16 @@ type Options struct {
 	// Transport options for the UDP socket (GSO/GRO, receive mode, ...).
 	Transport transport.Options
 	// Conn, when set, is used instead of opening a socket: for tests and
-	// for impairment shims.
+	// for impairment shims. Every shard then sends and receives through
+	// it (its packets reach their QP's shard from the one receive loop).
 	Conn transport.Conn
+	// Shards is how many shards the device spreads its QPs over: each has
+	// its own engine (lock, timers, send path) and, on the sockets Open
+	// makes, its own socket in an SO_REUSEPORT group whose BPF program
+	// steers every received packet to its QP's shard (QP number mod
+	// Shards). 0 means one per CPU (runtime.NumCPU), at most MaxShards;
+	// the raw receive mode (transport.RecvRaw) always has one.
+	Shards int
 	// Window is the most unacknowledged PSNs per QP (default 256).
 	Window int
 	// DataTOS is the IP TOS of data packets: DSCP<<2 | ECN bits.
@@ -153,39 +160,25 @@ type Options struct {
 	Tap transport.Tap
 }
 
+// MaxShards is the most shards a device has by default. More rarely pay:
+// each shard costs a socket, two goroutines and an engine.
+const MaxShards = 16
+
 // Device is one RoCEv2 port: a UDP endpoint on one local address and the
-// engine serving its QPs. Methods are safe for concurrent use.
+// engines serving its QPs. Methods are safe for concurrent use.
 type Device struct {
-	conn  transport.Conn
-	eng   *qp.Engine
-	mrs   *mr.Table
-	local netip.AddrPort
+	shards []*shard
+	rcvs   []*sched.Receiver // one per Conn: per shard, or one for Options.Conn
+	conns  []transport.Conn
+	mrs    *mr.Table
+	local  netip.AddrPort
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 
-	sendMu sync.Mutex
-	msgs   []transport.Message
-
-	// Receiving: see receiveLoop.
-	poller   transport.Poller // the Conn's non-blocking receive, if it has one
-	rxMu     sync.Mutex       // held while packets from rxMsgs are in the engine
-	rxMsgs   []transport.Message
-	rxIn     []qp.InPacket
-	busy     time.Duration // Options.BusyPoll, with a Poller
-	clock    *qp.MonoClock
-	lastPoll atomic.Int64 // clock time of the last application poll (busy mode)
-
-	// Blocking mode over a transport.Waker: see readLoop and cqWaiter.
-	waker     transport.Waker
-	wantRd    atomic.Int32    // goroutines in PollWait waiting for the socket while another reads
-	rxReading atomic.Bool     // the receive goroutine holds rxMu
-	rxDown    atomic.Bool     // the Conn is closed: PollWait waits on the CQ alone
-	handoff   chan struct{}   // a token: the socket is free for a goroutine counted in wantRd
-	rdEpoch   atomic.Uint64   // counts application goroutines taking the socket
-	ctxDone   <-chan struct{} // see watchCtx (under rxMu)
-	ctxStop   func() bool
+	qpnMu   sync.Mutex
+	nextQPN uint32 // the QP number CreateQP tries next
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
@@ -201,9 +194,23 @@ func ParseAddr(s string) (netip.AddrPort, error) {
 	return netip.AddrPortFrom(a, DefaultPort), nil
 }
 
+// shardCount is how many shards o asks for.
+func (o *Options) shardCount() (int, error) {
+	n := o.Shards
+	switch {
+	case n < 0 || n > transport.MaxGroup:
+		return 0, fmt.Errorf("rxego: %d shards (0..%d)", n, transport.MaxGroup)
+	case o.Transport.Mode == transport.RecvRaw:
+		return 1, nil // the raw socket sees every packet: nothing to steer
+	case n == 0:
+		return min(runtime.NumCPU(), MaxShards), nil
+	}
+	return n, nil
+}
+
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
 // UDP port 4791 (or the given one) on that address and starts the
-// engine's receive loop and timers.
+// engines' receive loops and timers.
 func Open(addr string, opts *Options) (*Device, error) {
 	var o Options
 	if opts != nil {
@@ -213,428 +220,83 @@ func Open(addr string, opts *Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn := o.Conn
-	if conn == nil {
-		conn, err = transport.Listen(local, o.Transport)
+	n, err := o.shardCount()
+	if err != nil {
+		return nil, err
+	}
+	conns := []transport.Conn{o.Conn}
+	if o.Conn == nil {
+		conns, err = transport.ListenGroup(local, o.Transport, n)
 		if err != nil {
 			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
 		}
 	} else {
-		local = conn.LocalAddr()
+		local = o.Conn.LocalAddr()
 	}
+	d := &Device{conns: conns, mrs: mr.NewTable(), local: local, stop: make(chan struct{}), nextQPN: firstQPN}
 	if o.Tap != nil {
-		conn.SetTap(o.Tap)
+		d.SetTap(o.Tap)
 	}
-	d := &Device{conn: conn, mrs: mr.NewTable(), local: local, stop: make(chan struct{}),
-		rxMsgs: make([]transport.Message, recvBatch), rxIn: make([]qp.InPacket, 0, recvBatch)}
-	clock := qp.NewMonoClock()
-	d.clock = clock
-	if p, ok := conn.(transport.Poller); ok && o.BusyPoll > 0 {
-		d.poller = p
-		d.busy = o.BusyPoll
-	} else if w, ok := conn.(transport.Waker); ok {
-		d.waker = w
-		d.handoff = make(chan struct{}, 1)
+	var sendMu sync.Mutex // for a shared Conn: one sender at a time
+	for i := range n {
+		s := &shard{d: d, idx: i, conn: conns[min(i, len(conns)-1)], sendMu: &sendMu}
+		if len(conns) > 1 {
+			s.sendMu = new(sync.Mutex)
+		}
+		s.eng, err = qp.NewEngine(qp.Config{
+			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
+			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
+		})
+		if err != nil {
+			for _, c := range conns {
+				c.Close()
+			}
+			return nil, err
+		}
+		d.shards = append(d.shards, s)
 	}
-	d.eng, err = qp.NewEngine(qp.Config{
-		Local: local.Addr(), Port: local.Port(), Clock: clock, Out: (*deviceOut)(d), MRs: d.mrs,
-		Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
-	})
-	if err != nil {
-		conn.Close()
-		return nil, err
+	for i, c := range conns {
+		in := sched.Input(d.shards[i].eng)
+		if n > 1 {
+			in = newDemux(d, i)
+		}
+		d.rcvs = append(d.rcvs, sched.New(sched.Config{Conn: c, In: in, Local: local.Addr(), BusyPoll: o.BusyPoll, Stop: d.stop}))
 	}
-	d.wg.Add(2)
-	go func() { defer d.wg.Done(); d.receiveLoop() }()
-	go func() { defer d.wg.Done(); d.eng.RunTimers(d.stop) }()
+	for _, r := range d.rcvs {
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); r.Run() }()
+	}
+	for _, s := range d.shards {
+		d.wg.Add(1)
+		go func() { defer d.wg.Done(); s.eng.RunTimers(d.stop) }()
+	}
 	return d, nil
 }
 
-// deviceOut adapts the device's Conn to the engine's Output.
-type deviceOut Device
-
-// Emit sends the engine's packets in one batch. Runs of packets the engine
-// built back to back in memory, to the same peer with the same TOS, of
-// equal length (the last may be shorter), go out as one GSO message each:
-// a multi-packet message crosses the kernel in a few large datagrams, and
-// the transport still writes every segment's ICRC for the IP ID it will
-// carry.
-func (o *deviceOut) Emit(pkts []qp.OutPacket) {
-	d := (*Device)(o)
-	d.sendMu.Lock()
-	defer d.sendMu.Unlock()
-	msgs := d.msgs[:0]
-	for i := 0; i < len(pkts); {
-		k := runLen(pkts[i:], transport.MaxSegments)
-		p := &pkts[i]
-		m := transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS}
-		if k > 1 {
-			n := 0
-			for _, q := range pkts[i : i+k] {
-				n += len(q.Buf)
-			}
-			m.Buf, m.Seg = p.Buf[:n], len(p.Buf)
-		}
-		msgs = append(msgs, m)
-		i += k
-	}
-	d.msgs = msgs // keep the grown array for the next call
-	for len(msgs) > 0 {
-		n, err := d.conn.Send(msgs)
-		if err != nil {
-			// The packet is lost as if the network dropped it; the
-			// transport's retransmission recovers, as on a real link.
-			d.eng.Stats.SendErr.Add(1)
-			n++
-		}
-		msgs = msgs[min(n, len(msgs)):]
-	}
-	clear(d.msgs) // do not keep the engine's buffers alive
-}
-
-// maxRunBytes is the most bytes of RoCE packets one GSO datagram carries:
-// the largest UDP payload over IPv4 (IPv6 allows a few bytes more).
-const maxRunBytes = 65535 - 20 - 8
-
-// runLen returns how many packets from pkts[0] form one GSO run, at most
-// limit: each packet starts where the one before it ends in memory (the
-// engine builds them back to back in one slab), all go to the same peer
-// with the same TOS, all but the last have pkts[0]'s length and the last
-// is not longer, and together they fit one UDP datagram.
-func runLen(pkts []qp.OutPacket, limit int) int {
-	first := &pkts[0]
-	seg, total := len(first.Buf), len(first.Buf)
-	k := 1
-	for ; k < len(pkts) && k < limit; k++ {
-		prev, p := &pkts[k-1], &pkts[k]
-		if len(prev.Buf) != seg || len(p.Buf) == 0 || len(p.Buf) > seg ||
-			p.Dest != first.Dest || p.TOS != first.TOS ||
-			total+len(p.Buf) > maxRunBytes || !adjacent(prev.Buf, p.Buf) {
-			break
-		}
-		total += len(p.Buf)
-	}
-	return k
-}
-
-// adjacent reports whether b starts right where a ends, inside a's
-// capacity (see qp.Output), so a[:len(a)+len(b)] covers both.
-func adjacent(a, b []byte) bool {
-	if len(a) == 0 || len(b) == 0 || cap(a) < len(a)+len(b) {
-		return false
-	}
-	return &a[:len(a)+1][len(a)] == &b[0]
-}
-
-// recvBatch is the most packets the receive loop hands the engine at once:
-// a few GRO datagrams' worth. The engine answers each batch with at most
-// one coalesced ACK per QP, so larger batches mean fewer ACKs.
-const recvBatch = 256
-
-// receiveLoop takes in packets until the device closes.
-//
-// In busy-poll mode the loop waits for the socket to become readable and
-// then takes its packets in without blocking, under rxMu, so that an
-// application polling a CQ can take them in too (pollOnce); views into the
-// transport's buffers are only ever in use under rxMu. Otherwise it reads
-// with blocking Recv, which makes one system call per wake-up fewer: a
-// recvmmsg that finds nothing parks the goroutine, and the next one after
-// the wake-up reads.
-func (d *Device) receiveLoop() {
-	if d.busy > 0 {
-		d.pollLoop()
-		return
-	}
-	if d.waker != nil {
-		d.readLoop()
-		return
-	}
-	for {
-		n, err := d.conn.Recv(d.rxMsgs)
-		if err != nil {
-			if d.closing(err) {
-				return
-			}
-			continue
-		}
-		d.input(n)
-	}
-}
-
-// closing reports whether a receive error means the device is closing.
-func (d *Device) closing(err error) bool {
-	if errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	select {
-	case <-d.stop:
-		return true
-	default:
-		return false
-	}
-}
-
-// input hands the n packets in rxMsgs to the engine.
-func (d *Device) input(n int) { d.inputWith(n, d.eng.InputWoke) }
-
-// inputWith hands the n packets in rxMsgs to the engine through input
-// and returns what input does.
-func (d *Device) inputWith(n int, input func([]qp.InPacket) bool) bool {
-	in := d.rxIn[:0]
-	for i := range d.rxMsgs[:n] {
-		m := &d.rxMsgs[i]
-		p, err := bth.Parse(m.Buf)
-		if err != nil {
-			continue // the transport already counted and dropped these
-		}
-		in = append(in, qp.InPacket{Pkt: p, Src: m.Peer, TOS: m.TOS, Dest: d.local.Addr()})
-	}
-	r := input(in)
-	clear(in) // no references into the transport's buffers
-	clear(d.rxMsgs[:n])
-	return r
-}
-
-// receiveOnce takes in what the socket holds, without blocking.
-func (d *Device) receiveOnce() (int, error) {
-	d.rxMu.Lock()
-	defer d.rxMu.Unlock()
-	n, err := d.poller.TryRecv(d.rxMsgs)
-	if n > 0 {
-		d.input(n)
-	}
-	return n, err
-}
-
-// pollLoop is the receive loop over a transport.Poller.
-func (d *Device) pollLoop() {
-	for {
-		n, err := d.receiveOnce()
-		if err != nil && d.closing(err) {
-			return
-		}
-		if n > 0 || err != nil {
-			continue
-		}
-		d.eng.FlushAcks() // held for a poller that has stopped polling
-		if d.busy > 0 && d.clock.Now()-time.Duration(d.lastPoll.Load()) < d.busy {
-			// An application is polling and takes the packets in itself:
-			// stand back rather than be woken for every packet.
-			time.Sleep(d.busy)
-			continue
-		}
-		if err := d.poller.WaitReadable(); err != nil && d.closing(err) {
-			return
-		}
-	}
-}
-
-// pollOnce is a busy-polling CQ's poller: it takes in what the socket
-// holds on the polling goroutine, unless another goroutine is at it.
-func (d *Device) pollOnce() {
-	if !d.rxMu.TryLock() {
-		return
-	}
-	defer d.rxMu.Unlock()
-	d.lastPoll.Store(int64(d.clock.Now()))
-	if n, _ := d.poller.TryRecv(d.rxMsgs); n > 0 {
-		d.inputWith(n, d.eng.InputPolled)
-	} else {
-		d.eng.FlushAcks() // the poller did not answer what it took in last time
-	}
-}
-
-// The receive goroutine looks whether application goroutines have
-// stopped reading the socket checkMin after it handed the socket over,
-// then at intervals doubling up to checkMax: a socket an application
-// stopped reading waits at most about twice that. The check runs on the
-// receive goroutine's own timer: resetting a timer at every PollWait
-// would wake the runtime's network poller each time, the very cost that
-// reading on the application's goroutine saves.
-const (
-	checkMin = time.Millisecond
-	checkMax = 4 * time.Millisecond
-)
-
-// readLoop is the receive loop of a blocking-mode device over a
-// transport.Waker.
-//
-// Whoever holds rxMu reads the socket: this goroutine, or an application
-// goroutine blocked in PollWait on one of the device's CQs (cqWaiter).
-// When the application reads, the packet that completes its work wakes
-// the goroutine that wants it straight from the runtime's network poller:
-// no hand-off between goroutines, which on a two-CPU machine cost two
-// futex calls and a goroutine switch per message. Packets for other QPs
-// and CQs go into the engine all the same.
-//
-// The receive goroutine reads only while no application goroutine waits:
-// one that comes to PollWait while it reads wakes it, and it hands the
-// socket over (release). An application goroutine that stops reading
-// hands it to another waiting one, if any; otherwise the receive
-// goroutine takes it back once it finds it unread, and not taken by an
-// application goroutine, for a whole check period.
-func (d *Device) readLoop() {
-	t := time.NewTimer(checkMin)
-	defer t.Stop()
-	period, seen := checkMin/2, d.rdEpoch.Load()
-	for {
-		period = min(2*period, checkMax)
-		if d.wantRd.Load() == 0 && d.rxMu.TryLock() {
-			if d.rdEpoch.Load() != seen {
-				d.release() // taken and left again lately: likely back soon (a goroutine that came meanwhile gets the socket)
-			} else {
-				// Unread for a whole period: take it back.
-				d.rxReading.Store(true)
-				d.eng.FlushAcks() // held for an answer that did not come
-				err := d.serve()
-				d.rxReading.Store(false)
-				d.release()
-				if err != nil {
-					return
-				}
-				period = checkMin
-			}
-		}
-		seen = d.rdEpoch.Load()
-		t.Reset(period)
-		select {
-		case <-d.stop:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// serve reads for the receive goroutine, with rxMu held, until an
-// application goroutine wants the socket (nil) or the device closes.
-func (d *Device) serve() error {
-	for {
-		seq := d.waker.WakeSeq()
-		if d.wantRd.Load() > 0 {
-			return nil
-		}
-		n, err := d.waker.RecvWait(d.rxMsgs, seq, time.Time{})
-		if err != nil {
-			if d.closing(err) {
-				d.rxDown.Store(true)
-				return err
-			}
-			continue
-		}
-		if n > 0 {
-			d.input(n)
-		}
-	}
-}
-
-// release gives up the socket (rxMu), to an application goroutine that
-// waits for it if there is one.
-func (d *Device) release() {
-	d.rxMu.Unlock()
-	if d.wantRd.Load() > 0 {
-		select {
-		case d.handoff <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// cqWaiter is the qp.Waiter of a blocking-mode device's CQs: PollWait on
-// an empty CQ reads the socket on the caller's goroutine (readLoop).
-type cqWaiter Device
-
-// WaitCQ implements qp.Waiter.
-func (w *cqWaiter) WaitCQ(ctx context.Context, cq *qp.CQ) error {
-	d := (*Device)(w)
-	if d.rxDown.Load() {
-		return cq.Wait(ctx)
-	}
-	if !d.rxMu.TryLock() {
-		// Another goroutine reads. Say so, then look again: either this
-		// goroutine then finds the socket free or whoever releases it
-		// sees wantRd and hands it over.
-		d.wantRd.Add(1)
-		if !d.rxMu.TryLock() {
-			if d.rxReading.Load() {
-				d.waker.Wake() // the receive goroutine: it hands over
-			}
-			err := cq.WaitOr(ctx, d.handoff)
-			d.wantRd.Add(-1)
-			return err
-		}
-		d.wantRd.Add(-1)
-	}
-	d.rdEpoch.Add(1)
-	defer d.release()
-	return d.readFor(ctx, cq)
-}
-
-// Wake implements qp.Waiter.
-func (w *cqWaiter) Wake() { w.waker.Wake() }
-
-// readFor reads the socket, with rxMu held, until cq may hold
-// completions or ctx is done. The ACKs for what it takes in wait for the
-// caller's answer, as in busy polling (qp.Engine.InputPolled): a
-// ping-pong's reply and ACK then leave in one datagram (one system call
-// per hop; 57-66 to 36-38 us p50 on an idle 2-core VM). They go out
-// before the reader blocks again, at the caller's next PostSend or
-// Modify, or after ackHold (1 ms) at the latest.
-func (d *Device) readFor(ctx context.Context, cq *qp.CQ) error {
-	d.watchCtx(ctx)
-	for {
-		seq := d.waker.WakeSeq()
-		if !cq.Watch() {
-			return nil
-		}
-		d.eng.FlushAcks() // nothing to answer yet: the held ACKs go now
-		if err := ctx.Err(); err != nil {
-			cq.Unwatch()
-			return err
-		}
-		n, err := d.waker.RecvWait(d.rxMsgs, seq, time.Time{})
-		cq.Unwatch()
-		if n > 0 {
-			d.inputWith(n, d.eng.InputPolled)
-		} else if err != nil && d.closing(err) {
-			d.rxDown.Store(true)
-			return nil // PollWait waits on the CQ from now on
-		}
-	}
-}
-
-// watchCtx makes ctx's end wake the socket's reader. The registration
-// (context.AfterFunc, which allocates) is kept for the next wait and
-// made again only for a context with another Done channel: a loop
-// calling PollWait with one context registers once. rxMu is held.
-func (d *Device) watchCtx(ctx context.Context) {
-	done := ctx.Done()
-	if done == nil || done == d.ctxDone {
-		return
-	}
-	if d.ctxStop != nil {
-		d.ctxStop()
-	}
-	d.ctxDone, d.ctxStop = done, context.AfterFunc(ctx, d.waker.Wake)
-}
+// firstQPN is the first QP number CreateQP hands out: 0 and 1 are the
+// special QPs, and rxe starts its own at 17.
+const firstQPN = 17
 
 // Close stops the device. QPs stop working; their memory stays the
 // application's.
 func (d *Device) Close() error {
 	var err error
 	d.closeOnce.Do(func() {
-		// ACKs the engine still holds (for a reply that will not come now)
+		// ACKs the engines still hold (for a reply that will not come now)
 		// go out first: the peer would otherwise retransmit to a closed
 		// port and, with retry_cnt 7, wait forever for them.
-		d.eng.FlushAcks()
+		for _, s := range d.shards {
+			s.eng.FlushAcks()
+		}
 		close(d.stop)
-		err = d.conn.Close()
-		d.wg.Wait()
-		if d.waker != nil {
-			d.rxMu.Lock()
-			if d.ctxStop != nil {
-				d.ctxStop()
+		for _, c := range d.conns {
+			if e := c.Close(); err == nil {
+				err = e
 			}
-			d.rxMu.Unlock()
+		}
+		d.wg.Wait()
+		for _, r := range d.rcvs {
+			r.Close()
 		}
 	})
 	return err
@@ -648,31 +310,92 @@ func (d *Device) Addr() netip.AddrPort { return d.local }
 // address, as rxe shows it in its GID table.
 func (d *Device) GID() [16]byte { return d.local.Addr().As16() }
 
-// Engine returns the device's engine, for statistics and advanced use.
-func (d *Device) Engine() *qp.Engine { return d.eng }
+// Shards returns how many shards the device spreads its QPs over.
+func (d *Device) Shards() int { return len(d.shards) }
 
-// Transport returns the device's UDP transport, for statistics and taps.
-func (d *Device) Transport() transport.Conn { return d.conn }
+// Stats returns the sum of the shards' engine counters, read now.
+func (d *Device) Stats() *qp.Counters {
+	c := new(qp.Counters)
+	for _, s := range d.shards {
+		c.Add(&s.eng.Stats)
+	}
+	return c
+}
 
-// Sync waits until the engine has finished what it was doing. It orders
-// registered memory between the application and the engine under Go's
-// memory model, in both directions: after Sync, the application sees
+// Count sums one engine counter over the shards, live and without the
+// copy Stats makes: pick names it, as in
+// func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdBytes }.
+func (d *Device) Count(pick func(*qp.Counters) *atomic.Uint64) uint64 {
+	var n uint64
+	for _, s := range d.shards {
+		n += pick(&s.eng.Stats).Load()
+	}
+	return n
+}
+
+// QPs returns the device's QPs, in no particular order.
+func (d *Device) QPs() []*QP {
+	var out []*QP
+	for _, s := range d.shards {
+		out = append(out, s.eng.QPs()...)
+	}
+	return out
+}
+
+// Batch runs fn and sends the packets the PostSend calls inside it make
+// together when it returns (qp.Engine.Batch), on every shard: posts to
+// many QPs leave in a few system calls and GSO runs.
+func (d *Device) Batch(fn func()) { d.batch(0, fn) }
+
+func (d *Device) batch(i int, fn func()) {
+	if i == len(d.shards) {
+		fn()
+		return
+	}
+	d.shards[i].eng.Batch(func() { d.batch(i+1, fn) })
+}
+
+// Transport returns the device's UDP transport, for statistics and taps:
+// its Stats sum the shards' sockets, SetTap reaches them all.
+func (d *Device) Transport() Transport { return (*deviceTransport)(d) }
+
+// Transport is the view of a device's transport that Device.Transport
+// gives.
+type Transport interface {
+	// Stats returns the sum of the counters of the device's Conns.
+	Stats() transport.Stats
+	// SetTap is Device.SetTap.
+	SetTap(transport.Tap)
+	// LocalAddr is Device.Addr.
+	LocalAddr() netip.AddrPort
+}
+
+type deviceTransport Device
+
+func (t *deviceTransport) Stats() transport.Stats {
+	st := t.conns[0].Stats()
+	for _, c := range t.conns[1:] {
+		st.Add(c.Stats())
+	}
+	return st
+}
+
+func (t *deviceTransport) SetTap(tap transport.Tap) { (*Device)(t).SetTap(tap) }
+
+func (t *deviceTransport) LocalAddr() netip.AddrPort { return t.local }
+
+// Sync waits until the engines have finished what they were doing. It
+// orders registered memory between the application and the engines under
+// Go's memory model, in both directions: after Sync, the application sees
 // what peers wrote through this device; bytes the application wrote before
 // Sync are what peers will read. It is needed only where the application
 // learns of a peer's access by a path Go cannot see (the peer's own
 // completion, a message over another socket); a completion polled from
 // this device's CQs already orders memory.
-func (d *Device) Sync() { d.eng.Sync() }
-
-// CreateCQ makes a completion queue of the given depth.
-func (d *Device) CreateCQ(depth int) (*CQ, error) {
-	cq, err := qp.NewCQ(depth)
-	if err == nil && d.busy > 0 {
-		cq.SetPoller(d.pollOnce, d.busy)
-	} else if err == nil && d.waker != nil {
-		cq.SetWaiter((*cqWaiter)(d))
+func (d *Device) Sync() {
+	for _, s := range d.shards {
+		s.eng.Sync()
 	}
-	return cq, err
 }
 
 // PD is a protection domain.
@@ -691,7 +414,8 @@ func (p *PD) Dealloc() error { return p.pd.Dealloc() }
 
 // RegMR registers buf for access: its lkey and rkey name it in work
 // requests and in peers' RDMA operations. The MR's IOVA (the address peers
-// use) is the buffer's real address unless AccessZeroBased is given.
+// use) is the buffer's real address unless AccessZeroBased is given. One
+// MR serves the QPs of every shard.
 func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	return p.pd.Register(buf, access)
 }
@@ -702,7 +426,8 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 	return p.pd.Register(buf, access, mr.WithInvalidate())
 }
 
-// QPInitAttr describes a QP to create.
+// QPInitAttr describes a QP to create: qp.InitAttr's fields, with the
+// device's CQ type and the PD taken from the one CreateQP is called on.
 type QPInitAttr struct {
 	Type   QPType
 	SendCQ *CQ
@@ -715,15 +440,53 @@ type QPInitAttr struct {
 	QPN uint32
 }
 
-// CreateQP makes a QP in the RESET state.
+// CreateQP makes a QP in the RESET state, on the shard its number maps to
+// (QPN mod Shards): the device numbers QPs in turn, so they spread over
+// the shards.
 func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
-	return p.dev.eng.Create(qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SRQ: a.SRQ, Caps: a.Caps,
-		SigAll: a.SigAll, QPN: a.QPN})
+	if a.SendCQ == nil || a.RecvCQ == nil {
+		return nil, errors.New("rxego: a QP needs a send CQ and a receive CQ")
+	}
+	attr := qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ.cq, RecvCQ: a.RecvCQ.cq, SRQ: a.SRQ, Caps: a.Caps,
+		SigAll: a.SigAll, QPN: a.QPN}
+	q, err := p.dev.createQP(attr)
+	if err != nil {
+		return nil, err
+	}
+	s := p.dev.shardOf(q.Num())
+	a.SendCQ.attach(p.dev, s)
+	a.RecvCQ.attach(p.dev, s)
+	return q, nil
 }
 
-// CreateSRQ makes a shared receive queue.
+// createQP creates the QP on its number's shard: the number asked for,
+// or the device's next free one.
+func (d *Device) createQP(a qp.InitAttr) (*QP, error) {
+	if a.QPN != 0 {
+		return d.shards[d.shardOf(a.QPN)].eng.Create(a)
+	}
+	d.qpnMu.Lock()
+	defer d.qpnMu.Unlock()
+	for range 1 << 10 { // numbers in use are skipped; a full space gives up
+		a.QPN = d.nextQPN
+		d.nextQPN++
+		if d.nextQPN > 0xffffff {
+			d.nextQPN = firstQPN
+		}
+		q, err := d.shards[d.shardOf(a.QPN)].eng.Create(a)
+		if err == nil || !errors.Is(err, qp.ErrQPNTaken) {
+			return q, err
+		}
+	}
+	return nil, errors.New("rxego: no free QP number")
+}
+
+// shardOf returns the index of the shard QP number n lives on.
+func (d *Device) shardOf(n uint32) int { return int(n % uint32(len(d.shards))) }
+
+// CreateSRQ makes a shared receive queue; it serves QPs of every shard.
 func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
-	return p.dev.eng.NewSRQ(p.pd, depth, maxSGE)
+	return p.dev.shards[0].eng.NewSRQ(p.pd, depth, maxSGE)
 }
 
 // CreateAH makes an address handle for UD sends to dest (port 4791 when 0).

@@ -48,9 +48,9 @@ func TestDeviceNoAllocs(t *testing.T) {
 			for range 10 {
 				round()
 			}
-			pkts := p.devs[0].Engine().Stats.SentPkts.Load()
+			pkts := p.devs[0].Stats().SentPkts.Load()
 			allocs := testing.AllocsPerRun(200, round)
-			pkts = p.devs[0].Engine().Stats.SentPkts.Load() - pkts
+			pkts = p.devs[0].Stats().SentPkts.Load() - pkts
 			// AllocsPerRun counts whole allocations per round, so a stray
 			// one of the runtime's in the window does not fail the test.
 			if allocs > 0 {

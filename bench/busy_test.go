@@ -100,11 +100,11 @@ func TestBusyPollPingPong(t *testing.T) {
 	want := uint64(2 * iters * 2)
 	deadline := time.Now().Add(2 * time.Second)
 	for i, d := range p.devs {
-		for d.Engine().Stats.RcvdPkts.Load() < want && time.Now().Before(deadline) {
+		for d.Stats().RcvdPkts.Load() < want && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 		// More is fine: a stalled machine may set off a retransmission.
-		if n := d.Engine().Stats.RcvdPkts.Load(); n < want {
+		if n := d.Stats().RcvdPkts.Load(); n < want {
 			t.Errorf("device %d took in %d packets, want %d", i, n, want)
 		}
 	}

@@ -118,7 +118,7 @@ func BenchmarkScale(b *testing.B) {
 		}
 	}
 	for done := 0; done < b.N; {
-		s.devs[0].Engine().Batch(func() { post(done) })
+		s.devs[0].Batch(func() { post(done) })
 		if postErr != nil {
 			b.Fatal(postErr)
 		}

@@ -276,15 +276,15 @@ func (p *Peer) rnrRxeWaits(t *testing.T) Outcome {
 		t.Fatal(err)
 	}
 
-	rnr := &x.dev.Engine().Stats.SendRNRErr
+	rnr := func() uint64 { return x.dev.Stats().SendRNRErr.Load() }
 	var recvs, sends int
 	for k := 1; k <= rnrIters; k++ {
 		// Message k is on its way with no receive for it: wait until
 		// rxego has refused it with an RNR NAK, then post the receive.
 		before := uint64(k - 1)
-		for rnr.Load() <= before {
+		for rnr() <= before {
 			if ctx.Err() != nil {
-				t.Fatalf("message %d: no RNR NAK sent (send_rnr_err %d)", k, rnr.Load())
+				t.Fatalf("message %d: no RNR NAK sent (send_rnr_err %d)", k, rnr())
 			}
 			time.Sleep(time.Millisecond)
 		}

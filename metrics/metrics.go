@@ -130,7 +130,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, dev := range devs {
 		name := dev.Addr().String()
-		st := &dev.Engine().Stats
+		st := dev.Stats()
 		for i, ec := range engineCounters {
 			counter(c.engine[i], ec.get(st).Load(), name)
 		}
@@ -147,7 +147,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.udpBytes, ts.RecvBytes, name, "in")
 		counter(c.udpCalls, ts.SendCalls, name, "out")
 		counter(c.udpCalls, ts.RecvCalls, name, "in")
-		for _, q := range dev.Engine().QPs() {
+		for _, q := range dev.QPs() {
 			cs, ok := q.CongestionStats()
 			if !ok {
 				continue

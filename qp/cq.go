@@ -45,9 +45,14 @@ type Waiter interface {
 	Wake()
 }
 
-// SetWaiter makes PollWait wait through w rather than Wait. Set it before
-// the CQ is used.
-func (c *CQ) SetWaiter(w Waiter) { c.waiter = w }
+// SetWaiter makes PollWait wait through w rather than Wait. It may be set
+// while the CQ is in use (a device attaches a CQ to the shard of its first
+// QP); a PollWait already waiting goes on as it began.
+func (c *CQ) SetWaiter(w Waiter) {
+	c.mu.Lock()
+	c.waiter = w
+	c.mu.Unlock()
+}
 
 // Watch reports whether the CQ is empty and open and, if it is, makes
 // the next completion or Close call the Waiter's Wake until Unwatch: a
@@ -74,7 +79,16 @@ func (c *CQ) Unwatch() {
 // again, and makes PollWait poll so for up to spin before it blocks. A
 // device in busy-poll mode sets it on its CQs before they are used.
 func (c *CQ) SetPoller(f func(), spin time.Duration) {
+	c.mu.Lock()
 	c.poller, c.spin = f, spin
+	c.mu.Unlock()
+}
+
+// hooks returns the poller, its spin and the waiter.
+func (c *CQ) hooks() (func(), time.Duration, Waiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.poller, c.spin, c.waiter
 }
 
 // NewCQ makes a CQ that holds up to depth completions.
@@ -128,16 +142,17 @@ func (c *CQ) pushWoke(wc WC) (ok, woke bool) {
 // Poll moves up to len(wcs) completions into wcs and returns how many.
 // With a poller (SetPoller) an empty CQ runs it once and looks again.
 func (c *CQ) Poll(wcs []WC) int {
-	n := c.take(wcs)
-	if n == 0 && c.poller != nil && len(wcs) > 0 {
-		c.poller()
-		n = c.take(wcs)
+	n, poller := c.take(wcs)
+	if n == 0 && poller != nil && len(wcs) > 0 {
+		poller()
+		n, _ = c.take(wcs)
 	}
 	return n
 }
 
-// take moves up to len(wcs) completions into wcs.
-func (c *CQ) take(wcs []WC) int {
+// take moves up to len(wcs) completions into wcs; it also returns the
+// poller, read under the same lock.
+func (c *CQ) take(wcs []WC) (int, func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	k := 0
@@ -147,7 +162,7 @@ func (c *CQ) take(wcs []WC) int {
 		c.n--
 		k++
 	}
-	return k
+	return k, c.poller
 }
 
 // Len returns how many completions are waiting.
@@ -215,8 +230,9 @@ func (c *CQ) WaitOr(ctx context.Context, wake <-chan struct{}) error {
 // PollWait polls, waiting first when nothing is there: the blocking
 // equivalent of a completion-channel loop.
 func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
-	if c.poller != nil && c.spin > 0 {
-		end := time.Now().Add(c.spin)
+	poller, spin, waiter := c.hooks()
+	if poller != nil && spin > 0 {
+		end := time.Now().Add(spin)
 		for i := 1; ; i++ {
 			if n := c.Poll(wcs); n > 0 {
 				return n, nil
@@ -232,8 +248,8 @@ func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
 			return n, nil
 		}
 		var err error
-		if c.waiter != nil && !c.isClosed() {
-			err = c.waiter.WaitCQ(ctx, c)
+		if waiter != nil && !c.isClosed() {
+			err = waiter.WaitCQ(ctx, c)
 		} else {
 			err = c.Wait(ctx)
 		}

@@ -75,6 +75,9 @@ type QP struct {
 	cc       *qpCC
 }
 
+// ErrQPNTaken is returned by Create for a QP number in use or out of range.
+var ErrQPNTaken = errors.New("qp: QP number unavailable")
+
 // Create makes a QP in the RESET state.
 func (e *Engine) Create(a InitAttr) (*QP, error) {
 	switch a.Type {
@@ -111,7 +114,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 	defer e.mu.Unlock()
 	if a.QPN != 0 {
 		if _, taken := e.qps[a.QPN]; taken || a.QPN > bth.PSNMask {
-			return nil, fmt.Errorf("qp: QP number %d unavailable", a.QPN)
+			return nil, fmt.Errorf("%w: %d", ErrQPNTaken, a.QPN)
 		}
 		q.num = a.QPN
 	} else {

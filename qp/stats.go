@@ -1,6 +1,9 @@
 package qp
 
-import "sync/atomic"
+import (
+	"reflect"
+	"sync/atomic"
+)
 
 // Counters are an engine's counters. The first group has the names and
 // meanings of rdma_rxe's hw_counters, so numbers from both sides of an
@@ -32,6 +35,31 @@ type Counters struct {
 	CNPsSent              atomic.Uint64
 	CNPsReceived          atomic.Uint64
 	ECNMarkedPktsReceived atomic.Uint64
+}
+
+// Add adds o's counts to c: a device with several engines sums them.
+// Every field of Counters is an atomic.Uint64 or an array of them.
+func (c *Counters) Add(o *Counters) {
+	addCounters(reflect.ValueOf(c).Elem(), reflect.ValueOf(o).Elem())
+}
+
+var uint64Counter = reflect.TypeFor[atomic.Uint64]()
+
+func addCounters(dst, src reflect.Value) {
+	switch {
+	case dst.Type() == uint64Counter:
+		dst.Addr().Interface().(*atomic.Uint64).Add(src.Addr().Interface().(*atomic.Uint64).Load())
+	case dst.Kind() == reflect.Struct:
+		for i := range dst.NumField() {
+			addCounters(dst.Field(i), src.Field(i))
+		}
+	case dst.Kind() == reflect.Array:
+		for i := range dst.Len() {
+			addCounters(dst.Index(i), src.Index(i))
+		}
+	default:
+		panic("qp: Counters field of type " + dst.Type().String())
+	}
 }
 
 // DropReason says why a received packet was discarded.

@@ -251,7 +251,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	receiver.dev.Sync()
 	sender.dev.Sync()
 	missed = ts.RecvPackets
-	es := &receiver.engine.Stats
+	es := receiver.dev.Stats()
 	t.Logf("%s/%s: %d corrupted packets sent in %v; receiver dropped %v (overflow %d), delivered %d to its engine (ids outside 0..63: %v); "+
 		"receiver engine: rcvd %d, executed %d; a: %s; b: %s",
 		m.name, phase, sent, time.Since(start).Round(time.Millisecond), ts.Drops, ts.Drops[transport.DropOverflow], ts.RecvPackets,
@@ -283,7 +283,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	}
 	// Requests arrived intact and executed exactly once each, however often
 	// they were retried; no response reached the requester.
-	if got, want := b.engine.Stats.RDMARecvs.Load(), uint64(wrs-wrs/len(rcOps)*2); got != want {
+	if got, want := b.dev.Stats().RDMARecvs.Load(), uint64(wrs-wrs/len(rcOps)*2); got != want {
 		t.Fatalf("responder executed %d RDMA requests, want %d", got, want)
 	}
 	if n := b.rcq.Poll(wcs); n != sends {

@@ -157,7 +157,7 @@ func FuzzLiveEndpoint(f *testing.F) {
 			from = r.stranger
 		}
 		seen := func() uint64 {
-			return g.dev.Engine().Stats.RcvdPkts.Load() + g.dev.Transport().Stats().Dropped()
+			return g.dev.Stats().RcvdPkts.Load() + g.dev.Transport().Stats().Dropped()
 		}
 		before := seen()
 		if _, err := from.Send([]transport.Message{{Buf: pkt, Peer: g.dev.Addr()}}); err != nil {

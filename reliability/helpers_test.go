@@ -65,16 +65,15 @@ func listen(t testing.TB, addr netip.AddrPort, opts transport.Options) transport
 // end is one side of a test connection: a device, its PD, CQs, one QP and
 // one registered buffer.
 type end struct {
-	dev    *rxego.Device
-	pd     *rxego.PD
-	scq    *rxego.CQ // send completions
-	rcq    *rxego.CQ // receive completions
-	qp     *rxego.QP
-	mr     *rxego.MR
-	buf    []byte
-	imp    *transport.Impaired // nil without impairments
-	inner  transport.Conn      // the socket under the impairment shim
-	engine *qp.Engine
+	dev   *rxego.Device
+	pd    *rxego.PD
+	scq   *rxego.CQ // send completions
+	rcq   *rxego.CQ // receive completions
+	qp    *rxego.QP
+	mr    *rxego.MR
+	buf   []byte
+	imp   *transport.Impaired // nil without impairments
+	inner transport.Conn      // the socket under the impairment shim
 }
 
 // endConfig describes one end.
@@ -107,7 +106,7 @@ func openEnd(t testing.TB, c endConfig) *end {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { dev.Close() })
-	e.dev, e.engine = dev, dev.Engine()
+	e.dev = dev
 	e.pd, _ = dev.AllocPD()
 	depth := max(c.depth, 16)
 	rdepth := depth
@@ -180,7 +179,7 @@ func pollN(t testing.TB, cq *rxego.CQ, n int, timeout time.Duration, check func(
 
 // stats formats what is worth logging about an end.
 func (e *end) stats() string {
-	s := &e.engine.Stats
+	s := e.dev.Stats()
 	var drops []string
 	for _, r := range qp.DropReasons() {
 		if n := s.Drops[r].Load(); n > 0 {

@@ -182,7 +182,7 @@ func TestHostileInput(t *testing.T) {
 		}
 		for _, r := range qp.DropReasons() {
 			if r.String() == name {
-				return g.dev.Engine().Stats.Drops[r].Load()
+				return g.dev.Stats().Drops[r].Load()
 			}
 		}
 		t.Fatalf("no counter %q", name)
@@ -197,7 +197,7 @@ func TestHostileInput(t *testing.T) {
 		return c
 	}
 	raw := rawFrom(peer.LocalAddr())
-	sentBefore := g.dev.Engine().Stats.SentPkts.Load()
+	sentBefore := g.dev.Stats().SentPkts.Load()
 	for _, h := range classes {
 		before := counter(h.reason)
 		pkt := h.build(g)
@@ -235,7 +235,7 @@ func TestHostileInput(t *testing.T) {
 	if n := g.cq.Len(); n != 0 {
 		t.Errorf("%d completions from hostile input", n)
 	}
-	if n := g.dev.Engine().Stats.SentPkts.Load() - sentBefore; n != 0 {
+	if n := g.dev.Stats().SentPkts.Load() - sentBefore; n != 0 {
 		t.Errorf("the endpoint sent %d packets in reply to hostile input", n)
 	}
 	for _, c := range []struct {

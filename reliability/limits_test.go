@@ -67,7 +67,7 @@ func TestUnknownQPFloodIsFlat(t *testing.T) {
 		}
 		msgs[i] = transport.Message{Buf: buf[:k], Peer: v.dev.Addr()}
 	}
-	drops := func() uint64 { return v.dev.Engine().Stats.Drops[qp.DropUnknownQP].Load() }
+	drops := func() uint64 { return v.dev.Stats().Drops[qp.DropUnknownQP].Load() }
 	flood := func(count int) {
 		before := drops()
 		for sent := 0; sent < count; sent += len(msgs) {
@@ -151,7 +151,7 @@ func TestLongReadSharesTheEngine(t *testing.T) {
 	const size = 64 << 20
 	v, att, req, _ := bigRead(t, size)
 	const npk = size / 256
-	sent := func() uint64 { return v.dev.Engine().Stats.SentPkts.Load() }
+	sent := func() uint64 { return v.dev.Stats().SentPkts.Load() }
 	base := sent()
 	var during atomic.Int64
 	stop := make(chan struct{})
@@ -193,7 +193,7 @@ func TestDuplicateReadsDoNotMultiply(t *testing.T) {
 	const size = 4 << 20
 	const npk = size / 256
 	v, att, req, _ := bigRead(t, size)
-	base := v.dev.Engine().Stats.SentPkts.Load()
+	base := v.dev.Stats().SentPkts.Load()
 	reqs := make([]transport.Message, 21)
 	for i := range reqs {
 		reqs[i] = req
@@ -201,17 +201,16 @@ func TestDuplicateReadsDoNotMultiply(t *testing.T) {
 	if _, err := att.Send(reqs); err != nil {
 		t.Fatal(err)
 	}
-	s := &v.dev.Engine().Stats
-	waitFor(t, 30*time.Second, "the duplicates processed", func() bool { return s.DuplicateRequest.Load() == 20 })
+	waitFor(t, 30*time.Second, "the duplicates processed", func() bool { return v.dev.Stats().DuplicateRequest.Load() == 20 })
 	// Let the stream finish: the count stops moving.
 	for prev := uint64(0); ; time.Sleep(50 * time.Millisecond) {
-		cur := s.SentPkts.Load()
+		cur := v.dev.Stats().SentPkts.Load()
 		if cur == prev {
 			break
 		}
 		prev = cur
 	}
-	total := s.SentPkts.Load() - base
+	total := v.dev.Stats().SentPkts.Load() - base
 	t.Logf("READ of %d packets and 20 duplicates: %d packets sent (%.2f streams)", npk, total, float64(total)/npk)
 	// Duplicates that arrive while the stream goes out restart it: what was
 	// sent before each restart is sent again, so back-to-back duplicates
@@ -284,7 +283,7 @@ func TestLongReadInPipeline(t *testing.T) {
 				}
 			}
 			t.Logf("%d x (1 MiB READ, WRITE, SEND), loss %.0f%%: responder refused %d requests while busy; a: %s; b: %s",
-				rounds, loss*100, b.engine.Stats.Drops[qp.DropBusy].Load(), a.stats(), b.stats())
+				rounds, loss*100, b.dev.Stats().Drops[qp.DropBusy].Load(), a.stats(), b.stats())
 		})
 	}
 }

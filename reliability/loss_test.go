@@ -224,8 +224,8 @@ func TestOtherFaults(t *testing.T) {
 				t.Logf("%d %v in %v; a: %s; b: %s", n, o.name, took.Round(time.Millisecond), a.stats(), b.stats())
 				switch f.name {
 				case "ce10":
-					marked := a.engine.Stats.ECNMarkedPktsReceived.Load() + b.engine.Stats.ECNMarkedPktsReceived.Load()
-					cnps := a.engine.Stats.CNPsReceived.Load() + b.engine.Stats.CNPsReceived.Load()
+					marked := a.dev.Stats().ECNMarkedPktsReceived.Load() + b.dev.Stats().ECNMarkedPktsReceived.Load()
+					cnps := a.dev.Stats().CNPsReceived.Load() + b.dev.Stats().CNPsReceived.Load()
 					if marked == 0 || cnps == 0 {
 						t.Fatalf("%d CE-marked packets seen, %d CNPs received: DCQCN did not react", marked, cnps)
 					}

@@ -163,12 +163,12 @@ func TestKernelPathLoss(t *testing.T) {
 			took := runOp(t, a, b, r)
 			lostA, lostB := nftCounter(t, v.nsA, "loss")-lossA, nftCounter(t, v.nsB, "loss")-lossB
 			t.Logf("%d %v (600 bytes but atomics) in %v; nftables dropped %d into A, %d into B; CE marks seen by A %d (CNPs sent %d), by B %d; a: %s; b: %s",
-				n, op, took.Round(time.Millisecond), lostA, lostB, a.engine.Stats.ECNMarkedPktsReceived.Load(), a.engine.Stats.CNPsSent.Load(),
-				b.engine.Stats.ECNMarkedPktsReceived.Load(), a.stats(), b.stats())
+				n, op, took.Round(time.Millisecond), lostA, lostB, a.dev.Stats().ECNMarkedPktsReceived.Load(), a.dev.Stats().CNPsSent.Load(),
+				b.dev.Stats().ECNMarkedPktsReceived.Load(), a.stats(), b.stats())
 			if lostA+lostB == 0 {
 				t.Fatal("nftables dropped nothing: the loss rule is not in the path")
 			}
-			if a.engine.Stats.ECNMarkedPktsReceived.Load() == 0 {
+			if a.dev.Stats().ECNMarkedPktsReceived.Load() == 0 {
 				t.Fatal("no CE-marked packet reached A: the marking rule is not in the path")
 			}
 		})

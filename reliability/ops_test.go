@@ -102,7 +102,7 @@ func runOp(t testing.TB, a, b *end, r opRun) time.Duration {
 	// above before them (the network is a path the race detector cannot see).
 	a.dev.Sync()
 	b.dev.Sync()
-	execBefore := b.engine.Stats.RDMARecvs.Load()
+	execBefore := b.dev.Stats().RDMARecvs.Load()
 	mk := func(i int) rxego.SendWR {
 		wr := rxego.SendWR{ID: uint64(i), Opcode: r.op, Flags: rxego.SendSignaled, Imm: uint32(i)}
 		switch r.op {
@@ -173,7 +173,7 @@ func runOp(t testing.TB, a, b *end, r opRun) time.Duration {
 	if !consumesRecv(r.op) || r.op == rxego.WRWriteImm {
 		// The responder executed each RDMA request once: retries and
 		// duplicates were answered, not executed again.
-		if got := b.engine.Stats.RDMARecvs.Load() - execBefore; got != uint64(r.n) {
+		if got := b.dev.Stats().RDMARecvs.Load() - execBefore; got != uint64(r.n) {
 			t.Fatalf("%v: responder executed %d requests, want %d", r.op, got, r.n)
 		}
 	}

@@ -235,7 +235,7 @@ func TestRKeyFlood(t *testing.T) {
 			t.Fatalf("registered buffer %d changed at byte %d", i, firstDiff(buf, v.orig[i]))
 		}
 	}
-	s := &v.dev.Engine().Stats
+	s := v.dev.Stats()
 	var counts string
 	for i, f := range forges {
 		counts += fmt.Sprintf("\n  %-45s %d", f.name, perForge[i])
@@ -284,6 +284,6 @@ func recvTimeout(c transport.Conn, msgs []transport.Message, d time.Duration) (i
 
 // engineStats formats a device's engine counters for failure messages.
 func engineStats(d *rxego.Device) string {
-	e := &end{dev: d, engine: d.Engine()}
+	e := &end{dev: d}
 	return e.stats()
 }

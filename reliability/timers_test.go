@@ -71,7 +71,7 @@ func TestRetryExhaustion(t *testing.T) {
 			if st := a.qp.State(); st != qp.Err {
 				t.Fatalf("QP in %v after retry exhaustion, want ERR", st)
 			}
-			s := &a.engine.Stats
+			s := a.dev.Stats()
 			// Every attempt sent all n WRITEs: the first time and once per retry.
 			if got, want := s.Retransmits.Load(), uint64(c.retry)*n; got != want {
 				t.Errorf("%d retransmissions, want %d", got, want)
@@ -88,7 +88,7 @@ func TestRetryExhaustion(t *testing.T) {
 					t.Fatalf("WR posted in ERR completed with %v", wc.Status)
 				}
 			})
-			if got := b.engine.Stats.RcvdPkts.Load(); got != 0 {
+			if got := b.dev.Stats().RcvdPkts.Load(); got != 0 {
 				t.Fatalf("the lossy peer's engine saw %d packets", got)
 			}
 		})
@@ -115,9 +115,9 @@ func TestRetryInfinite(t *testing.T) {
 	}
 	// Ten timeouts without an answer: more than any finite retry_cnt allows.
 	deadline := time.Now().Add(10 * time.Second)
-	for a.engine.Stats.Retransmits.Load() < 10 {
+	for a.dev.Stats().Retransmits.Load() < 10 {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d retransmissions in 10 s", a.engine.Stats.Retransmits.Load())
+			t.Fatalf("only %d retransmissions in 10 s", a.dev.Stats().Retransmits.Load())
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -140,8 +140,8 @@ func TestRetryInfinite(t *testing.T) {
 	if string(b.buf[:64]) != string(a.buf[:64]) {
 		t.Fatal("WRITE data differs")
 	}
-	retrans := a.engine.Stats.Retransmits.Load()
-	dropped := b.engine.Stats.Drops[qp.DropBadState].Load()
+	retrans := a.dev.Stats().Retransmits.Load()
+	dropped := b.dev.Stats().Drops[qp.DropBadState].Load()
 	t.Logf("completed after %v, %d retransmissions, %d dropped by the peer before RTR", time.Since(start), retrans, dropped)
 	if dropped < 10 {
 		t.Fatalf("%d bad-state drops at the peer, want at least the 10 attempts before it came up", dropped)
@@ -177,10 +177,10 @@ func TestRNRExhaustion(t *testing.T) {
 			if st := a.qp.State(); st != qp.Err {
 				t.Fatalf("QP in %v after RNR retry exhaustion, want ERR", st)
 			}
-			if got := a.engine.Stats.RcvdRNRErr.Load(); got != uint64(rnrRetry)+1 {
+			if got := a.dev.Stats().RcvdRNRErr.Load(); got != uint64(rnrRetry)+1 {
 				t.Errorf("%d RNR NAKs received, want rnr_retry+1 = %d", got, rnrRetry+1)
 			}
-			if got := b.engine.Stats.SendRNRErr.Load(); got != uint64(rnrRetry)+1 {
+			if got := b.dev.Stats().SendRNRErr.Load(); got != uint64(rnrRetry)+1 {
 				t.Errorf("peer sent %d RNR NAKs, want %d", got, rnrRetry+1)
 			}
 		})
@@ -201,9 +201,9 @@ func TestRNRInfinite(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for a.engine.Stats.RcvdRNRErr.Load() < 10 {
+	for a.dev.Stats().RcvdRNRErr.Load() < 10 {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d RNR NAKs in 10 s", a.engine.Stats.RcvdRNRErr.Load())
+			t.Fatalf("only %d RNR NAKs in 10 s", a.dev.Stats().RcvdRNRErr.Load())
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -226,5 +226,5 @@ func TestRNRInfinite(t *testing.T) {
 	if string(b.buf[:100]) != string(a.buf[:100]) {
 		t.Fatal("SEND data differs")
 	}
-	t.Logf("SEND completed after %d RNR NAKs", a.engine.Stats.RcvdRNRErr.Load())
+	t.Logf("SEND completed after %d RNR NAKs", a.dev.Stats().RcvdRNRErr.Load())
 }

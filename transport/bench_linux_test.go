@@ -189,7 +189,7 @@ func BenchmarkVerify(b *testing.B) {
 			b.Run("recover/"+name, func(b *testing.B) {
 				b.SetBytes(int64(size))
 				for b.Loop() {
-					if got, _, ok := ep.recover(p, peer); !ok || got != id {
+					if _, got, _, ok := ep.recover(p, peer); !ok || got != id {
 						b.Fatal("bad")
 					}
 				}
@@ -197,7 +197,7 @@ func BenchmarkVerify(b *testing.B) {
 			b.Run("check/"+name, func(b *testing.B) {
 				b.SetBytes(int64(size))
 				for b.Loop() {
-					if _, ok := ep.check(p, peer, id); !ok {
+					if _, _, ok := ep.check(p, peer, id); !ok {
 						b.Fatal("bad")
 					}
 				}

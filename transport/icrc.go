@@ -19,13 +19,20 @@ func newEndpoint(local netip.AddrPort) endpoint {
 	return endpoint{local: local, v6: local.Addr().Is6()}
 }
 
-// maxPayload is the largest UDP payload: 65535 minus the UDP header and,
-// for IPv4, the IP header (IPv6's payload length excludes its header).
+// The largest UDP payloads: 65535 minus the UDP header and, for IPv4, the
+// IP header (IPv6's payload length excludes its header). They bound one
+// datagram, and so one GSO run.
+const (
+	maxPayload4 = 65535 - 20 - 8
+	maxPayload6 = 65535 - 8
+)
+
+// maxPayload is the largest UDP payload of the endpoint's family.
 func (e *endpoint) maxPayload() int {
 	if e.v6 {
-		return 65535 - 8
+		return maxPayload6
 	}
-	return 65535 - 20 - 8
+	return maxPayload4
 }
 
 // peer returns p in this endpoint's family (IPv4-mapped IPv6 is unmapped
@@ -91,66 +98,70 @@ func (e *endpoint) runSegments(n, seg int) (int, error) {
 	return k, nil
 }
 
-// classify runs the checks that need no ICRC: length and the opcode table.
-func classify(pkt []byte) (DropReason, bool) {
+// classify runs the checks that need no ICRC: length and the opcode
+// table. The parsed packet is what Recv hands up (Message.Pkt): no layer
+// above parses it again.
+func classify(pkt []byte) (bth.Packet, DropReason, bool) {
 	if len(pkt) < minPacket {
-		return DropShort, false
+		return bth.Packet{}, DropShort, false
 	}
-	if _, err := bth.Parse(pkt); err != nil {
+	p, err := bth.Parse(pkt)
+	if err != nil {
 		if err == bth.ErrTruncated {
-			return DropShort, false
+			return p, DropShort, false
 		}
-		return DropNotRoCE, false
+		return p, DropNotRoCE, false
 	}
-	return 0, true
+	return p, 0, true
 }
 
 // recover checks a packet that came through a UDP socket, where the IPv4
 // ID is not visible: IPv4 recovers the ID that makes the ICRC match, IPv6
 // checks in full.
-func (e *endpoint) recover(pkt []byte, peer netip.AddrPort) (id uint16, reason DropReason, ok bool) {
-	if reason, ok = classify(pkt); !ok {
-		return 0, reason, false
+func (e *endpoint) recover(pkt []byte, peer netip.AddrPort) (p bth.Packet, id uint16, reason DropReason, ok bool) {
+	if p, reason, ok = classify(pkt); !ok {
+		return p, 0, reason, false
 	}
 	if e.v6 {
 		v := v6(peer, e.local)
 		if v.Sum(pkt) != icrc.Get(pkt) {
-			return 0, DropBadICRC, false
+			return p, 0, DropBadICRC, false
 		}
-		return 0, 0, true
+		return p, 0, 0, true
 	}
 	v := v4(peer, e.local)
 	if id, ok = v.Recover(pkt); !ok {
-		return 0, DropBadICRC, false
+		return p, 0, DropBadICRC, false
 	}
-	return id, 0, true
+	return p, id, 0, true
 }
 
 // recoverFrom is recover for a packet whose IPv4 ID is likely guess: that
 // ID is checked first, and only when it fails is the ID solved for. The
 // outcome is the same as recover's (one ID at most makes the ICRC match);
 // a right guess saves the solving.
-func (e *endpoint) recoverFrom(pkt []byte, peer netip.AddrPort, guess uint16) (id uint16, reason DropReason, ok bool) {
+func (e *endpoint) recoverFrom(pkt []byte, peer netip.AddrPort, guess uint16) (p bth.Packet, id uint16, reason DropReason, ok bool) {
 	if e.v6 || guess == 0 {
 		return e.recover(pkt, peer)
 	}
-	if reason, ok = classify(pkt); !ok {
-		return 0, reason, false
+	if p, reason, ok = classify(pkt); !ok {
+		return p, 0, reason, false
 	}
 	v := v4(peer, e.local)
 	if v.Check(guess, pkt) {
-		return guess, 0, true
+		return p, guess, 0, true
 	}
 	if id, ok = v.Recover(pkt); !ok {
-		return 0, DropBadICRC, false
+		return p, 0, DropBadICRC, false
 	}
-	return id, 0, true
+	return p, id, 0, true
 }
 
 // check checks a packet whose IPv4 ID is known (raw mode, pipes).
-func (e *endpoint) check(pkt []byte, peer netip.AddrPort, id uint16) (DropReason, bool) {
-	if reason, ok := classify(pkt); !ok {
-		return reason, false
+func (e *endpoint) check(pkt []byte, peer netip.AddrPort, id uint16) (bth.Packet, DropReason, bool) {
+	p, reason, ok := classify(pkt)
+	if !ok {
+		return p, reason, false
 	}
 	var good bool
 	if e.v6 {
@@ -161,7 +172,7 @@ func (e *endpoint) check(pkt []byte, peer netip.AddrPort, id uint16) (DropReason
 		good = v.Check(id, pkt)
 	}
 	if !good {
-		return DropBadICRC, false
+		return p, DropBadICRC, false
 	}
-	return 0, true
+	return p, 0, true
 }

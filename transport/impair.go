@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rxego/rxego/bth"
 )
 
 // ImpairDir selects the directions an Impaired Conn impairs.
@@ -226,7 +228,7 @@ func (c *Impaired) Send(msgs []Message) (int, error) {
 		for off := 0; off < len(m.Buf); off += seg {
 			p := m.Buf[off:min(off+seg, len(m.Buf))]
 			c.ep.fill(p, peer, 0) // sent alone, it will carry ID 0
-			s.admit(p, peer, m.TOS, 0, now)
+			s.admit(p, nil, peer, m.TOS, 0, now)
 		}
 	}
 	s.mu.Unlock()
@@ -300,7 +302,7 @@ func (c *Impaired) pump() {
 		now := time.Now()
 		for i := range buf[:n] {
 			m := &buf[i]
-			s.admit(m.Buf, m.Peer, m.TOS, m.IPID, now)
+			s.admit(m.Buf, m.Pkt.Info, m.Peer, m.TOS, m.IPID, now)
 		}
 		if err != nil {
 			s.err = err
@@ -340,14 +342,17 @@ func (c *Impaired) Recv(msgs []Message) (int, error) {
 		drops = drops[:0]
 		s.mu.Lock()
 		s.popDue(time.Now(), len(msgs), func(it *item) {
+			pk := bth.Packet{Raw: it.buf, Info: it.info}
 			if it.corrupt {
-				if reason, ok := c.ep.check(it.buf, it.peer, it.id); !ok {
+				var reason DropReason
+				var ok bool
+				if pk, reason, ok = c.ep.check(it.buf, it.peer, it.id); !ok {
 					c.drops[reason].Add(1)
 					drops = append(drops, it)
 					return
 				}
 			}
-			msgs[n] = Message{Buf: it.buf, Peer: it.peer, TOS: it.tos, IPID: it.id}
+			msgs[n] = Message{Buf: it.buf, Pkt: pk, Peer: it.peer, TOS: it.tos, IPID: it.id}
 			c.cur = append(c.cur, it)
 			n++
 		})
@@ -387,6 +392,7 @@ func (c *Impaired) Recv(msgs []Message) (int, error) {
 // item is a packet held by a stage, in a buffer of its own.
 type item struct {
 	buf     []byte
+	info    *bth.Info // the opcode's row, from the inner Conn's parse (receive side)
 	peer    netip.AddrPort
 	tos     uint8
 	id      uint16
@@ -433,7 +439,7 @@ func (s *stage) signal() {
 func (s *stage) chance(p float64) bool { return p > 0 && s.rng.Float64() < p }
 
 // admit decides the fate of one packet and queues what survives.
-func (s *stage) admit(pkt []byte, peer netip.AddrPort, tos uint8, id uint16, now time.Time) {
+func (s *stage) admit(pkt []byte, info *bth.Info, peer netip.AddrPort, tos uint8, id uint16, now time.Time) {
 	s.ctr.Seen++
 	if s.cfg.BurstEnter > 0 {
 		if s.bad {
@@ -462,7 +468,7 @@ func (s *stage) admit(pkt []byte, peer netip.AddrPort, tos uint8, id uint16, now
 		}
 		it := s.get(len(pkt))
 		copy(it.buf, pkt)
-		it.peer, it.tos, it.id = peer, tos, id
+		it.peer, it.tos, it.id, it.info = peer, tos, id, info
 		if s.chance(s.cfg.Corrupt) {
 			s.corrupt(it.buf)
 			it.corrupt = true

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,13 +26,104 @@ const (
 // (errors.Is(err, syscall.EADDRINUSE)) or, for RecvRaw, when the process
 // lacks CAP_NET_RAW (syscall.EPERM).
 func Listen(local netip.AddrPort, opts Options) (Conn, error) {
-	return listenUDP(local, opts)
+	local, scope, opts, err := resolve(local, opts)
+	if err != nil {
+		return nil, err
+	}
+	return listenUDP(local, scope, opts, false)
 }
 
-func listenUDP(local netip.AddrPort, opts Options) (*udpConn, error) {
+// MaxGroup is the most Conns ListenGroup opens on one address.
+const MaxGroup = 64
+
+// ListenGroup opens n Conns on local (as Listen does) that share its port
+// in one SO_REUSEPORT group: each sends on its own socket, and the
+// kernel hands each received datagram to Conn number destQPN mod n, by a
+// classic-BPF program (SO_ATTACH_REUSEPORT_CBPF) that reads the BTH's
+// destination QP. A device that gives QP number q to the shard q mod n
+// so receives every QP's packets on that QP's shard, with no hand-off.
+//
+// What the program cannot steer lands elsewhere and must be handed on by
+// the caller: a GRO batch is steered by its first packet, so packets of
+// another QP that the kernel coalesced with it (same addresses and
+// ports) come along. The port is taken as Listen takes it: the group is
+// formed only when no other socket holds the address and port
+// (EADDRINUSE otherwise), so another process cannot be in the group.
+// RecvRaw cannot be steered (its raw socket sees every packet) and is
+// refused for n > 1 (ErrRawGroup).
+func ListenGroup(local netip.AddrPort, opts Options, n int) ([]Conn, error) {
+	if n < 1 || n > MaxGroup {
+		return nil, fmt.Errorf("transport: group of %d Conns (1..%d)", n, MaxGroup)
+	}
+	if n == 1 {
+		c, err := Listen(local, opts)
+		if err != nil {
+			return nil, err
+		}
+		return []Conn{c}, nil
+	}
+	if opts.Mode == RecvRaw {
+		return nil, ErrRawGroup
+	}
+	local, scope, opts, err := resolve(local, opts)
+	if err != nil {
+		return nil, err
+	}
+	// A socket without SO_REUSEPORT binds only where nobody is: it makes
+	// an address in use fail here as Listen fails, and it makes a group
+	// already there (another device's) refuse to be joined.
+	fd, err := openUDP(local, scope, &Options{NoGSO: true, NoGRO: true}, false)
+	if err != nil {
+		return nil, err
+	}
+	unix.Close(fd)
+	conns := make([]Conn, 0, n)
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	for range n {
+		c, err := listenUDP(local, scope, opts, true)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		conns = append(conns, c)
+	}
+	c0 := conns[0].(*udpConn)
+	var ferr error
+	if err := c0.rc.Control(func(fd uintptr) {
+		ferr = attachFilterOpt(int(fd), unix.SO_ATTACH_REUSEPORT_CBPF, steerProgram(n))
+	}); err != nil {
+		ferr = err
+	}
+	if ferr != nil {
+		closeAll()
+		return nil, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt SO_ATTACH_REUSEPORT_CBPF", ferr))
+	}
+	return conns, nil
+}
+
+// steerProgram picks the socket of a reuseport group of n: the kernel
+// runs it with the packet's data starting at the UDP payload, the BTH,
+// whose bytes 5-7 are the destination QP. A datagram too short to load
+// from ends the program with 0 (socket 0).
+func steerProgram(n int) []bpf.Instruction {
+	return []bpf.Instruction{
+		bpf.LoadAbsolute{Off: 4, Size: 4}, // reserved byte and destination QP
+		bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xffffff},
+		bpf.ALUOpConstant{Op: bpf.ALUOpMod, Val: uint32(n)},
+		bpf.RetA{},
+	}
+}
+
+// resolve checks local and fills in the defaults: port 0 is Port, and a
+// zone names the scope of a link-local IPv6 address.
+func resolve(local netip.AddrPort, opts Options) (netip.AddrPort, uint32, Options, error) {
 	a := local.Addr().Unmap()
 	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() {
-		return nil, fmt.Errorf("%w: %v", ErrAddress, local)
+		return local, 0, opts, fmt.Errorf("%w: %v", ErrAddress, local)
 	}
 	if local.Port() == 0 {
 		local = netip.AddrPortFrom(a, Port)
@@ -39,10 +131,10 @@ func listenUDP(local netip.AddrPort, opts Options) (*udpConn, error) {
 		local = netip.AddrPortFrom(a, local.Port())
 	}
 	if opts.Mode > RecvRaw {
-		return nil, fmt.Errorf("transport: unknown receive mode %v", opts.Mode)
+		return local, 0, opts, fmt.Errorf("transport: unknown receive mode %v", opts.Mode)
 	}
 	if opts.Mode == RecvRaw && a.Is6() {
-		return nil, ErrRawIPv6
+		return local, 0, opts, ErrRawIPv6
 	}
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = defaultBatch
@@ -60,17 +152,23 @@ func listenUDP(local netip.AddrPort, opts Options) (*udpConn, error) {
 		} else if n, err := strconv.ParseUint(z, 10, 32); err == nil {
 			scope = uint32(n)
 		} else {
-			return nil, fmt.Errorf("transport: listen %v: unknown zone %q", local, z)
+			return local, 0, opts, fmt.Errorf("transport: listen %v: unknown zone %q", local, z)
 		}
 	}
+	return local, scope, opts, nil
+}
+
+// listenUDP opens a Conn on a resolved address; reuse joins (or starts)
+// the address's SO_REUSEPORT group.
+func listenUDP(local netip.AddrPort, scope uint32, opts Options, reuse bool) (*udpConn, error) {
 	fail := func(what string, err error) error {
 		return fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError(what, err))
 	}
-
-	fd, gso, gro, err := openUDP(local, scope, &opts)
+	fd, err := openUDP(local, scope, &opts, reuse)
 	if err != nil {
 		return nil, err
 	}
+	gso, gro := offloads(fd, local.Addr().Is6(), &opts)
 	c := &udpConn{ep: newEndpoint(local), scope: scope, mode: opts.Mode, tos: opts.TOS, gro: gro}
 	c.gso.Store(gso)
 	c.file = os.NewFile(uintptr(fd), "udp "+local.String())
@@ -111,7 +209,7 @@ func listenUDP(local netip.AddrPort, opts Options) (*udpConn, error) {
 
 // openUDP creates, configures and binds the UDP socket and reports which
 // offloads are on.
-func openUDP(local netip.AddrPort, scope uint32, opts *Options) (fd int, gso, gro bool, err error) {
+func openUDP(local netip.AddrPort, scope uint32, opts *Options, reuse bool) (fd int, err error) {
 	v6 := local.Addr().Is6()
 	fam := unix.AF_INET
 	if v6 {
@@ -119,7 +217,7 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options) (fd int, gso, gr
 	}
 	fd, err = unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
 	if err != nil {
-		return -1, false, false, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("socket", err))
+		return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("socket", err))
 	}
 	type opt struct {
 		level, name, val int
@@ -144,32 +242,23 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options) (fd int, gso, gr
 		}
 	}
 	set = append(set, opt{unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1, "SO_RXQ_OVFL"})
+	if reuse {
+		set = append(set, opt{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, "SO_REUSEPORT"})
+	}
 	for _, o := range set {
 		if err = unix.SetsockoptInt(fd, o.level, o.name, o.val); err != nil {
 			unix.Close(fd)
-			return -1, false, false, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt "+o.what, err))
+			return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt "+o.what, err))
 		}
 	}
 	setBuffer(fd, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, opts.SocketRecvBuffer)
 	setBuffer(fd, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, opts.SocketSendBuffer)
-
-	// GSO is there when the kernel knows UDP_SEGMENT (4.18+).
-	if !opts.NoGSO {
-		_, e := unix.GetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT)
-		gso = e == nil
-	}
-	if !gso {
-		noChecksum(fd, v6)
-	}
-	if !opts.NoGRO && opts.Mode == RecvSocket {
-		gro = unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
-	}
 	if opts.Mode == RecvRaw {
 		// The raw socket reads; this one only holds the port (so the kernel
 		// sends no ICMP port unreachable) and must not fill up.
 		if err = attachFilter(fd, dropAll); err != nil {
 			unix.Close(fd)
-			return -1, false, false, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt SO_ATTACH_FILTER", err))
+			return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt SO_ATTACH_FILTER", err))
 		}
 	}
 
@@ -181,9 +270,26 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options) (fd int, gso, gr
 	}
 	if err = unix.Bind(fd, sa); err != nil {
 		unix.Close(fd)
-		return -1, false, false, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("bind", err))
+		return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("bind", err))
 	}
-	return fd, gso, gro, nil
+	return fd, nil
+}
+
+// offloads turns on the offloads opts allows where the kernel has them
+// and reports which are on.
+func offloads(fd int, v6 bool, opts *Options) (gso, gro bool) {
+	// GSO is there when the kernel knows UDP_SEGMENT (4.18+).
+	if !opts.NoGSO {
+		_, e := unix.GetsockoptInt(fd, unix.SOL_UDP, unix.UDP_SEGMENT)
+		gso = e == nil
+	}
+	if !gso {
+		noChecksum(fd, v6)
+	}
+	if !opts.NoGRO && opts.Mode == RecvSocket {
+		gro = unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
+	}
+	return gso, gro
 }
 
 // noChecksum makes IPv4 sends carry UDP checksum 0, as rxe's do, saving

@@ -13,3 +13,11 @@ import (
 func Listen(local netip.AddrPort, opts Options) (Conn, error) {
 	return nil, errors.New("transport: UDP Conns need Linux; use NewPipeNetwork in tests")
 }
+
+// MaxGroup is the most Conns ListenGroup opens on one address.
+const MaxGroup = 64
+
+// ListenGroup needs Linux, as Listen does.
+func ListenGroup(local netip.AddrPort, opts Options, n int) ([]Conn, error) {
+	return nil, errors.New("transport: UDP Conns need Linux; use NewPipeNetwork in tests")
+}

@@ -221,12 +221,13 @@ func (c *pipeConn) fill(msgs []Message) (int, error) {
 				return n, nil
 			}
 		}
-		if reason, ok := c.ep.check(p.buf, p.from, p.id); !ok {
+		pk, reason, ok := c.ep.check(p.buf, p.from, p.id)
+		if !ok {
 			c.ctr.drops[reason].Add(1)
 			c.drops = append(c.drops, dropRec{reason: reason, peer: p.from, tos: p.tos, pkt: p.buf})
 			continue
 		}
-		msgs[n] = Message{Buf: p.buf, Peer: p.from, TOS: p.tos, IPID: p.id}
+		msgs[n] = Message{Buf: p.buf, Pkt: pk, Peer: p.from, TOS: p.tos, IPID: p.id}
 		n++
 		c.ctr.recvPackets.Add(1)
 		c.ctr.recvBytes.Add(uint64(len(p.buf)))

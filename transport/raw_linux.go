@@ -30,6 +30,12 @@ func udpPortFilter(port uint16) []bpf.Instruction {
 }
 
 func attachFilter(fd int, prog []bpf.Instruction) error {
+	return attachFilterOpt(fd, unix.SO_ATTACH_FILTER, prog)
+}
+
+// attachFilterOpt assembles prog and attaches it with socket option opt
+// (SO_ATTACH_FILTER, SO_ATTACH_REUSEPORT_CBPF).
+func attachFilterOpt(fd, opt int, prog []bpf.Instruction) error {
 	raw, err := bpf.Assemble(prog)
 	if err != nil {
 		return err
@@ -38,7 +44,7 @@ func attachFilter(fd int, prog []bpf.Instruction) error {
 	for i, r := range raw {
 		f[i] = unix.SockFilter{Code: r.Op, Jt: r.Jt, Jf: r.Jf, K: r.K}
 	}
-	return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]})
+	return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, opt, &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]})
 }
 
 // openRaw opens the raw IPv4 socket of RecvRaw: it sees a copy of every
@@ -114,8 +120,8 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	// A datagram longer than any one RoCE packet must be a GSO batch: skip
 	// the whole-datagram check, which could only fail.
 	if len(p) <= maxRoCEPacket {
-		if _, ok := classify(p); ok && r.v4.Check(r.id, p) {
-			r.first = true
+		if pk, _, ok := classify(p); ok && r.v4.Check(r.id, p) {
+			r.first, r.firstPkt = true, pk
 			return 0, nil, false
 		}
 	}
@@ -123,8 +129,8 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	// veth pass GSO packets through) and the raw socket sees it whole, with
 	// the first segment's ID. Find the segment size: the size at which the
 	// first packet's ICRC checks.
-	if s := findSegment(&r.v4, r.id, p); s > 0 {
-		r.seg, r.first = s, true
+	if s, pk := findSegment(&r.v4, r.id, p); s > 0 {
+		r.seg, r.first, r.firstPkt = s, true, pk
 		c.ctr.groBatches.Add(1)
 		c.ctr.groSegments.Add(uint64((len(p) + s - 1) / s))
 	}
@@ -132,10 +138,10 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 }
 
 // findSegment returns the length of the first packet of p, a run of
-// packets with IDs id, id+1, ..., or 0. Candidates are 4-byte multiples
+// packets with IDs id, id+1, ..., and that packet parsed, or 0. Candidates are 4-byte multiples
 // (every RoCE packet is one) where a plausible BTH starts: a known opcode,
 // TVer 0 and the first packet's P_Key.
-func findSegment(v *icrc.V4, id uint16, p []byte) int {
+func findSegment(v *icrc.V4, id uint16, p []byte) (int, bth.Packet) {
 	tries := 0
 	for s := minPacket; s+minPacket <= len(p) && tries < maxSplitTries; s += 4 {
 		q := p[s:]
@@ -146,27 +152,28 @@ func findSegment(v *icrc.V4, id uint16, p []byte) int {
 			continue
 		}
 		tries++
-		if _, ok := classify(p[:s]); ok && v.Check(id, p[:s]) {
-			return s
+		if pk, _, ok := classify(p[:s]); ok && v.Check(id, p[:s]) {
+			return s, pk
 		}
 	}
-	return 0
+	return 0, bth.Packet{}
 }
 
 // verifyRaw checks one packet read through the raw socket with its real ID.
-func (c *udpConn) verifyRaw(pkt []byte) (uint16, DropReason, bool) {
+func (c *udpConn) verifyRaw(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 	r := &c.r
 	id := r.id
 	r.id++
 	if r.first {
 		r.first = false
-		return id, 0, true
+		return r.firstPkt, id, 0, true
 	}
-	if reason, ok := classify(pkt); !ok {
-		return 0, reason, false
+	p, reason, ok := classify(pkt)
+	if !ok {
+		return p, 0, reason, false
 	}
 	if !r.v4.Check(id, pkt) {
-		return 0, DropBadICRC, false
+		return p, 0, DropBadICRC, false
 	}
-	return id, 0, true
+	return p, id, 0, true
 }

@@ -36,6 +36,29 @@ func (s Stats) Dropped() uint64 {
 	return t
 }
 
+// Add adds o's counts to s, for a device over several Conns; GSO and GRO
+// stay on only where both had them.
+func (s *Stats) Add(o Stats) {
+	s.SentPackets += o.SentPackets
+	s.SentBytes += o.SentBytes
+	s.SendCalls += o.SendCalls
+	s.GSOSends += o.GSOSends
+	s.GSOSegments += o.GSOSegments
+	s.GSOFallbacks += o.GSOFallbacks
+	s.SendDrops += o.SendDrops
+	s.RecvPackets += o.RecvPackets
+	s.RecvBytes += o.RecvBytes
+	s.RecvCalls += o.RecvCalls
+	s.RecvDatagrams += o.RecvDatagrams
+	s.GROBatches += o.GROBatches
+	s.GROSegments += o.GROSegments
+	for i, d := range o.Drops {
+		s.Drops[i] += d
+	}
+	s.GSO = s.GSO && o.GSO
+	s.GRO = s.GRO && o.GRO
+}
+
 // counters are the live, atomically updated Stats. Each data path adds its
 // batch totals once per batch, so the atomics cost little.
 type counters struct {

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
+
+	"github.com/rxego/rxego/bth"
 )
 
 // Port is the IANA UDP port of RoCEv2.
@@ -25,6 +27,10 @@ type Message struct {
 	// four ICRC bytes present: Send computes and writes them. On receive it
 	// is a view into the Conn's buffers, valid until the next Recv call.
 	Buf []byte
+	// Pkt is, on receive, Buf parsed against the opcode table (bth.Parse,
+	// which every received packet passed): the engine takes it as it is,
+	// so a packet is parsed once. Ignored on send.
+	Pkt bth.Packet
 	// Peer is the destination on send and the source on receive.
 	Peer netip.AddrPort
 	// TOS is the IPv4 TOS or IPv6 traffic class (DSCP<<2 | ECN). On send, 0
@@ -164,6 +170,7 @@ var (
 	ErrPacketSize = errors.New("transport: packet shorter than BTH+ICRC or longer than a UDP datagram")
 	ErrSegments   = errors.New("transport: Seg run invalid (segment shorter than BTH+ICRC, over MaxSegments or over 64 KiB)")
 	ErrRawIPv6    = errors.New("transport: raw receive mode is IPv4 only (IPv6 ICRCs are checked in full in socket mode)")
+	ErrRawGroup   = errors.New("transport: raw receive mode cannot be steered to a group of Conns (its raw socket sees every packet)")
 )
 
 // Dir is the direction of a packet seen by a Tap.

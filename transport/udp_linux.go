@@ -12,6 +12,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/icrc"
 	"golang.org/x/sys/unix"
 )
@@ -336,16 +337,17 @@ type recvState struct {
 	ready func(fd uintptr) bool
 	pfd   [1]unix.PollFd // for ready
 
-	next  int    // next datagram to start
-	data  []byte // packets of the current datagram not yet delivered
-	seg   int    // their size (GRO or GSO segment size), 0 for one packet
-	peer  netip.AddrPort
-	tos   uint8
-	id    uint16  // IP ID of the next segment (raw mode) or the guess for it (socket mode)
-	v4    icrc.V4 // raw mode: the current datagram's ICRC description
-	first bool    // raw mode: the first segment's ICRC is already known good
-	ovfl  uint32  // last SO_RXQ_OVFL count seen
-	drops []dropRec
+	next     int    // next datagram to start
+	data     []byte // packets of the current datagram not yet delivered
+	seg      int    // their size (GRO or GSO segment size), 0 for one packet
+	peer     netip.AddrPort
+	tos      uint8
+	id       uint16     // IP ID of the next segment (raw mode) or the guess for it (socket mode)
+	v4       icrc.V4    // raw mode: the current datagram's ICRC description
+	first    bool       // raw mode: the first segment's ICRC is already known good
+	firstPkt bth.Packet // raw mode: that segment, parsed
+	ovfl     uint32     // last SO_RXQ_OVFL count seen
+	drops    []dropRec
 }
 
 func (r *recvState) init(batch, slot int) {
@@ -574,13 +576,13 @@ func (c *udpConn) fill(msgs []Message, how recvHow) (int, error) {
 		}
 		pkt := r.data[:seg:seg]
 		r.data = r.data[seg:]
-		id, reason, ok := c.verify(pkt)
+		pk, id, reason, ok := c.verify(pkt)
 		if !ok {
 			drops[reason]++
 			r.drops = append(r.drops, dropRec{reason: reason, peer: r.peer, tos: r.tos, pkt: pkt})
 			continue
 		}
-		msgs[n] = Message{Buf: pkt, Peer: r.peer, TOS: r.tos, IPID: id}
+		msgs[n] = Message{Buf: pkt, Pkt: pk, Peer: r.peer, TOS: r.tos, IPID: id}
 		n++
 		bytes += uint64(len(pkt))
 	}
@@ -669,15 +671,15 @@ func (c *udpConn) startDatagram() (reason DropReason, pkt []byte, bad bool) {
 }
 
 // verify checks one packet of the current datagram.
-func (c *udpConn) verify(pkt []byte) (uint16, DropReason, bool) {
+func (c *udpConn) verify(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 	if c.raw == nil {
 		// The segments of a GRO batch most often carry consecutive IDs (a
 		// GSO sender's 0, 1, 2, ...; a kernel's per-destination counter),
 		// so the ID after the previous packet's is tried first: checking
 		// one ID is cheaper than solving for it.
-		id, reason, ok := c.ep.recoverFrom(pkt, c.r.peer, c.r.id)
+		p, id, reason, ok := c.ep.recoverFrom(pkt, c.r.peer, c.r.id)
 		c.r.id = id + 1
-		return id, reason, ok
+		return p, id, reason, ok
 	}
 	return c.verifyRaw(pkt)
 }

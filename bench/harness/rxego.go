@@ -217,7 +217,7 @@ func (a *allocMeter) stop() uint64 {
 
 // counters collects the engine and transport figures worth reporting.
 func counters(d *rxego.Device) map[string]uint64 {
-	e := &d.Engine().Stats
+	e := d.Stats()
 	t := d.Transport().Stats()
 	var drops uint64
 	for i := range e.Drops {
@@ -233,7 +233,7 @@ func counters(d *rxego.Device) map[string]uint64 {
 
 // packets is the engine's packet count in both directions.
 func packets(d *rxego.Device) uint64 {
-	return d.Engine().Stats.SentPkts.Load() + d.Engine().Stats.RcvdPkts.Load()
+	return d.Stats().SentPkts.Load() + d.Stats().RcvdPkts.Load()
 }
 
 func opcodeOf(op string) (rxego.SendWR, error) {

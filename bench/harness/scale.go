@@ -73,7 +73,7 @@ func rxegoScale(p *peer) (Result, error) {
 	for {
 		// Posts to many QPs leave together (Engine.Batch), not one
 		// system call per post.
-		s.dev.Engine().Batch(post)
+		s.dev.Batch(post)
 		if postErr != nil {
 			return res, postErr
 		}

@@ -88,7 +88,7 @@ func finish(t *testing.T, tb *Testbed, r *Recorder, name string) []Sample {
 	if err == nil {
 		t.Logf("marker: %d of %d RoCE datagrams marked CE", marked, seen)
 	}
-	se, re := &tb.Sender.Engine().Stats, &tb.Receiver.Engine().Stats
+	se, re := tb.Sender.Stats(), tb.Receiver.Stats()
 	t.Logf("sender: %d packets, %d resent, %d timeouts, %d sequence NAKs; receiver: %d out of sequence, %d duplicates",
 		se.SentPkts.Load(), se.Retransmits.Load(), se.CompleterRetryErr.Load(), se.RcvdSeqErr.Load(),
 		re.OutOfSeqRequest.Load(), re.DuplicateRequest.Load())

@@ -279,16 +279,16 @@ func (t *Tour) send() error {
 	a, b := t.a, t.b
 	msg := []byte("A message Bob must take in: SEND needs a posted receive.")
 	copy(a.buf, msg)
-	rnr0 := a.dev.Engine().Stats.RcvdRNRErr.Load()
+	rnr0 := a.dev.Stats().RcvdRNRErr.Load()
 	t.say("%s SENDs %d bytes, but %s has posted no receive yet.", a.name, len(msg), b.name)
 	if err := a.qp.PostSend(rxego.SendWR{ID: 2, Opcode: rxego.WRSend, Flags: rxego.SendSignaled, SGL: a.sge(0, len(msg))}); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for a.dev.Engine().Stats.RcvdRNRErr.Load() == rnr0 && time.Now().Before(deadline) {
+	for a.dev.Stats().RcvdRNRErr.Load() == rnr0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	rnr := a.dev.Engine().Stats.RcvdRNRErr.Load() - rnr0
+	rnr := a.dev.Stats().RcvdRNRErr.Load() - rnr0
 	if rnr == 0 {
 		return errors.New("expected a Receiver Not Ready NAK")
 	}
@@ -307,7 +307,7 @@ func (t *Tour) send() error {
 		return err
 	}
 	t.say("%s's completion: %s; %s's completion: %s.", b.name, wcString(wcb), a.name, wcString(wca))
-	t.say("%s received: %q (after %d RNR NAKs in all).", b.name, b.buf[1000:1000+wcb.ByteLen], a.dev.Engine().Stats.RcvdRNRErr.Load()-rnr0)
+	t.say("%s received: %q (after %d RNR NAKs in all).", b.name, b.buf[1000:1000+wcb.ByteLen], a.dev.Stats().RcvdRNRErr.Load()-rnr0)
 	return nil
 }
 

@@ -19,7 +19,7 @@ func (t *Tour) loss() error {
 	for i := range lossSize {
 		a.buf[i] = byte('a' + i%26)
 	}
-	ea, eb := &a.dev.Engine().Stats, &b.dev.Engine().Stats
+	ea, eb := a.dev.Stats(), b.dev.Stats()
 	retx0, seq0, nak0 := ea.Retransmits.Load(), ea.RcvdSeqErr.Load(), eb.NAKsSent.Load()
 	t.say("%s WRITEs %d bytes: five packets with consecutive PSNs. The network on %s's side will lose the second one.", a.name, lossSize, b.name)
 	t.lossy.dropNth(2)
@@ -37,6 +37,7 @@ func (t *Tour) loss() error {
 	if t.lossy.dropped.Load() != 1 {
 		return fmt.Errorf("%d packets dropped, want 1", t.lossy.dropped.Load())
 	}
+	ea, eb = a.dev.Stats(), b.dev.Stats()
 	retx, seq, nak := ea.Retransmits.Load()-retx0, ea.RcvdSeqErr.Load()-seq0, eb.NAKsSent.Load()-nak0
 	if retx == 0 || seq == 0 || nak == 0 {
 		return fmt.Errorf("no recovery seen: %d retransmitted, %d sequence NAKs received, %d NAKs sent", retx, seq, nak)

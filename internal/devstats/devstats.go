@@ -15,7 +15,7 @@ import (
 
 // Map returns a snapshot of dev's counters by name.
 func Map(dev *rxego.Device) map[string]uint64 {
-	m := Engine(&dev.Engine().Stats)
+	m := Engine(dev.Stats())
 	for k, v := range Transport(dev.Transport().Stats()) {
 		m[k] = v
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
+	satomic "sync/atomic"
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/qp"
 )
 
 // latHeader prints the latency table's header.
@@ -165,11 +167,11 @@ func (s *session) writeLat() error {
 // only after rxego's next write). This replaces perftest's volatile poll
 // on the last byte, which in Go would race with the engine.
 func (s *session) waitBytes(total uint64) error {
-	stats := &s.dev.Engine().Stats
+	rcvd := func() uint64 { return s.dev.Count(func(c *qp.Counters) *satomic.Uint64 { return &c.RcvdBytes }) }
 	start := time.Now()
-	for stats.RcvdBytes.Load() < total {
+	for rcvd() < total {
 		if err := s.ctx.Err(); err != nil {
-			return fmt.Errorf("perftest: waiting for the peer's RDMA WRITE (have %d of %d bytes): %w", stats.RcvdBytes.Load(), total, err)
+			return fmt.Errorf("perftest: waiting for the peer's RDMA WRITE (have %d of %d bytes): %w", rcvd(), total, err)
 		}
 		// Spin briefly for latency, then sleep so the engine gets the CPU.
 		if time.Since(start) < spinFor {

@@ -137,7 +137,7 @@ func engineSummary(r *Result) string {
 	if r == nil || r.Device == nil {
 		return "(no device)"
 	}
-	s := &r.Device.Engine().Stats
+	s := r.Device.Stats()
 	return fmt.Sprintf("engine: sent %d rcvd %d retransmits %d rcvd_seq_err %d duplicate %d out_of_seq %d naks %d",
 		s.SentPkts.Load(), s.RcvdPkts.Load(), s.Retransmits.Load(), s.RcvdSeqErr.Load(), s.DuplicateRequest.Load(),
 		s.OutOfSeqRequest.Load(), s.NAKsSent.Load())

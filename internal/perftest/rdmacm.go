@@ -231,7 +231,7 @@ func (s *session) connectCM() error {
 	// record (the client then waits for the answer), a client's after
 	// reading the server's (the server then waits for the client).
 	mark := func() error {
-		s.rcvdBase = s.dev.Engine().Stats.RcvdBytes.Load() - s.cm.ch.received
+		s.rcvdBase = s.dev.Stats().RcvdBytes.Load() - s.cm.ch.received
 		return nil
 	}
 	if s.client {

@@ -299,7 +299,7 @@ func (s *session) openDevice(local netip.Addr) error {
 // records.
 func (s *session) setup() error {
 	c := &s.cfg
-	s.rcvdBase = s.dev.Engine().Stats.RcvdBytes.Load()
+	s.rcvdBase = s.dev.Stats().RcvdBytes.Load()
 	var err error
 	if s.pd == nil {
 		if s.pd, err = s.dev.AllocPD(); err != nil {

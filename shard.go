@@ -1,0 +1,132 @@
+package rxego
+
+import (
+	"sync"
+
+	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
+)
+
+// shard is one of a device's engines with its send path: the QPs whose
+// number is idx mod the shard count live on it. Nothing on one QP's data
+// path is shared with another shard's QPs except the device-wide objects
+// verbs share (CQs, SRQs, PDs, MRs).
+type shard struct {
+	d    *Device
+	idx  int
+	eng  *qp.Engine
+	conn transport.Conn // sends (and, in a group, receives) this shard's packets
+
+	sendMu *sync.Mutex // the shard's own, or the device's for a shared Conn
+	msgs   []transport.Message
+}
+
+// shardOut adapts a shard's Conn to the engine's Output.
+type shardOut shard
+
+// Emit sends the engine's packets in one batch; the transport coalesces
+// the runs the engine built back to back into GSO sends
+// (transport.Coalesce).
+func (o *shardOut) Emit(pkts []qp.OutPacket) {
+	s := (*shard)(o)
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	msgs := s.msgs[:0]
+	for i := range pkts {
+		p := &pkts[i]
+		msgs = append(msgs, transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
+	}
+	s.msgs = msgs // keep the grown array for the next call
+	msgs = transport.Coalesce(msgs)
+	for len(msgs) > 0 {
+		n, err := s.conn.Send(msgs)
+		if err != nil {
+			// The packet is lost as if the network dropped it; the
+			// transport's retransmission recovers, as on a real link.
+			s.eng.Stats.SendErr.Add(1)
+			n++
+		}
+		msgs = msgs[min(n, len(msgs)):]
+	}
+	clear(s.msgs[:cap(s.msgs)]) // do not keep the engine's buffers alive
+}
+
+// demux is the sched.Input of a Conn of a sharded device: it hands each
+// packet to its destination QP's shard. On a steered socket group every
+// packet is already on its shard and the batch goes to the engine as it
+// is; what the kernel could not steer (packets of another QP coalesced
+// into one GRO batch, a shared Options.Conn) goes to the right engine
+// from this goroutine, under that engine's lock, in arrival order per
+// shard.
+type demux struct {
+	d    *Device
+	home int
+	per  [][]qp.InPacket // scratch, per shard
+}
+
+func newDemux(d *Device, home int) *demux {
+	x := &demux{d: d, home: home, per: make([][]qp.InPacket, len(d.shards))}
+	for i := range x.per {
+		x.per[i] = make([]qp.InPacket, 0, 64)
+	}
+	return x
+}
+
+// split reports whether every packet of pkts belongs to the home shard;
+// otherwise it sorts them into per.
+func (x *demux) split(pkts []qp.InPacket) bool {
+	n := uint32(len(x.d.shards))
+	all := true
+	for i := range pkts {
+		if int(pkts[i].Pkt.BTH().DestQP()%n) != x.home {
+			all = false
+			break
+		}
+	}
+	if all {
+		return true
+	}
+	for i := range pkts {
+		s := pkts[i].Pkt.BTH().DestQP() % n
+		x.per[s] = append(x.per[s], pkts[i])
+	}
+	return false
+}
+
+// each runs input on the engine of every shard with packets, and clears
+// the scratch.
+func (x *demux) each(input func(*qp.Engine, []qp.InPacket) bool) bool {
+	woke := false
+	for i, p := range x.per {
+		if len(p) > 0 {
+			woke = input(x.d.shards[i].eng, p) || woke
+			clear(p)
+			x.per[i] = p[:0]
+		}
+	}
+	return woke
+}
+
+// InputWoke implements sched.Input.
+func (x *demux) InputWoke(pkts []qp.InPacket) bool {
+	if x.split(pkts) {
+		return x.d.shards[x.home].eng.InputWoke(pkts)
+	}
+	return x.each((*qp.Engine).InputWoke)
+}
+
+// InputPolled implements sched.Input.
+func (x *demux) InputPolled(pkts []qp.InPacket) bool {
+	if x.split(pkts) {
+		return x.d.shards[x.home].eng.InputPolled(pkts)
+	}
+	return x.each((*qp.Engine).InputPolled)
+}
+
+// FlushAcks implements sched.Input: the ACKs of every shard this Conn
+// handed packets to may be held.
+func (x *demux) FlushAcks() {
+	for _, s := range x.d.shards {
+		s.eng.FlushAcks()
+	}
+}

@@ -1,0 +1,60 @@
+package transport
+
+// Coalesce merges runs of msgs into GSO sends, in place, and returns the
+// shortened slice. A run is consecutive messages whose buffers lie back to
+// back in memory (each starts where the one before it ends, inside its
+// capacity), to the same peer with the same TOS, all of the first's length
+// but the last, which may be shorter, at most MaxSegments of them and
+// together within one IPv4 UDP datagram: it becomes one Message with Seg
+// set, which Send hands the kernel as one datagram, copying nothing.
+// Messages that already have Seg set are left alone. An engine that builds
+// a batch's packets in one slab (as package qp does) gets a long message's
+// packets out in a few system calls this way; the limits are this
+// package's, so a run Coalesce makes is one Send accepts.
+func Coalesce(msgs []Message) []Message {
+	out := msgs[:0]
+	for i := 0; i < len(msgs); {
+		k := runLen(msgs[i:])
+		m := msgs[i]
+		if k > 1 {
+			n := 0
+			for j := i; j < i+k; j++ {
+				n += len(msgs[j].Buf)
+			}
+			m.Buf, m.Seg = m.Buf[:n], len(m.Buf)
+		}
+		out = append(out, m)
+		i += k
+	}
+	clear(msgs[len(out):]) // no stale references to the caller's buffers
+	return out
+}
+
+// runLen returns how many messages from msgs[0] form one GSO run.
+func runLen(msgs []Message) int {
+	first := &msgs[0]
+	if first.Seg > 0 {
+		return 1
+	}
+	seg, total := len(first.Buf), len(first.Buf)
+	k := 1
+	for ; k < len(msgs) && k < MaxSegments; k++ {
+		prev, m := &msgs[k-1], &msgs[k]
+		if len(prev.Buf) != seg || len(m.Buf) == 0 || len(m.Buf) > seg || m.Seg > 0 ||
+			m.Peer != first.Peer || m.TOS != first.TOS ||
+			total+len(m.Buf) > maxPayload4 || !adjacent(prev.Buf, m.Buf) {
+			break
+		}
+		total += len(m.Buf)
+	}
+	return k
+}
+
+// adjacent reports whether b starts right where a ends, inside a's
+// capacity, so a[:len(a)+len(b)] covers both.
+func adjacent(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 || cap(a) < len(a)+len(b) {
+		return false
+	}
+	return &a[:len(a)+1][len(a)] == &b[0]
+}
