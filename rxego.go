@@ -169,6 +169,7 @@ const MaxShards = 16
 type Device struct {
 	shards []*shard
 	rcvs   []*sched.Receiver // one per Conn: per shard, or one for Options.Conn
+	demux  []*demux          // the Receivers' inputs on a sharded device
 	conns  []transport.Conn
 	mrs    *mr.Table
 	local  netip.AddrPort
@@ -258,7 +259,9 @@ func Open(addr string, opts *Options) (*Device, error) {
 	for i, c := range conns {
 		in := sched.Input(d.shards[i].eng)
 		if n > 1 {
-			in = newDemux(d, i)
+			x := newDemux(d, i)
+			d.demux = append(d.demux, x)
+			in = x
 		}
 		d.rcvs = append(d.rcvs, sched.New(sched.Config{Conn: c, In: in, Local: local.Addr(), BusyPoll: o.BusyPoll, Stop: d.stop}))
 	}

@@ -2,6 +2,7 @@ package rxego
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
@@ -59,9 +60,10 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 // from this goroutine, under that engine's lock, in arrival order per
 // shard.
 type demux struct {
-	d    *Device
-	home int
-	per  [][]qp.InPacket // scratch, per shard
+	d        *Device
+	home     int
+	per      [][]qp.InPacket // scratch, per shard
+	handedOn atomic.Uint64   // packets handed to another shard's engine
 }
 
 func newDemux(d *Device, home int) *demux {
@@ -90,6 +92,7 @@ func (x *demux) split(pkts []qp.InPacket) bool {
 		s := pkts[i].Pkt.BTH().DestQP() % n
 		x.per[s] = append(x.per[s], pkts[i])
 	}
+	x.handedOn.Add(uint64(len(pkts) - len(x.per[x.home])))
 	return false
 }
 
