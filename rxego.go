@@ -134,6 +134,13 @@ type Options struct {
 	// Shards). 0 means one per CPU (runtime.NumCPU), at most MaxShards;
 	// the raw receive mode (transport.RecvRaw) always has one.
 	Shards int
+	// SourcePorts is how many UDP source ports each shard sends from, in
+	// 0xC000-0xFFFF as rxe and RNICs do, so that ECMP fabrics and the
+	// receiving host's RSS spread QPs: every packet of a QP leaves from
+	// the port its peer's QP number hashes to (transport.FlowHash). 0
+	// means DefaultSourcePorts; negative sends everything from the
+	// device's own port (4791). Ignored with Conn.
+	SourcePorts int
 	// Window is the most unacknowledged PSNs per QP (default 256).
 	Window int
 	// DataTOS is the IP TOS of data packets: DSCP<<2 | ECN bits.
@@ -159,6 +166,11 @@ type Options struct {
 	// them as pcapng. Device.SetTap changes it later.
 	Tap transport.Tap
 }
+
+// DefaultSourcePorts is how many source ports a shard sends from by
+// default: a connection's packets keep one port, and eight per shard are
+// enough entropy for a fabric's hash without a socket per QP.
+const DefaultSourcePorts = 8
 
 // MaxShards is the most shards a device has by default. More rarely pay:
 // each shard costs a socket, two goroutines and an engine.
@@ -227,7 +239,15 @@ func Open(addr string, opts *Options) (*Device, error) {
 	}
 	conns := []transport.Conn{o.Conn}
 	if o.Conn == nil {
-		conns, err = transport.ListenGroup(local, o.Transport, n)
+		topts := o.Transport
+		switch {
+		case topts.SourcePorts != 0: // set in the transport options themselves
+		case o.SourcePorts == 0:
+			topts.SourcePorts = DefaultSourcePorts
+		case o.SourcePorts > 0:
+			topts.SourcePorts = o.SourcePorts
+		}
+		conns, err = transport.ListenGroup(local, topts, n)
 		if err != nil {
 			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
 		}

@@ -3,7 +3,7 @@ package transport
 // Coalesce merges runs of msgs into GSO sends, in place, and returns the
 // shortened slice. A run is consecutive messages whose buffers lie back to
 // back in memory (each starts where the one before it ends, inside its
-// capacity), to the same peer with the same TOS, all of the first's length
+// capacity), to the same peer, QP and TOS, all of the first's length
 // but the last, which may be shorter, at most MaxSegments of them and
 // together within one IPv4 UDP datagram: it becomes one Message with Seg
 // set, which Send hands the kernel as one datagram, copying nothing.
@@ -41,7 +41,7 @@ func runLen(msgs []Message) int {
 	for ; k < len(msgs) && k < MaxSegments; k++ {
 		prev, m := &msgs[k-1], &msgs[k]
 		if len(prev.Buf) != seg || len(m.Buf) == 0 || len(m.Buf) > seg || m.Seg > 0 ||
-			m.Peer != first.Peer || m.TOS != first.TOS ||
+			m.Peer != first.Peer || m.TOS != first.TOS || !sameDestQP(first.Buf, m.Buf) ||
 			total+len(m.Buf) > maxPayload4 || !adjacent(prev.Buf, m.Buf) {
 			break
 		}
@@ -57,4 +57,10 @@ func adjacent(a, b []byte) bool {
 		return false
 	}
 	return &a[:len(a)+1][len(a)] == &b[0]
+}
+
+// sameDestQP reports whether two packets go to the same QP: a run leaves
+// from one source port (Options.SourcePorts), the one its QP hashes to.
+func sameDestQP(a, b []byte) bool {
+	return len(a) >= 8 && len(b) >= 8 && a[5] == b[5] && a[6] == b[6] && a[7] == b[7]
 }

@@ -46,6 +46,11 @@ func TestRunLen(t *testing.T) {
 		{"byte limit", msgs(rep(4112, 20)...), 15},
 		{"other peer", func() []Message { p := msgs(1040, 1040); p[1].Peer = b; return p }(), 1},
 		{"other TOS", func() []Message { p := msgs(1040, 1040); p[1].TOS = 2; return p }(), 1},
+		{"other QP", func() []Message {
+			b := make([]byte, 2080)
+			b[1040+7] = 1
+			return []Message{{Buf: b[:1040], Peer: a}, {Buf: b[1040:], Peer: a}}
+		}(), 1},
 		{"already a run", func() []Message { p := msgs(1040, 1040); p[0].Seg = 520; return p }(), 1},
 		{"not adjacent", []Message{{Buf: slab[0:1040], Peer: a}, {Buf: slab[2000:3040], Peer: a}}, 1},
 		{"capacity ends", []Message{{Buf: slab[0:1040:1040], Peer: a}, {Buf: slab[1040:2080], Peer: a}}, 1},

@@ -84,6 +84,7 @@ func recvN(t testing.TB, c Conn, n int, timeout time.Duration) []Message {
 			}
 			for _, m := range buf[:k] {
 				m.Buf = append([]byte(nil), m.Buf...)
+				m.Pkt.Raw = m.Buf // Pkt is a view of Buf
 				got = append(got, m)
 			}
 		}
@@ -113,6 +114,7 @@ type tapRec struct {
 
 type tapPkt struct {
 	dir    Dir
+	local  netip.AddrPort
 	remote netip.AddrPort
 	tos    uint8
 	id     uint16
@@ -128,7 +130,7 @@ type tapDrop struct {
 func (r *tapRec) Packet(dir Dir, at time.Time, local, remote netip.AddrPort, tos uint8, ipID uint16, pkt []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.pkts = append(r.pkts, tapPkt{dir, remote, tos, ipID, append([]byte(nil), pkt...)})
+	r.pkts = append(r.pkts, tapPkt{dir, local, remote, tos, ipID, append([]byte(nil), pkt...)})
 }
 
 func (r *tapRec) Drop(reason DropReason, at time.Time, local, remote netip.AddrPort, tos uint8, pkt []byte) {

@@ -30,7 +30,11 @@ func Listen(local netip.AddrPort, opts Options) (Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return listenUDP(local, scope, opts, false)
+	c, err := listenUDP(local, scope, opts, sockAlone)
+	if err != nil {
+		return nil, err
+	}
+	return withSourcePorts(c, scope, opts, 0, 1)
 }
 
 // MaxGroup is the most Conns ListenGroup opens on one address.
@@ -72,7 +76,7 @@ func ListenGroup(local netip.AddrPort, opts Options, n int) ([]Conn, error) {
 	// A socket without SO_REUSEPORT binds only where nobody is: it makes
 	// an address in use fail here as Listen fails, and it makes a group
 	// already there (another device's) refuse to be joined.
-	fd, err := openUDP(local, scope, &Options{NoGSO: true, NoGRO: true}, false)
+	fd, err := openUDP(local, scope, &Options{NoGSO: true, NoGRO: true}, sockAlone)
 	if err != nil {
 		return nil, err
 	}
@@ -83,15 +87,24 @@ func ListenGroup(local netip.AddrPort, opts Options, n int) ([]Conn, error) {
 			c.Close()
 		}
 	}
-	for range n {
-		c, err := listenUDP(local, scope, opts, true)
+	var c0 *udpConn
+	for i := range n {
+		c, err := listenUDP(local, scope, opts, sockGroup)
 		if err != nil {
 			closeAll()
 			return nil, err
 		}
-		conns = append(conns, c)
+		if i == 0 {
+			c0 = c
+		}
+		pc, err := withSourcePorts(c, scope, opts, i, n)
+		if err != nil {
+			c.Close()
+			closeAll()
+			return nil, err
+		}
+		conns = append(conns, pc)
 	}
-	c0 := conns[0].(*udpConn)
 	var ferr error
 	if err := c0.rc.Control(func(fd uintptr) {
 		ferr = attachFilterOpt(int(fd), unix.SO_ATTACH_REUSEPORT_CBPF, steerProgram(n))
@@ -158,13 +171,26 @@ func resolve(local netip.AddrPort, opts Options) (netip.AddrPort, uint32, Option
 	return local, scope, opts, nil
 }
 
-// listenUDP opens a Conn on a resolved address; reuse joins (or starts)
-// the address's SO_REUSEPORT group.
-func listenUDP(local netip.AddrPort, scope uint32, opts Options, reuse bool) (*udpConn, error) {
+// sockRole is what a socket of listenUDP is for.
+type sockRole uint8
+
+const (
+	sockAlone sockRole = iota // the address's one socket
+	sockGroup                 // a member of the address's SO_REUSEPORT group
+	sockSend                  // sends only, from a source port (see withSourcePorts)
+)
+
+// listenUDP opens a Conn on a resolved address in the given role.
+func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) (*udpConn, error) {
 	fail := func(what string, err error) error {
 		return fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError(what, err))
 	}
-	fd, err := openUDP(local, scope, &opts, reuse)
+	if role == sockSend {
+		// Nothing is read from it: no raw socket, no GRO, a small buffer
+		// and a filter that drops all (in openUDP).
+		opts.Mode, opts.NoGRO, opts.SocketRecvBuffer = RecvSocket, true, 4096
+	}
+	fd, err := openUDP(local, scope, &opts, role)
 	if err != nil {
 		return nil, err
 	}
@@ -203,13 +229,15 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, reuse bool) (*u
 		slot += 60 + 8 // room for the IP header (with options) and UDP header
 	}
 	c.s.init(max(opts.BatchSize, MaxSegments))
-	c.r.init(opts.BatchSize, slot)
+	if role != sockSend {
+		c.r.init(opts.BatchSize, slot)
+	}
 	return c, nil
 }
 
 // openUDP creates, configures and binds the UDP socket and reports which
 // offloads are on.
-func openUDP(local netip.AddrPort, scope uint32, opts *Options, reuse bool) (fd int, err error) {
+func openUDP(local netip.AddrPort, scope uint32, opts *Options, role sockRole) (fd int, err error) {
 	v6 := local.Addr().Is6()
 	fam := unix.AF_INET
 	if v6 {
@@ -242,7 +270,7 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options, reuse bool) (fd 
 		}
 	}
 	set = append(set, opt{unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1, "SO_RXQ_OVFL"})
-	if reuse {
+	if role == sockGroup {
 		set = append(set, opt{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, "SO_REUSEPORT"})
 	}
 	for _, o := range set {
@@ -253,9 +281,10 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options, reuse bool) (fd 
 	}
 	setBuffer(fd, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, opts.SocketRecvBuffer)
 	setBuffer(fd, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, opts.SocketSendBuffer)
-	if opts.Mode == RecvRaw {
-		// The raw socket reads; this one only holds the port (so the kernel
-		// sends no ICMP port unreachable) and must not fill up.
+	if opts.Mode == RecvRaw || role == sockSend {
+		// The raw socket reads, or nothing does; this one only holds the
+		// port (so the kernel sends no ICMP port unreachable) and must
+		// not fill up.
 		if err = attachFilter(fd, dropAll); err != nil {
 			unix.Close(fd)
 			return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt SO_ATTACH_FILTER", err))

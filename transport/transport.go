@@ -125,6 +125,13 @@ type Options struct {
 	Mode RecvMode
 	// TOS is the TOS / traffic class of messages sent with TOS 0.
 	TOS uint8
+	// SourcePorts, when positive, makes the Conn send from that many
+	// extra sockets bound to UDP source ports in 0xC000-0xFFFF (as rxe
+	// and RNICs send from, for ECMP and RSS entropy) instead of from its
+	// own port: each packet leaves from the one its destination QP hashes
+	// to (FlowHash), so one connection keeps one port and connections
+	// spread. The Conn still receives on its own port. 0 sends from it.
+	SourcePorts int
 }
 
 // Poller is implemented by Conns that can receive without blocking, for

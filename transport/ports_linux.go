@@ -1,0 +1,140 @@
+package transport
+
+import (
+	"errors"
+	"net/netip"
+	"syscall"
+)
+
+// withSourcePorts returns c, or, when opts.SourcePorts asks for source
+// ports, c with that many send sockets bound to ports in 0xC000-0xFFFF
+// beside it. member and of place c in its group (0 and 1 for Listen): the
+// 14-bit port space is cut into opts.SourcePorts*of equal parts and this
+// member's sockets take every of-th, so the sockets of a group never
+// compete for a port.
+func withSourcePorts(c *udpConn, scope uint32, opts Options, member, of int) (Conn, error) {
+	n := opts.SourcePorts
+	if n <= 0 {
+		return c, nil
+	}
+	n = min(n, MaxSourcePorts/of)
+	p := &portsConn{udpConn: c, pool: make([]*udpConn, 0, n)}
+	width := MaxSourcePorts / (n * of)
+	for k := range n {
+		first := (k*of + member) * width
+		var err error
+		var s *udpConn
+		for try := range width {
+			at := netip.AddrPortFrom(c.ep.local.Addr(), uint16(SourcePortBase+first+try))
+			if s, err = listenUDP(at, scope, opts, sockSend); !errors.Is(err, syscall.EADDRINUSE) {
+				break
+			}
+		}
+		if err != nil {
+			p.closePool()
+			return nil, err
+		}
+		p.pool = append(p.pool, s)
+	}
+	return p, nil
+}
+
+// SourcePortBase and MaxSourcePorts bound the UDP source ports RoCEv2
+// senders use for entropy: 0xC000-0xFFFF, as rxe and RNICs do.
+const (
+	SourcePortBase = 0xC000
+	MaxSourcePorts = 1 << 14
+)
+
+// FlowHash is the 14-bit hash of a destination QP number that picks a
+// packet's source socket: Linux's hash_32(qpn, 14), which rxe applies to
+// a QP's own number for its default source port.
+func FlowHash(qpn uint32) uint32 { return (qpn * 0x61C88647) >> 18 }
+
+// portsConn is a Conn that receives on its address's port (4791) and
+// sends each packet from one of a pool of source-port sockets, chosen by
+// the packet's destination QP: all of a connection's packets leave from
+// one port, and connections spread over the pool.
+type portsConn struct {
+	*udpConn
+	pool []*udpConn
+}
+
+// pick returns the pool socket for a packet or run whose BTH starts b.
+func (p *portsConn) pick(b []byte) *udpConn {
+	if len(b) < minPacket {
+		return p.pool[0] // Send rejects it
+	}
+	q := uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])
+	return p.pool[int(FlowHash(q))*len(p.pool)>>14]
+}
+
+// Send implements Conn: each run of consecutive messages for one pool
+// socket goes out in that socket's sendmmsg calls.
+func (p *portsConn) Send(msgs []Message) (int, error) { return p.sendRuns(msgs, (*udpConn).Send) }
+
+// sendFilled implements filledSender.
+func (p *portsConn) sendFilled(msgs []Message) (int, error) {
+	return p.sendRuns(msgs, (*udpConn).sendFilled)
+}
+
+func (p *portsConn) sendRuns(msgs []Message, send func(*udpConn, []Message) (int, error)) (int, error) {
+	done := 0
+	for done < len(msgs) {
+		s := p.pick(msgs[done].Buf)
+		end := done + 1
+		for end < len(msgs) && p.pick(msgs[end].Buf) == s {
+			end++
+		}
+		n, err := send(s, msgs[done:end])
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// Stats implements Conn: the receive socket's counters and the pool's.
+func (p *portsConn) Stats() Stats {
+	st := p.udpConn.Stats()
+	gso := true
+	for _, s := range p.pool {
+		o := s.Stats()
+		gso = gso && o.GSO
+		o.GSO, o.GRO = st.GSO, st.GRO
+		st.Add(o)
+	}
+	st.GSO = gso
+	return st
+}
+
+// SetTap implements Conn.
+func (p *portsConn) SetTap(t Tap) {
+	p.udpConn.SetTap(t)
+	for _, s := range p.pool {
+		s.SetTap(t)
+	}
+}
+
+// Close implements Conn.
+func (p *portsConn) Close() error {
+	err := p.udpConn.Close()
+	p.closePool()
+	return err
+}
+
+func (p *portsConn) closePool() {
+	for _, s := range p.pool {
+		s.Close()
+	}
+}
+
+// SourcePorts returns the pool's ports, in pool order.
+func (p *portsConn) SourcePorts() []uint16 {
+	out := make([]uint16, len(p.pool))
+	for i, s := range p.pool {
+		out[i] = s.ep.local.Port()
+	}
+	return out
+}
