@@ -34,7 +34,7 @@ func TestTracePortsPerQP(t *testing.T) {
 	for s, d := range []*rxego.Device{a, b} {
 		pd, _ := d.AllocPD()
 		cqs[s], _ = d.CreateCQ(2 * nqp)
-		mrs[s], _ = pd.RegMR(make([]byte, 4096), rxego.AccessLocalWrite|rxego.AccessRemoteWrite)
+		mrs[s], _ = pd.RegMR(make([]byte, nqp*2048), rxego.AccessLocalWrite|rxego.AccessRemoteWrite)
 		for range nqp {
 			q, err := pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cqs[s], RecvCQ: cqs[s], Caps: rxego.Caps{MaxSendWR: 2, MaxRecvWR: 2}})
 			if err != nil {
@@ -50,8 +50,10 @@ func TestTracePortsPerQP(t *testing.T) {
 		if err := rxego.ConnectRC(qps[1][i], rxego.RemoteQP{Addr: a.Addr(), QPN: qps[0][i].Num()}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := qps[0][i].PostSend(rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendSignaled, RemoteAddr: mrs[1].IOVA(), RKey: mrs[1].RKey(),
-			SGL: []rxego.SGE{{Addr: mrs[0].IOVA(), Length: 2048, LKey: mrs[0].LKey()}}}); err != nil {
+		// Each QP its own bytes: QPs of different shards write at once.
+		off := uint64(i * 2048)
+		if err := qps[0][i].PostSend(rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendSignaled, RemoteAddr: mrs[1].IOVA() + off, RKey: mrs[1].RKey(),
+			SGL: []rxego.SGE{{Addr: mrs[0].IOVA() + off, Length: 2048, LKey: mrs[0].LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}

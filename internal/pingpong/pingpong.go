@@ -67,6 +67,9 @@ const udQKey = 0x11111111
 const (
 	recvWRID = 1
 	sendWRID = 2
+	// A receive's wr_id carries its slot above the kind bits.
+	wrKindMask  = 0xff
+	wrSlotShift = 8
 )
 
 // fillByte is what the C tools memset their buffer to, except
@@ -160,8 +163,8 @@ type conn struct {
 	histNext int
 	seq      uint64
 	mismatch int
-	posted   int // receives posted so far, for slot rotation
-	recvDone int // receives completed so far
+	posted   int   // receives posted so far: slots never posted yet come first
+	freed    []int // slots whose receive completed, to post again
 	// rdma_cm mode
 	cm    *cm.Manager
 	conns []*cm.Conn
@@ -277,9 +280,14 @@ func (c *conn) postRecvs() error {
 }
 
 func (c *conn) postRecv(qi int) error {
-	i := c.posted % c.cfg.RxDepth
-	c.posted++
-	wr := rxego.RecvWR{ID: recvWRID, SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(i*c.slot), Length: uint32(c.slot), LKey: c.mr.LKey()}}}
+	i := c.posted
+	if i < c.cfg.RxDepth {
+		c.posted++
+	} else {
+		i = c.freed[len(c.freed)-1]
+		c.freed = c.freed[:len(c.freed)-1]
+	}
+	wr := rxego.RecvWR{ID: recvWRID | uint64(i)<<wrSlotShift, SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(i*c.slot), Length: uint32(c.slot), LKey: c.mr.LKey()}}}
 	if c.srq != nil {
 		return c.srq.PostRecv(wr)
 	}
@@ -530,7 +538,8 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 			if qi < 0 {
 				return Result{}, fmt.Errorf("pingpong: completion for unknown QP %d", wc.QPN)
 			}
-			switch wc.ID {
+			kind := wc.ID & wrKindMask
+			switch kind {
 			case sendWRID:
 				scnt++
 			case recvWRID:
@@ -548,7 +557,7 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 			default:
 				return Result{}, fmt.Errorf("pingpong: completion for unknown wr_id %d", wc.ID)
 			}
-			pending[qi] &^= int(wc.ID)
+			pending[qi] &^= int(kind)
 			if scnt < cfg.Iters && pending[qi] == 0 {
 				if err := c.postSend(qi); err != nil {
 					return Result{}, err
@@ -571,11 +580,13 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 	return res, nil
 }
 
-// checkRecv finds the slot a completion filled. Receives complete in the
-// order they were posted, so the slot is the oldest outstanding one.
+// checkRecv checks the slot a completion filled, named by its wr_id, and
+// frees it: with an SRQ, QPs of different shards complete receives out of
+// posting order (as verbs allows), so the oldest posted slot may still be
+// being written.
 func (c *conn) checkRecv(wc rxego.WC) {
-	i := c.recvDone % c.cfg.RxDepth
-	c.recvDone++
+	i := int(wc.ID >> wrSlotShift)
+	c.freed = append(c.freed, i)
 	slot := c.buf[i*c.slot : (i+1)*c.slot]
 	if c.cfg.Kind == UD {
 		slot = slot[qp.GRHLen:]
