@@ -3,6 +3,7 @@ package rxego
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
@@ -110,8 +111,37 @@ func (x *demux) each(input func(*qp.Engine, []qp.InPacket) bool) bool {
 	return woke
 }
 
+// settleLimit bounds how long a CM message waits for another shard's
+// reader (sched.Receiver.Settle).
+const settleLimit = 2 * time.Millisecond
+
+// settle makes the other shards take in what their sockets hold when
+// pkts carry a message for the GSI QP (QP1, the connection manager's):
+// a CM message acts on QPs of every shard (a DREQ moves one to ERR), and
+// must not overtake packets that arrived before it on another shard's
+// socket. CM messages are rare; data packets never wait.
+func (x *demux) settle(pkts []qp.InPacket) {
+	if len(x.d.rcvs) < 2 {
+		return
+	}
+	for i := range pkts {
+		if pkts[i].Pkt.BTH().DestQP() == gsiQPN {
+			for j, r := range x.d.rcvs {
+				if j != x.home {
+					r.Settle(settleLimit)
+				}
+			}
+			return
+		}
+	}
+}
+
+// gsiQPN is the QP number of the General Services Interface (CM MADs).
+const gsiQPN = 1
+
 // InputWoke implements sched.Input.
 func (x *demux) InputWoke(pkts []qp.InPacket) bool {
+	x.settle(pkts)
 	if x.split(pkts) {
 		return x.d.shards[x.home].eng.InputWoke(pkts)
 	}
@@ -120,6 +150,7 @@ func (x *demux) InputWoke(pkts []qp.InPacket) bool {
 
 // InputPolled implements sched.Input.
 func (x *demux) InputPolled(pkts []qp.InPacket) bool {
+	x.settle(pkts)
 	if x.split(pkts) {
 		return x.d.shards[x.home].eng.InputPolled(pkts)
 	}

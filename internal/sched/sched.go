@@ -61,6 +61,7 @@ type Receiver struct {
 	stop  <-chan struct{}
 
 	poller   transport.Poller // the Conn's non-blocking receive, if busy polling
+	tryer    transport.Poller // the Conn's non-blocking receive, if it has one (Settle)
 	mu       sync.Mutex       // held while packets from msgs are in the engine
 	msgs     []transport.Message
 	pkts     []qp.InPacket
@@ -83,6 +84,7 @@ type Receiver struct {
 func New(c Config) *Receiver {
 	r := &Receiver{conn: c.Conn, in: c.In, local: c.Local, stop: c.Stop, start: time.Now(),
 		msgs: make([]transport.Message, batch), pkts: make([]qp.InPacket, 0, batch)}
+	r.tryer, _ = c.Conn.(transport.Poller)
 	if p, ok := c.Conn.(transport.Poller); ok && c.BusyPoll > 0 {
 		r.poller, r.busy = p, c.BusyPoll
 	} else if w, ok := c.Conn.(transport.Waker); ok {
@@ -173,6 +175,47 @@ func (r *Receiver) receiveOnce() (int, error) {
 		r.input(n)
 	}
 	return n, err
+}
+
+// Settle takes in what the Receiver's socket holds before it returns, on
+// the caller's goroutine when no other goroutine reads the socket;
+// otherwise it asks the reader to hand the socket over (as a goroutine
+// waiting on a CQ does) and waits for it at most limit. A device calls it
+// for its other shards before it acts on a connection manager's message:
+// a peer's last ACKs, sent before its disconnect request, may sit on
+// another shard's socket, and must complete their work before the
+// disconnect moves the QP to the error state and flushes what is left.
+// It only ever tries locks, so Receivers settling each other cannot
+// deadlock.
+func (r *Receiver) Settle(limit time.Duration) {
+	if r.tryer == nil {
+		return // one blocking reader: nothing to overtake
+	}
+	r.wantRd.Add(1)
+	end := time.Now().Add(limit)
+	for !r.mu.TryLock() {
+		if r.reading.Load() && r.waker != nil {
+			r.waker.Wake() // the receive goroutine: it hands over (serve)
+		}
+		if time.Now().After(end) {
+			r.wantRd.Add(-1)
+			return
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	for {
+		n, _ := r.tryer.TryRecv(r.msgs)
+		if n == 0 {
+			break
+		}
+		r.input(n)
+	}
+	r.wantRd.Add(-1)
+	if r.handoff != nil {
+		r.release()
+	} else {
+		r.mu.Unlock()
+	}
 }
 
 // now is the time since the Receiver was made.
