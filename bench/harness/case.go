@@ -52,7 +52,7 @@ type Case struct {
 	MTU   int    `json:",omitempty"` // rxego path MTU
 	Depth int    `json:",omitempty"` // work requests kept outstanding
 	Batch int    `json:",omitempty"` // message rate: WRITEs per PostSend, the last signaled
-	QPs   int    `json:",omitempty"`
+	QPs   int    `json:",omitempty"` // scale: QPs; bandwidth and rate: QPs (TCP streams, UDP flows) at once
 	Busy  bool   `json:",omitempty"` // busy-poll instead of blocking waits
 	// Warmup runs before the measurement, Duration is measured.
 	Warmup, Duration time.Duration
@@ -60,6 +60,18 @@ type Case struct {
 
 // Name is a short label for progress lines and the report.
 func (c Case) Name() string {
+	if c.QPs > 1 && c.Kind != RxegoScale {
+		unit := "QPs"
+		switch c.Kind {
+		case TCPBW:
+			unit = "streams"
+		case UDPBW:
+			unit = "flows"
+		}
+		one := c
+		one.QPs = 0
+		return fmt.Sprintf("%s, %d %s", one.Name(), c.QPs, unit)
+	}
 	wait := "blocking"
 	if c.Busy {
 		wait = "busy-poll"

@@ -35,6 +35,12 @@ func TestCases(t *testing.T) {
 		{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: 32},
 		{Kind: RxegoRate, MTU: 1024, Depth: 128, Busy: true},
 		{Kind: RxegoScale, MTU: 4096, Size: 4096, QPs: 100},
+		{Kind: TCPBW, QPs: 4},
+		{Kind: UDPBW, Mode: UDPGSO, Size: 4096, QPs: 4},
+		{Kind: RxegoBW, Op: "write", Size: 64 << 10, MTU: 4096, Depth: 4, QPs: 4},
+		{Kind: RxegoBW, Op: "read", Size: 64 << 10, MTU: 1024, Depth: 4, QPs: 4},
+		{Kind: RxegoBW, Op: "send", Size: 64 << 10, MTU: 4096, Depth: 4, QPs: 4},
+		{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: 32, Busy: true, QPs: 8},
 	}
 	var all []Result
 	for _, c := range cases {
@@ -75,7 +81,8 @@ func TestCases(t *testing.T) {
 	}
 	var b bytes.Buffer
 	WriteReport(&b, all, false, 1)
-	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | 32 | blocking |", "| WRITE 64 B, depth 128 | 64 | busy-poll |", "## Targets"} {
+	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | 32 | blocking |", "| WRITE 64 B, depth 128 | 64 | busy-poll |", "## Targets",
+		"## rxego over several QPs", "| 4 | ", "| READ | 1024 |", "message rate over 8 QPs"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())
 		}
@@ -85,7 +92,7 @@ func TestCases(t *testing.T) {
 // TestSuite checks the default suite covers what the report needs and
 // stays within its time budget.
 func TestSuite(t *testing.T) {
-	cs := Suite(false)
+	cs := Suite(false, false)
 	var budget time.Duration
 	kinds := map[Kind]int{}
 	for _, c := range cs {
@@ -97,6 +104,20 @@ func TestSuite(t *testing.T) {
 	}
 	if kinds[RxegoBW] != 18 || kinds[RxegoLat] != 8 || kinds[RxegoRate] != 4 || kinds[RxegoScale] != 1 {
 		t.Errorf("rxego cases: %v", kinds)
+	}
+	// -multi: for 4, 8 and 16 QPs, six rxego rows, TCP and UDP; the rate
+	// over 8 QPs.
+	extra := map[Kind]int{}
+	for _, c := range Suite(false, true)[len(cs):] {
+		extra[c.Kind]++
+	}
+	for _, c := range Suite(false, true) {
+		if c.QPs > 1 && c.Kind != RxegoScale && !strings.Contains(c.Name(), fmt.Sprintf(", %d ", c.QPs)) {
+			t.Errorf("multi-QP case named %q", c.Name())
+		}
+	}
+	if n := len(MultiQPs) - 1; extra[RxegoBW] != 6*n || extra[TCPBW] != n || extra[UDPBW] != n || extra[RxegoRate] != 1 {
+		t.Errorf("multi-QP cases: %v", extra)
 	}
 }
 

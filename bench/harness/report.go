@@ -54,11 +54,30 @@ func (rs results) find(f func(c Case) bool) (Result, bool) {
 }
 
 func (rs results) udpBW(mode string, size int) (Result, bool) {
-	return rs.find(func(c Case) bool { return c.Kind == UDPBW && c.Mode == mode && c.Size == size })
+	return rs.udpBWN(mode, size, 1)
 }
 
+// udpBWN is the UDP result of n flows at once.
+func (rs results) udpBWN(mode string, size, n int) (Result, bool) {
+	return rs.find(func(c Case) bool { return c.Kind == UDPBW && c.Mode == mode && c.Size == size && max(c.QPs, 1) == n })
+}
+
+// kind finds the one-flow (one-QP) case of kind k; the scale case by its
+// kind alone.
 func (rs results) kind(k Kind) (Result, bool) {
-	return rs.find(func(c Case) bool { return c.Kind == k })
+	return rs.find(func(c Case) bool { return c.Kind == k && (k == RxegoScale || c.QPs <= 1) })
+}
+
+// tcpN is the result of n TCP streams at once.
+func (rs results) tcpN(n int) (Result, bool) {
+	return rs.find(func(c Case) bool { return c.Kind == TCPBW && max(c.QPs, 1) == n })
+}
+
+// rxBWN is the rxego bandwidth result of n QPs at once.
+func (rs results) rxBWN(op string, size, mtu, n int) (Result, bool) {
+	return rs.find(func(c Case) bool {
+		return c.Kind == RxegoBW && c.Op == op && c.Size == size && c.MTU == mtu && max(c.QPs, 1) == n
+	})
 }
 
 func (rs results) udpPing(busy bool) (Result, bool) {
@@ -66,7 +85,7 @@ func (rs results) udpPing(busy bool) (Result, bool) {
 }
 
 func (rs results) rxBW(op string, size, mtu int) (Result, bool) {
-	return rs.find(func(c Case) bool { return c.Kind == RxegoBW && c.Op == op && c.Size == size && c.MTU == mtu })
+	return rs.rxBWN(op, size, mtu, 1)
 }
 
 // rxRate returns the message-rate result in a wait mode with the highest
@@ -75,7 +94,7 @@ func (rs results) rxRate(busy bool) (Result, bool) {
 	var best Result
 	found := false
 	for _, r := range rs {
-		if r.Case.Kind == RxegoRate && r.Case.Busy == busy && r.Err == "" && (!found || r.Rate() > best.Rate()) {
+		if r.Case.Kind == RxegoRate && r.Case.QPs <= 1 && r.Case.Busy == busy && r.Err == "" && (!found || r.Rate() > best.Rate()) {
 			best, found = r, true
 		}
 	}
@@ -157,6 +176,9 @@ func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
 		default:
 			continue
 		}
+		if r.Case.QPs > 1 {
+			continue // in the multi-QP table
+		}
 		row := []string{r.Case.Name(), "", "", "", "", "", "", ""}
 		if r.Err != "" {
 			row[1] = "error"
@@ -184,7 +206,7 @@ func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		c := r.Case
-		if c.Kind != RxegoBW {
+		if c.Kind != RxegoBW || c.QPs > 1 {
 			continue
 		}
 		if r.Err != "" {
@@ -228,7 +250,7 @@ func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
 		fmt.Fprintln(w, "| measurement | per post | wait | M messages/s | UDP mmsg 64 B datagrams/s | ratio | CPUs busy | allocs/packet |")
 		fmt.Fprintln(w, "|---|---:|---|---:|---:|---:|---:|---:|")
 		for _, r := range rs {
-			if r.Case.Kind != RxegoRate || r.Err != "" {
+			if r.Case.Kind != RxegoRate || r.Case.QPs > 1 || r.Err != "" {
 				continue
 			}
 			fmt.Fprintf(w, "| WRITE 64 B, depth %d | %d | %s | %.3f | %.3f M | %s | %s | %.3f |\n", r.Case.Depth, r.Case.rateBatch(),
@@ -238,6 +260,7 @@ func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
 		fmt.Fprintln(w, "WRITEs posted as post lists of 32 or 64, the last of each signaled (perftest's completion moderation, -Q): four or two lists in flight at depth 128. Blocking waits in CQ.PollWait; busy-poll spins on CQ.Poll with Options.BusyPoll, as perftest's ib_write_bw polls its CQ unless given -e.")
 		fmt.Fprintln(w)
 	}
+	writeMulti(w, rs)
 	if r, ok := rs.kind(RxegoScale); ok {
 		fmt.Fprintln(w, "## rxego scale")
 		fmt.Fprintln(w)
@@ -351,4 +374,48 @@ func kernel() string {
 		return runtime.GOOS
 	}
 	return "Linux " + strings.TrimSpace(string(b))
+}
+
+// writeMulti prints the multi-QP rows: for each QP count, N TCP streams,
+// N UDP GSO/GRO flows and rxego's operations over N QPs of one device
+// pair, with the ratios of the same sitting and the CPUs each row kept
+// busy; then the message rate over several QPs.
+func writeMulti(w io.Writer, rs results) {
+	if _, ok := rs.find(func(c Case) bool { return c.Kind == RxegoBW && c.QPs > 1 }); !ok {
+		return
+	}
+	fmt.Fprintln(w, "## rxego over several QPs (64 KiB messages, one device pair)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| QPs (streams, flows) | TCP Gbit/s (CPUs) | UDP GSO/GRO 4 KiB Gbit/s (CPUs) | operation | MTU | rxego Gbit/s | CPUs busy | vs TCP | vs UDP |")
+	fmt.Fprintln(w, "|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+	for _, n := range MultiQPs {
+		t, tok := rs.tcpN(n)
+		u, uok := rs.udpBWN(UDPGSO, 4096, n)
+		ts, us := "–", "–"
+		if tok {
+			ts = fmt.Sprintf("%.2f (%s)", t.Gbps(), cores(t))
+		}
+		if uok {
+			us = fmt.Sprintf("%.2f (%s)", u.Gbps(), cores(u))
+		}
+		for _, op := range []string{"write", "read", "send"} {
+			for _, mtu := range []int{4096, 1024} {
+				r, ok := rs.rxBWN(op, 64<<10, mtu, n)
+				if !ok {
+					continue
+				}
+				fmt.Fprintf(w, "| %d | %s | %s | %s | %d | %.2f | %s | %s | %s |\n", n, ts, us, strings.ToUpper(op), mtu,
+					r.Gbps(), cores(r), ratio(r.Gbps(), t.Gbps()), ratio(r.Gbps(), u.Gbps()))
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Each QP keeps max(2, 64/N) messages in flight on its own memory; all complete on one CQ. The devices have the default shards (one per CPU) and source ports.")
+	fmt.Fprintln(w)
+	for _, r := range rs {
+		if r.Case.Kind == RxegoRate && r.Case.QPs > 1 && r.Err == "" {
+			fmt.Fprintf(w, "WRITE 64 B message rate over %d QPs (depth %d each, post lists of %d, %s): %.3f M/s, %s CPUs busy.\n\n",
+				r.Case.QPs, r.Case.Depth, r.Case.rateBatch(), wait(r.Case.Busy), r.Rate()/1e6, cores(r))
+		}
+	}
 }

@@ -20,8 +20,8 @@ import (
 
 // Suite returns the cases of a full run: the yardsticks first, then rxego.
 // quick shortens every measurement and keeps one size per family, for a
-// smoke run.
-func Suite(quick bool) []Case {
+// smoke run; multi adds the multi-QP rows.
+func Suite(quick, multi bool) []Case {
 	warm, dur := 300*time.Millisecond, 1500*time.Millisecond
 	if quick {
 		warm, dur = 100*time.Millisecond, 300*time.Millisecond
@@ -69,8 +69,28 @@ func Suite(quick bool) []Case {
 		qps = 1000
 	}
 	add(Case{Kind: RxegoScale, MTU: 4096, Size: 4096, QPs: qps})
+	// Multi-QP rows: N QPs of one device pair, beside N TCP streams and N
+	// UDP GSO/GRO flows of the same sitting.
+	for _, n := range MultiQPs[1:] { // one QP: the rows above
+		if !multi {
+			break
+		}
+		add(Case{Kind: TCPBW, QPs: n})
+		add(Case{Kind: UDPBW, Mode: UDPGSO, Size: 4096, QPs: n})
+		for _, op := range []string{"write", "read", "send"} {
+			for _, mtu := range []int{4096, 1024} {
+				add(Case{Kind: RxegoBW, Op: op, Size: 64 << 10, MTU: mtu, QPs: n, Depth: max(2, bwDepth(64<<10)/n)})
+			}
+		}
+	}
+	if multi {
+		add(Case{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: 32, Busy: true, QPs: 8})
+	}
 	return cs
 }
+
+// MultiQPs are the QP (stream, flow) counts of the multi-QP rows.
+var MultiQPs = []int{1, 4, 8, 16}
 
 // bwDepth keeps about 4 MiB in flight, between 2 and 64 messages.
 func bwDepth(size int) int { return max(2, min(64, (4<<20)/size)) }
@@ -203,6 +223,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	dur := fs.Duration("duration", 0, "measured interval per case (default 1.5s, -quick 0.3s)")
 	jsonOut := fs.String("json", "", "also write every result as JSON lines to this file")
 	repeat := fs.Int("repeat", 3, "run the suite this many times, in rounds, and report each case's median run")
+	multi := fs.Bool("multi", false, "add the multi-QP rows: 4, 8 and 16 QPs of WRITE, READ and SEND beside as many TCP streams and UDP GSO/GRO flows, and the 64-byte rate over 8 QPs (about 50 s a round, -quick 20 s)")
 	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20, needs root) so other load on the machine disturbs the figures less")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rxego-bench [flags]\n\nMeasures rxego, raw UDP and TCP between two processes on loopback and prints a markdown report.")
@@ -211,7 +232,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cases := Suite(*quick)
+	cases := Suite(*quick, *multi)
 	if *run != "" {
 		re, err := regexp.Compile(*run)
 		if err != nil {

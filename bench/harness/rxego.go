@@ -260,25 +260,30 @@ func opcodeOf(op string) (rxego.SendWR, error) {
 // of size bytes in flight: like perftest's 512, fewer when that would take
 // more than 64 MiB.
 func recvDepth(depth, size int) int { return max(2*depth, min(512, (64<<20)/size)) }
+
+// With QPs > 1 every QP keeps Depth messages in flight, each QP on its
+// own Size bytes of both sides' memory (QPs of different shards never
+// write the same bytes), all completing on one CQ; a SEND server keeps
+// recvDepth/QPs receives per QP.
 func rxegoBW(p *peer) (Result, error) {
 	c := p.c
-	depth := c.Depth
-	mem := c.Size
+	depth, nqp := c.Depth, max(1, c.QPs)
+	recvs := max(2*depth, recvDepth(depth, c.Size)/nqp)
+	mem := c.Size * nqp
 	if p.server && c.Op == "send" {
-		mem = c.Size * recvDepth(depth, c.Size)
+		mem = c.Size * recvs * nqp
 	}
-	s, them, err := rxSetup(p, 1, mem, depth, recvDepth(depth, c.Size), recvDepth(depth, c.Size)+depth+16, false)
+	s, them, err := rxSetup(p, nqp, mem, depth, recvs, (recvs+depth)*nqp+16, false)
 	defer s.close()
 	if err != nil {
 		return Result{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
 	defer cancel()
-	q := s.qps[0]
 	wcs := make([]rxego.WC, 64)
 	if p.server {
 		if c.Op == "send" {
-			return serveRecvs(ctx, p, s, c.Size, recvDepth(depth, c.Size))
+			return serveRecvs(ctx, p, s, c.Size, recvs)
 		}
 		return idleServer(p, s)
 	}
@@ -286,24 +291,35 @@ func rxegoBW(p *peer) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA(), Length: uint32(c.Size), LKey: s.mr.LKey()}}
-	wr.RemoteAddr, wr.RKey, wr.Flags = them.VA, them.RKey, rxego.SendSignaled
-	wrs := make([]rxego.SendWR, depth)
-	for i := range wrs {
-		wrs[i] = wr
+	qidx := make(map[uint32]int, nqp)
+	wrs := make([][]rxego.SendWR, nqp)
+	for i, q := range s.qps {
+		qidx[q.Num()] = i
+		off := uint64(i * c.Size)
+		wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA() + off, Length: uint32(c.Size), LKey: s.mr.LKey()}}
+		wr.RemoteAddr, wr.RKey, wr.Flags = them.VA+off, them.RKey, rxego.SendSignaled
+		wrs[i] = make([]rxego.SendWR, depth)
+		for k := range wrs[i] {
+			wrs[i][k] = wr
+		}
 	}
 	var res Result
 	var am allocMeter
 	var pkts0 uint64
 	w := p.newWindow()
-	inflight := 0
+	inflight := make([]int, nqp)
+	total := 0
 	for {
-		// Refill with one PostSend for all free slots (a post list).
-		if free := depth - inflight; free > 0 {
-			if err := q.PostSend(wrs[:free]...); err != nil {
-				return res, err
+		// Refill each QP with one PostSend for all its free slots (a
+		// post list).
+		for i, q := range s.qps {
+			if free := depth - inflight[i]; free > 0 {
+				if err := q.PostSend(wrs[i][:free]...); err != nil {
+					return res, err
+				}
+				inflight[i] = depth
+				total += free
 			}
-			inflight = depth
 		}
 		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
 		if err != nil {
@@ -312,7 +328,10 @@ func rxegoBW(p *peer) (Result, error) {
 		if err := checkWCs(wcs[:n]); err != nil {
 			return res, err
 		}
-		inflight -= n
+		for _, wc := range wcs[:n] {
+			inflight[qidx[wc.QPN]]--
+		}
+		total -= n
 		now := time.Now()
 		was := w.on
 		measuring, done := w.tick(now)
@@ -334,12 +353,12 @@ func rxegoBW(p *peer) (Result, error) {
 	}
 	res.Bytes = res.Msgs * uint64(c.Size)
 	// Let the last messages complete, so the server sees no loss.
-	for inflight > 0 {
+	for total > 0 {
 		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
 		if err != nil {
 			return res, err
 		}
-		inflight -= n
+		total -= n
 	}
 	res.Counters = counters(s.dev)
 	return res, p.ctl.send(signal{"done"})
@@ -363,14 +382,13 @@ func idleServer(p *peer, s *rxSide) (Result, error) {
 	return Result{Counters: counters(s.dev), CPU: w.cpu()}, err
 }
 
-// serveRecvs keeps depth receives of size bytes posted until the client
-// says it is done.
+// serveRecvs keeps depth receives of size bytes posted on each QP until
+// the client says it is done.
 func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Result, error) {
-	q := s.qps[0]
 	post := func(i int) error {
-		return q.PostRecv(rxego.RecvWR{ID: uint64(i), SGL: []rxego.SGE{{Addr: s.mr.IOVA() + uint64(i*size), Length: uint32(size), LKey: s.mr.LKey()}}})
+		return s.qps[i/depth].PostRecv(rxego.RecvWR{ID: uint64(i), SGL: []rxego.SGE{{Addr: s.mr.IOVA() + uint64(i*size), Length: uint32(size), LKey: s.mr.LKey()}}})
 	}
-	for i := range depth {
+	for i := range depth * len(s.qps) {
 		if err := post(i); err != nil {
 			return Result{}, err
 		}
@@ -498,8 +516,8 @@ func rxegoRate(p *peer) (Result, error) {
 	c := p.c
 	const size = 64
 	rateBatch := c.rateBatch()
-	depth := max(c.Depth/rateBatch*rateBatch, rateBatch)
-	s, them, err := rxSetup(p, 1, 4096, depth, 16, 64, false)
+	depth, nqp := max(c.Depth/rateBatch*rateBatch, rateBatch), max(1, c.QPs)
+	s, them, err := rxSetup(p, nqp, 4096*nqp, depth, 16, 64*nqp, false)
 	defer s.close()
 	if err != nil {
 		return Result{}, err
@@ -509,26 +527,36 @@ func rxegoRate(p *peer) (Result, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
 	defer cancel()
-	q := s.qps[0]
-	wrs := make([]rxego.SendWR, rateBatch)
+	// Each QP writes its own 64 bytes of the server's memory, Depth WRITEs
+	// in flight per QP.
+	qidx := make(map[uint32]int, nqp)
+	wrs := make([][]rxego.SendWR, nqp)
 	payload := make([]byte, size)
-	for i := range wrs {
-		wrs[i] = rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendInline, Inline: payload,
-			RemoteAddr: them.VA, RKey: them.RKey}
+	for i, q := range s.qps {
+		qidx[q.Num()] = i
+		wrs[i] = make([]rxego.SendWR, rateBatch)
+		for k := range wrs[i] {
+			wrs[i][k] = rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendInline, Inline: payload,
+				RemoteAddr: them.VA + uint64(i*4096), RKey: them.RKey}
+		}
+		wrs[i][rateBatch-1].Flags |= rxego.SendSignaled
 	}
-	wrs[rateBatch-1].Flags |= rxego.SendSignaled
 	wcs := make([]rxego.WC, 16)
 	var res Result
 	var am allocMeter
 	var pkts0 uint64
 	w := p.newWindow()
-	inflight := 0
+	inflight := make([]int, nqp)
+	total := 0
 	for {
-		for inflight+rateBatch <= depth {
-			if err := q.PostSend(wrs...); err != nil {
-				return res, err
+		for i, q := range s.qps {
+			for inflight[i]+rateBatch <= depth {
+				if err := q.PostSend(wrs[i]...); err != nil {
+					return res, err
+				}
+				inflight[i] += rateBatch
+				total += rateBatch
 			}
-			inflight += rateBatch
 		}
 		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
 		if err != nil {
@@ -537,7 +565,10 @@ func rxegoRate(p *peer) (Result, error) {
 		if err := checkWCs(wcs[:n]); err != nil {
 			return res, err
 		}
-		inflight -= n * rateBatch
+		for _, wc := range wcs[:n] {
+			inflight[qidx[wc.QPN]] -= rateBatch
+		}
+		total -= n * rateBatch
 		now := time.Now()
 		was := w.on
 		measuring, done := w.tick(now)
@@ -558,12 +589,12 @@ func rxegoRate(p *peer) (Result, error) {
 		}
 	}
 	res.Bytes = res.Msgs * size
-	for inflight > 0 {
+	for total > 0 {
 		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
 		if err != nil {
 			return res, err
 		}
-		inflight -= n * rateBatch
+		total -= n * rateBatch
 	}
 	res.Counters = counters(s.dev)
 	return res, p.ctl.send(signal{"done"})

@@ -43,6 +43,9 @@ func tcpConnect(p *peer) (net.Conn, error) {
 // reads in the measured interval, then closes the connection.
 func tcpBW(p *peer) (Result, error) {
 	c := p.c
+	if c.QPs > 1 {
+		return tcpBWN(p)
+	}
 	conn, err := tcpConnect(p)
 	if err != nil {
 		return Result{}, err

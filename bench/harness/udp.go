@@ -113,6 +113,9 @@ func crcOK(b []byte) bool {
 // fast as it can; the server counts what arrives intact in the measured
 // interval.
 func udpBW(p *peer) (Result, error) {
+	if p.c.QPs > 1 {
+		return udpBWN(p)
+	}
 	s, err := newUDPSock()
 	if err != nil {
 		return Result{}, err
@@ -135,8 +138,17 @@ func udpBW(p *peer) (Result, error) {
 // udpSend sends until the receiver says stop and returns its CPU time over
 // the receiver's measurement.
 func udpSend(p *peer, s *udpSock, dst netip.AddrPort) (time.Duration, error) {
-	c := p.c
 	stop := p.ctl.watch()
+	if err := udpSendLoop(p.c, s, dst, stop.stop.Load); err != nil {
+		return 0, err
+	}
+	<-stop.ended
+	return stop.cpu(), nil
+}
+
+// udpSendLoop sends c.Size-byte datagrams (in c.Mode) to dst until
+// stopped reports true.
+func udpSendLoop(c Case, s *udpSock, dst netip.AddrPort, stopped func() bool) error {
 	var sa unix.RawSockaddrInet4
 	sa.Family = unix.AF_INET
 	binary.BigEndian.PutUint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:], dst.Port())
@@ -144,10 +156,10 @@ func udpSend(p *peer, s *udpSock, dst netip.AddrPort) (time.Duration, error) {
 	switch c.Mode {
 	case UDPSingle:
 		buf := make([]byte, c.Size)
-		for !stop.stop.Load() {
+		for !stopped() {
 			putCRC(buf)
-			if _, err := s.conn.WriteToUDPAddrPort(buf, dst); err != nil && !stop.stop.Load() {
-				return 0, err
+			if _, err := s.conn.WriteToUDPAddrPort(buf, dst); err != nil && !stopped() {
+				return err
 			}
 		}
 	case UDPMmsg, UDPGSO:
@@ -180,22 +192,21 @@ func udpSend(p *peer, s *udpSock, dst netip.AddrPort) (time.Duration, error) {
 				m.SetControllen(len(oob))
 			}
 		}
-		for !stop.stop.Load() {
+		for !stopped() {
 			for off := 0; off < len(bufs); off += c.Size {
 				putCRC(bufs[off : off+c.Size])
 			}
-			if _, err := s.mmsg(unix.SYS_SENDMMSG, hdrs, true); err != nil && !stop.stop.Load() {
+			if _, err := s.mmsg(unix.SYS_SENDMMSG, hdrs, true); err != nil && !stopped() {
 				if errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
 					continue
 				}
-				return 0, fmt.Errorf("sendmmsg: %w", err)
+				return fmt.Errorf("sendmmsg: %w", err)
 			}
 		}
 	default:
-		return 0, fmt.Errorf("unknown UDP mode %q", c.Mode)
+		return fmt.Errorf("unknown UDP mode %q", c.Mode)
 	}
-	<-stop.ended
-	return stop.cpu(), nil
+	return nil
 }
 
 func udpReceive(p *peer, s *udpSock) (Result, error) {
@@ -234,56 +245,73 @@ func udpReceive(p *peer, s *udpSock) (Result, error) {
 			}
 		}
 	case UDPMmsg, UDPGSO:
-		slot, k := c.Size, udpBatch
-		if c.Mode == UDPGSO {
-			slot, k = 65536, 16
-			if err := s.rc.Control(func(fd uintptr) {
-				err := unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1)
-				if err != nil {
-					res.Err = "no UDP GRO: " + err.Error()
-				}
-			}); err != nil {
-				return res, err
-			}
-		}
-		bufs := make([]byte, k*slot)
-		hdrs := make([]mmsghdr, k)
-		iovs := make([]unix.Iovec, k)
-		ctrlSpace := unix.CmsgSpace(4)
-		oob := make([]byte, k*ctrlSpace)
-		for i := range hdrs {
-			iovs[i].Base = &bufs[i*slot]
-			iovs[i].SetLen(slot)
-			hdrs[i].hdr.Iov = &iovs[i]
-			hdrs[i].hdr.SetIovlen(1)
-		}
-		for {
-			for i := range hdrs {
-				hdrs[i].hdr.Control = &oob[i*ctrlSpace]
-				hdrs[i].hdr.SetControllen(ctrlSpace)
-			}
-			n, err := s.mmsg(unix.SYS_RECVMMSG, hdrs, false)
-			if err != nil {
-				return res, fmt.Errorf("recvmmsg: %w", err)
-			}
-			for i := range n {
-				b := bufs[i*slot : i*slot+int(hdrs[i].n)]
-				seg := groSize(oob[i*ctrlSpace : i*ctrlSpace+int(hdrs[i].hdr.Controllen)])
-				if seg <= 0 {
-					seg = len(b)
-				}
-				for off := 0; off < len(b); off += seg {
-					count(b[off:min(off+seg, len(b))])
-				}
-			}
+		err := udpRecvLoop(c, s, count, func() bool {
 			if _, done := w.tick(time.Now()); done {
 				res.Elapsed = w.elapsed(time.Now())
 				res.CPU = p.cpu()
-				return finish()
+				return true
 			}
+			return false
+		})
+		if err != nil {
+			return res, err
 		}
+		return finish()
 	}
 	return res, fmt.Errorf("unknown UDP mode %q", c.Mode)
+}
+
+// udpRecvLoop receives in c.Mode (mmsg, or gso with GRO on), handing every
+// datagram or GRO segment to count, until done, asked after each
+// recvmmsg, reports true.
+func udpRecvLoop(c Case, s *udpSock, count func([]byte), done func() bool) error {
+	slot, k := c.Size, udpBatch
+	if c.Mode == UDPGSO {
+		slot, k = 65536, 16
+		var gerr error
+		if err := s.rc.Control(func(fd uintptr) {
+			gerr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, unix.UDP_GRO, 1)
+		}); err != nil {
+			return err
+		}
+		if gerr != nil {
+			return fmt.Errorf("no UDP GRO: %w", gerr)
+		}
+	}
+	bufs := make([]byte, k*slot)
+	hdrs := make([]mmsghdr, k)
+	iovs := make([]unix.Iovec, k)
+	ctrlSpace := unix.CmsgSpace(4)
+	oob := make([]byte, k*ctrlSpace)
+	for i := range hdrs {
+		iovs[i].Base = &bufs[i*slot]
+		iovs[i].SetLen(slot)
+		hdrs[i].hdr.Iov = &iovs[i]
+		hdrs[i].hdr.SetIovlen(1)
+	}
+	for {
+		for i := range hdrs {
+			hdrs[i].hdr.Control = &oob[i*ctrlSpace]
+			hdrs[i].hdr.SetControllen(ctrlSpace)
+		}
+		n, err := s.mmsg(unix.SYS_RECVMMSG, hdrs, false)
+		if err != nil {
+			return fmt.Errorf("recvmmsg: %w", err)
+		}
+		for i := range n {
+			b := bufs[i*slot : i*slot+int(hdrs[i].n)]
+			seg := groSize(oob[i*ctrlSpace : i*ctrlSpace+int(hdrs[i].hdr.Controllen)])
+			if seg <= 0 {
+				seg = len(b)
+			}
+			for off := 0; off < len(b); off += seg {
+				count(b[off:min(off+seg, len(b))])
+			}
+		}
+		if done() {
+			return nil
+		}
+	}
 }
 
 // groSize returns the UDP_GRO segment size in a datagram's control
