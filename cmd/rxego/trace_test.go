@@ -4,8 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rxego/rxego/internal/trace"
 )
 
 // TestTraceJSON runs `rxego trace --json` on a capture and checks one
@@ -60,5 +66,50 @@ func TestTraceText(t *testing.T) {
 	}
 	if err := traceTo(&out, []string{"/nonexistent.pcap"}); err == nil {
 		t.Error("missing file: no error")
+	}
+}
+
+// TestTraceErrors checks that a file that is not a capture, an empty one
+// and a truncated one each get an error naming the file and what is
+// wrong (and where), that conflicting output flags are refused, and that
+// an interface that does not exist is called that.
+func TestTraceErrors(t *testing.T) {
+	dir := t.TempDir()
+	capture, err := os.ReadFile("../../testdata/pcaps/verbs_read_6.12.pcapng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"empty": nil, "text": []byte("# rxego\n\nA pure-Go RoCE stack"), "cut.pcapng": capture[:700], "short": capture[:3]}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want []string
+		is   error
+	}{
+		{[]string{filepath.Join(dir, "text")}, []string{"text: not a pcap or pcapng file", `"# rxego`}, trace.ErrNotCapture},
+		{[]string{filepath.Join(dir, "empty")}, []string{"empty: empty file"}, trace.ErrEmpty},
+		{[]string{"--ladder", filepath.Join(dir, "cut.pcapng")}, []string{"cut.pcapng: truncated: the file ends inside frame 4"}, trace.ErrTruncated},
+		{[]string{filepath.Join(dir, "short")}, []string{"short: truncated"}, trace.ErrTruncated},
+		{[]string{"--json", "--ladder", "../../testdata/pcaps/verbs_read_6.12.pcapng"}, []string{"--json and --ladder/--summary conflict"}, nil},
+		{[]string{"--json", "--summary", "../../testdata/pcaps/verbs_read_6.12.pcapng"}, []string{"conflict"}, nil},
+		{[]string{"-i", "nosuchif0"}, []string{`no such interface "nosuchif0"`, "lo"}, nil},
+	} {
+		err := traceTo(io.Discard, c.args)
+		if err == nil {
+			t.Errorf("%q: no error", c.args)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q: error %q lacks %q", c.args, err, w)
+			}
+		}
+		if c.is != nil && !errors.Is(err, c.is) {
+			t.Errorf("%q: error %q is not %v", c.args, err, c.is)
+		}
 	}
 }

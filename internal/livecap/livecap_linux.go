@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/gopacket/gopacket/layers"
@@ -63,7 +64,7 @@ var RoCEFilter = []bpf.Instruction{
 func Open(iface string, timeout time.Duration) (*Capture, error) {
 	ifi, err := net.InterfaceByName(iface)
 	if err != nil {
-		return nil, err
+		return nil, noInterface(iface)
 	}
 	prog, err := bpf.Assemble(RoCEFilter)
 	if err != nil {
@@ -125,6 +126,18 @@ func (c *Capture) Next() ([]byte, time.Time, error) {
 
 // Close stops the capture.
 func (c *Capture) Close() error { return unix.Close(c.fd) }
+
+// noInterface is the error for an interface name that does not exist,
+// listing the ones that do.
+func noInterface(name string) error {
+	var names []string
+	if ifs, err := net.Interfaces(); err == nil {
+		for _, i := range ifs {
+			names = append(names, i.Name)
+		}
+	}
+	return fmt.Errorf("livecap: no such interface %q (interfaces: %s)", name, strings.Join(names, ", "))
+}
 
 // htons converts a 16-bit value to network byte order.
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
