@@ -94,8 +94,7 @@ func (r *Record) String() string {
 	if t.ICRCOK {
 		b = append(b, " icrc=ok"...)
 	} else {
-		b = hex(append(b, " icrc=bad(0x"...), uint64(t.ICRC), 8)
-		b = append(b, ')')
+		b = append(append(append(b, " icrc=bad("...), t.ICRCWire...), ')')
 	}
 	return string(b)
 }

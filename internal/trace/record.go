@@ -9,6 +9,7 @@
 package trace
 
 import (
+	"math/bits"
 	"net/netip"
 	"strconv"
 	"time"
@@ -60,9 +61,11 @@ type RoCE struct {
 	BECN       bool       `json:"becn"`
 	PayloadLen int        `json:"payload_len"` // without pad bytes
 	// ICRC is the stored ICRC read little-endian, as hash/crc32 computes
-	// it (Wireshark prints the same four bytes read big-endian).
-	ICRC   uint32 `json:"icrc"`
-	ICRCOK bool   `json:"icrc_ok"`
+	// it; ICRCWire is the same four bytes as they are on the wire, in hex,
+	// as Wireshark shows them (icrc 2229930251 is icrc_wire "0x0b09ea84").
+	ICRC     uint32 `json:"icrc"`
+	ICRCWire string `json:"icrc_wire"`
+	ICRCOK   bool   `json:"icrc_ok"`
 
 	RETH      *RETH      `json:"reth,omitempty"`
 	AETH      *AETH      `json:"aeth,omitempty"`
@@ -172,7 +175,7 @@ func fromLayer(r *rocelayer.RoCE) *RoCE {
 		Opcode: h.Opcode, OpcodeName: in.Name, DestQP: h.DestQP, PSN: h.PSN,
 		AckReq: h.AckReq, SE: h.SE, MigReq: h.MigReq, Pad: h.Pad, TVer: h.TVer, PKey: h.PKey,
 		FECN: h.FECN, BECN: h.BECN, PayloadLen: len(r.LayerPayload()),
-		ICRC: r.ICRC, ICRCOK: r.ICRCChecked && r.ICRCValid,
+		ICRC: r.ICRC, ICRCWire: WireICRC(r.ICRC), ICRCOK: r.ICRCChecked && r.ICRCValid,
 	}
 	has := func(e bth.Ext) bool { return in.Ext&e != 0 }
 	if has(bth.ExtRETH) {
@@ -200,6 +203,12 @@ func fromLayer(r *rocelayer.RoCE) *RoCE {
 		t.FETH = ptr(h.FETH)
 	}
 	return t
+}
+
+// WireICRC formats an ICRC value (its bytes read little-endian) as its
+// wire bytes in hex, "0x" and eight digits, as Wireshark shows it.
+func WireICRC(v uint32) string {
+	return "0x" + string(hex(make([]byte, 0, 8), uint64(bits.ReverseBytes32(v)), 8))
 }
 
 // ptr returns a pointer to a copy of v, so a record keeps no reference

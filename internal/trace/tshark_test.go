@@ -245,6 +245,10 @@ func (f *tsFrame) record(t *testing.T, bthOnly bool) trace.Record {
 	}
 	crc := get(f.hdr, "infiniband.invariant.crc")
 	x.ICRC = binary.LittleEndian.Uint32(raw(t, crc)) // same bytes, our byte order
+	x.ICRCWire = crc.Show                            // the wire form, as tshark shows it
+	if len(x.ICRCWire) != 10 || !strings.HasPrefix(x.ICRCWire, "0x") {
+		t.Fatalf("tshark shows ICRC %q, want 0x and 8 digits", crc.Show)
+	}
 	x.PayloadLen = crc.Pos - end - int(x.Pad)
 	// tshark's data dissector gets the payload with its pad bytes.
 	if d, ok := f.field["data.len"]; ok && int(num(t, d)) != x.PayloadLen+int(x.Pad) {
