@@ -35,6 +35,11 @@ type Record struct {
 	DSCP    uint8      `json:"dscp"`
 	ECN     uint8      `json:"ecn"`
 
+	// GSO is set on a packet that the capture saw inside a UDP GSO
+	// datagram, before the kernel cut it into the segments the peer
+	// receives, and that the trace cut out as the kernel does.
+	GSO *GSOSegment `json:"gso,omitempty"`
+
 	// RoCE holds the decoded packet; it is nil when Error is set, so a
 	// malformed packet carries no made-up header values.
 	*RoCE
@@ -75,6 +80,17 @@ type RoCE struct {
 	AtomicAck *AtomicAck `json:"atomic_ack,omitempty"`
 	DETH      *DETH      `json:"deth,omitempty"`
 	FETH      *uint32    `json:"feth,omitempty"`
+}
+
+// GSOSegment places a packet in the GSO datagram it was cut from.
+type GSOSegment struct {
+	Index int `json:"index"` // 1-based
+	Count int `json:"count"` // segments in the datagram
+	Size  int `json:"size"`  // segment size: UDP payload bytes of each but the last
+	// Inferred is set when the size was found from the RoCE headers (each
+	// segment a BTH for the same QP with the next PSN, the first one's
+	// ICRC checking) because the kernel did not say (before 6.2).
+	Inferred bool `json:"inferred,omitempty"`
 }
 
 // RETH is the RDMA extended header.
