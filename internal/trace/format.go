@@ -91,6 +91,9 @@ func (r *Record) String() string {
 	if t.FETH != nil {
 		b = hex(append(b, " feth=0x"...), uint64(*t.FETH), 8)
 	}
+	if t.CM != nil {
+		b = append(append(b, ' '), t.CM.String()...)
+	}
 	b = strconv.AppendInt(append(b, " len="...), int64(t.PayloadLen), 10)
 	if t.ICRCOK {
 		b = append(b, " icrc=ok"...)

@@ -80,6 +80,9 @@ type RoCE struct {
 	AtomicAck *AtomicAck `json:"atomic_ack,omitempty"`
 	DETH      *DETH      `json:"deth,omitempty"`
 	FETH      *uint32    `json:"feth,omitempty"`
+
+	// CM is the connection manager message of a UD SEND to QP1.
+	CM *CM `json:"cm,omitempty"`
 }
 
 // GSOSegment places a packet in the GSO datagram it was cut from.
@@ -218,6 +221,7 @@ func fromLayer(r *rocelayer.RoCE) *RoCE {
 	if has(bth.ExtFETH) {
 		t.FETH = ptr(h.FETH)
 	}
+	t.CM = decodeCM(h.Opcode, h.DestQP, r.LayerPayload())
 	return t
 }
 
