@@ -113,3 +113,32 @@ func TestTraceErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestTraceCM checks that every output form names rping's CM messages
+// with their IDs, QPN and PSN: the packet lines, JSON, the ladder and
+// the page.
+func TestTraceCM(t *testing.T) {
+	const rping = "../../testdata/pcaps/rping_6.12.pcapng"
+	page := filepath.Join(t.TempDir(), "p.html")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{rping}, "CM REQ local_id=0x088c41c6 qpn=0x000011 start_psn=7729957 service_id=0x0000000001061c06"},
+		{[]string{"--json", rping}, `"cm":{"msg":"REP","attr_id":19,"tid":11916119048,"local_comm_id":3478200697,"remote_comm_id":143409606,"local_qpn":17,"starting_psn":1236684}`},
+		{[]string{"--ladder", rping}, "|-- CM RTU #3 id 0x088c41c6 --"},
+		{[]string{"--html", page, rping}, ""},
+	} {
+		var out bytes.Buffer
+		if err := traceTo(&out, c.args); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), c.want) {
+			t.Errorf("%q lacks %s:\n%s", c.args, c.want, out.String())
+		}
+	}
+	b, err := os.ReadFile(page)
+	if err != nil || !bytes.Contains(b, []byte("CM DREQ #4 id 0x088c41c6 qpn 0x000011")) {
+		t.Errorf("page: %v, no CM DREQ", err)
+	}
+}
