@@ -6,6 +6,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/rxego/rxego/icrc"
+	"github.com/rxego/rxego/internal/inetsum"
 )
 
 // A packet socket sees a UDP GSO datagram (one sendmsg with UDP_SEGMENT)
@@ -50,53 +51,19 @@ func segment(fr Frame, i int, pay []byte) []byte {
 		binary.BigEndian.PutUint16(ip[2:], uint16(len(ip)+ulen))
 		binary.BigEndian.PutUint16(ip[4:], binary.BigEndian.Uint16(ip[4:])+uint16(i))
 		binary.BigEndian.PutUint16(ip[10:], 0)
-		binary.BigEndian.PutUint16(ip[10:], ^fold(sum(0, ip)))
+		binary.BigEndian.PutUint16(ip[10:], inetsum.IPv4(ip))
 	} else {
 		binary.BigEndian.PutUint16(ip[4:], uint16(ulen))
 	}
 	if !v4 || binary.BigEndian.Uint16(fr.UDP[6:]) != 0 {
-		binary.BigEndian.PutUint16(udp[6:], udpChecksum(ip, b[hdr-8:]))
+		addrs := ip[8:40]
+		if v4 {
+			addrs = ip[12:20]
+		}
+		binary.BigEndian.PutUint16(udp[6:], 0)
+		binary.BigEndian.PutUint16(udp[6:], inetsum.UDP(addrs, b[hdr-8:]))
 	}
 	return b
-}
-
-// udpChecksum computes the UDP checksum of seg (UDP header and payload,
-// its checksum field ignored) under the IP header ip.
-func udpChecksum(ip, seg []byte) uint16 {
-	var s uint32
-	if ip[0]>>4 == 4 {
-		s = sum(s, ip[12:20])
-	} else {
-		s = sum(s, ip[8:40])
-	}
-	s += 17 + uint32(len(seg))
-	s = sum(s, seg[:6])
-	s = sum(s, seg[8:])
-	c := ^fold(s)
-	if c == 0 {
-		c = 0xffff // zero means "no checksum"
-	}
-	return c
-}
-
-// sum adds b to the one's complement sum s as 16-bit big-endian words.
-func sum(s uint32, b []byte) uint32 {
-	for len(b) >= 2 {
-		s += uint32(binary.BigEndian.Uint16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		s += uint32(b[0]) << 8
-	}
-	return s
-}
-
-// fold folds a 32-bit one's complement sum to 16 bits.
-func fold(s uint32) uint16 {
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	return uint16(s)
 }
 
 // InferGSOSize finds the segment size of a GSO datagram of RoCE packets
