@@ -252,7 +252,7 @@ func AppendFrame(b []byte, src, dst netip.AddrPort, tos uint8, ipID uint16, pkt 
 		b = append(b, 0x40, 0, TTL, uint8(layers.IPProtocolUDP), 0, 0) // DF, no fragment offset
 		a4, d4 := s.As4(), d.As4()
 		b = append(append(b, a4[:]...), d4[:]...)
-		binary.BigEndian.PutUint16(b[ipStart+10:], inetsum.IPv4(b[ipStart : ipStart+ipv4Len]))
+		binary.BigEndian.PutUint16(b[ipStart+10:], inetsum.IPv4(b[ipStart:ipStart+ipv4Len]))
 	} else {
 		b = binary.BigEndian.AppendUint16(b, uint16(layers.EthernetTypeIPv6))
 		ipStart = len(b)
@@ -280,4 +280,3 @@ func mac(a netip.Addr) []byte {
 	s := a.AsSlice()
 	return append([]byte{0x02, 0x00}, s[len(s)-4:]...)
 }
-
