@@ -76,6 +76,24 @@ func connectedPairs(t *testing.T, n int) (devs [2]*rxego.Device, qps [2][]*rxego
 	return devs, qps, mrs, cqs
 }
 
+// writeWait has q WRITE size bytes from the start of mrs[0] to offset off
+// of mrs[1], signalled, and waits for its completion on cq.
+func writeWait(t *testing.T, q *rxego.QP, cq *rxego.CQ, mrs [2]*rxego.MR, k, size int, off uint64) {
+	t.Helper()
+	err := q.PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
+		SGL:        []rxego.SGE{{Addr: mrs[0].IOVA(), Length: uint32(size), LKey: mrs[0].LKey()}},
+		RemoteAddr: mrs[1].IOVA() + off, RKey: mrs[1].RKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	wc := make([]rxego.WC, 1)
+	if _, err := cq.PollWait(ctx, wc); err != nil || wc[0].Status != 0 {
+		t.Fatalf("write %d: %v %+v", k, err, wc[0])
+	}
+}
+
 // TestCountersMove runs ten 1 KiB RDMA WRITEs and checks that a scrape
 // sees exactly the packets, requests and bytes they caused.
 func TestCountersMove(t *testing.T) {
@@ -87,18 +105,7 @@ func TestCountersMove(t *testing.T) {
 	before := scrape(t, srv.URL)
 	const n, size = 10, 1024
 	for k := 0; k < n; k++ {
-		err := qps[0].PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
-			SGL:        []rxego.SGE{{Addr: mrs[0].IOVA(), Length: size, LKey: mrs[0].LKey()}},
-			RemoteAddr: mrs[1].IOVA() + uint64(k*size), RKey: mrs[1].RKey()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		wc := make([]rxego.WC, 1)
-		if _, err := cqs[0].PollWait(ctx, wc); err != nil || wc[0].Status != 0 {
-			t.Fatalf("write %d: %v %+v", k, err, wc[0])
-		}
-		cancel()
+		writeWait(t, qps[0], cqs[0], mrs, k, size, uint64(k*size))
 	}
 	after := scrape(t, srv.URL)
 	a, b := devs[0].Addr().String(), devs[1].Addr().String()
@@ -174,18 +181,7 @@ func TestDropReasonLabels(t *testing.T) {
 func TestPerQPSeries(t *testing.T) {
 	devs, qps, mrs, cqs := connectedPairs(t, 3)
 	for k := range 4 {
-		err := qps[0][2].PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
-			SGL:        []rxego.SGE{{Addr: mrs[0].IOVA(), Length: 64, LKey: mrs[0].LKey()}},
-			RemoteAddr: mrs[1].IOVA(), RKey: mrs[1].RKey()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		wc := make([]rxego.WC, 1)
-		if _, err := cqs[0].PollWait(ctx, wc); err != nil || wc[0].Status != 0 {
-			t.Fatalf("write %d: %v %+v", k, err, wc[0])
-		}
-		cancel()
+		writeWait(t, qps[0][2], cqs[0], mrs, k, 64, 0)
 	}
 	a := devs[0].Addr().String()
 	srv := httptest.NewServer(metrics.Handler(metrics.NewCollector(devs[0])))
