@@ -146,6 +146,10 @@ func (c *Capture) Next() (Frame, error) {
 				return Frame{Time: now}, ErrTimeout
 			}
 			continue
+		case errors.Is(err, unix.EINVAL) && c.vnet:
+			// A GSO frame the kernel cannot put in a virtio_net_hdr
+			// (another GSO type): it dropped it; go on with the next.
+			continue
 		case err != nil:
 			return Frame{Time: now}, err
 		}
