@@ -67,9 +67,7 @@ func (o *ConnectOptions) withDefaults() ConnectOptions {
 // the remote QP, with the attribute masks ibv_rc_pingpong uses.
 func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 	o := opts.withDefaults()
-	if remote.Addr.Port() == 0 {
-		remote.Addr = netip.AddrPortFrom(remote.Addr.Addr(), DefaultPort)
-	}
+	remote.Addr = Unmap(remote.Addr)
 	rc := q.Type() == qp.RC
 	steps := []struct {
 		attr qp.Attr

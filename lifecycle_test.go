@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -279,5 +281,106 @@ func TestPostWrongState(t *testing.T) {
 	check("PostSend in INIT", a.qp.PostSend(wr))
 	if !strings.HasPrefix(qp.ErrInvalidWR.Error(), "qp: ") {
 		t.Errorf("ErrInvalidWR reads %q", qp.ErrInvalidWR)
+	}
+}
+
+// openMapped opens a device on a free loopback address written in its
+// IPv4-mapped form (::ffff:127.x.y.z), as a GID decodes to.
+func openMapped(t *testing.T) *rxego.Device {
+	t.Helper()
+	var last error
+	for range 50 {
+		a := netip.AddrFrom16(testaddr.Loopback().As16())
+		d, err := rxego.Open(a.String(), nil)
+		if err == nil {
+			t.Cleanup(func() { d.Close() })
+			return d
+		}
+		if last = err; !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	t.Fatalf("open: %v", last)
+	return nil
+}
+
+// TestIPv4MappedPeer connects to a peer named by its IPv4-mapped address
+// (its GID, as ibv_rc_pingpong exchanges it): the replies, which come
+// from the IPv4 address, must be taken as the peer's, in RC and in UD.
+func TestIPv4MappedPeer(t *testing.T) {
+	a, b := openSide(t, nil), openSide(t, nil)
+	mapped := func(d *rxego.Device) netip.AddrPort {
+		return netip.AddrPortFrom(netip.AddrFrom16(d.GID()), d.Addr().Port())
+	}
+	if !mapped(b.dev).Addr().Is4In6() {
+		t.Fatalf("GID %v is not IPv4-mapped", mapped(b.dev))
+	}
+	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: mapped(b.dev), QPN: b.qp.Num(), PSN: 7}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: mapped(a.dev), QPN: a.qp.Num()}, &rxego.ConnectOptions{LocalPSN: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.qp.Query().Dest; got != b.dev.Addr() {
+		t.Errorf("QP destination %v, want %v", got, b.dev.Addr())
+	}
+	copy(a.buf, "over a mapped GID")
+	if err := a.qp.PostSend(rxego.SendWR{ID: 1, Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
+		SGL: []rxego.SGE{{Addr: a.mr.IOVA(), Length: 17, LKey: a.mr.LKey()}}, RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := wait1(t, a.cq); wc.Status != qp.WCSuccess {
+		t.Fatalf("WRITE to a mapped peer: %+v", wc)
+	}
+	b.dev.Sync()
+	if string(b.buf[:17]) != "over a mapped GID" {
+		t.Fatalf("peer holds %q", b.buf[:17])
+	}
+	if n := a.dev.Engine().Stats.Drops[qp.DropWrongSource].Load(); n != 0 {
+		t.Errorf("%d packets dropped as wrong_source", n)
+	}
+
+	// A device opened on a mapped address is the IPv4 one.
+	m := openMapped(t)
+	if !m.Addr().Addr().Is4() {
+		t.Fatalf("device opened on a mapped address reports %v", m.Addr())
+	}
+	// UD through an address handle made from a GID.
+	pd, _ := m.AllocPD()
+	cq, _ := m.CreateCQ(8)
+	ud, err := pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: cq, RecvCQ: cq, Caps: rxego.Caps{MaxSendWR: 4, MaxRecvWR: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	mr, _ := pd.RegMR(buf, rxego.AccessLocalWrite)
+	if err := rxego.ActivateUD(ud, 0x1111, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := ud.PostRecv(rxego.RecvWR{ID: 3, SGL: []rxego.SGE{{Addr: mr.IOVA(), Length: 256, LKey: mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	bpd, _ := b.dev.AllocPD()
+	bcq, _ := b.dev.CreateCQ(8)
+	bud, err := bpd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: bcq, RecvCQ: bcq, Caps: rxego.Caps{MaxSendWR: 4, MaxRecvWR: 4, MaxInlineData: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rxego.ActivateUD(bud, 0x1111, 0); err != nil {
+		t.Fatal(err)
+	}
+	ah, err := bpd.CreateAH(netip.AddrPortFrom(netip.AddrFrom16(m.GID()), 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ah.Dest != m.Addr() {
+		t.Errorf("AH destination %v, want %v", ah.Dest, m.Addr())
+	}
+	if err := bud.PostSend(rxego.SendWR{ID: 4, Opcode: rxego.WRSend, Flags: rxego.SendSignaled | rxego.SendInline,
+		Inline: []byte("ud"), AH: ah, RemoteQPN: ud.Num(), RemoteQKey: 0x1111}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := wait1(t, cq); wc.Status != qp.WCSuccess || wc.ByteLen != 40+2 || wc.Src.Addr() != b.dev.Addr().Addr() {
+		t.Fatalf("UD receive: %+v", wc)
 	}
 }

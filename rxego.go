@@ -206,16 +206,31 @@ type Device struct {
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
-// to 4791.
+// to 4791. An IPv4-mapped address (::ffff:a.b.c.d, the form a RoCE GID
+// takes) comes back as the IPv4 address: see Unmap.
 func ParseAddr(s string) (netip.AddrPort, error) {
 	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap, nil
+		return Unmap(ap), nil
 	}
 	a, err := netip.ParseAddr(strings.Trim(s, "[]"))
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("rxego: %q is not an IP address or IP:port", s)
 	}
-	return netip.AddrPortFrom(a, DefaultPort), nil
+	return Unmap(netip.AddrPortFrom(a, DefaultPort)), nil
+}
+
+// Unmap returns ap with an IPv4-mapped address (::ffff:a.b.c.d) turned
+// into the IPv4 address and the port 4791 when 0. RoCE names an IPv4
+// peer by such a GID (Device.GID returns one), but packets from it
+// arrive from the IPv4 address: rxego normalises every address where it
+// enters (Open, ConnectRC, CreateAH, QP.Modify), so one peer never looks
+// like two.
+func Unmap(ap netip.AddrPort) netip.AddrPort {
+	port := ap.Port()
+	if port == 0 {
+		port = DefaultPort
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), port)
 }
 
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
@@ -237,7 +252,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
 		}
 	} else {
-		local = conn.LocalAddr()
+		local = Unmap(conn.LocalAddr())
 	}
 	if o.Tap != nil {
 		conn.SetTap(o.Tap)
@@ -841,8 +856,5 @@ func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
 	if !dest.Addr().IsValid() {
 		return nil, errors.New("rxego: address handle needs a destination address")
 	}
-	if dest.Port() == 0 {
-		dest = netip.AddrPortFrom(dest.Addr(), DefaultPort)
-	}
-	return &AH{Dest: dest}, nil
+	return &AH{Dest: Unmap(dest)}, nil
 }

@@ -3,6 +3,7 @@ package qp
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -201,7 +202,10 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	set(AttrPKeyIndex, func() { q.attr.PKeyIndex = a.PKeyIndex })
 	set(AttrPort, func() { q.attr.Port = a.Port })
 	set(AttrQKey, func() { q.attr.QKey = a.QKey })
-	set(AttrAV, func() { q.attr.Dest, q.attr.TrafficClass, q.attr.HopLimit = a.Dest, a.TrafficClass, a.HopLimit })
+	// An IPv4 peer named by its IPv4-mapped GID sends from the IPv4
+	// address: keep that form, which received packets are matched with.
+	dest := netip.AddrPortFrom(a.Dest.Addr().Unmap(), a.Dest.Port())
+	set(AttrAV, func() { q.attr.Dest, q.attr.TrafficClass, q.attr.HopLimit = dest, a.TrafficClass, a.HopLimit })
 	set(AttrPathMTU, func() { q.attr.PathMTU = a.PathMTU; q.mtu = a.PathMTU.Bytes() })
 	set(AttrTimeout, func() { q.attr.Timeout = a.Timeout })
 	set(AttrRetryCnt, func() { q.attr.RetryCnt = a.RetryCnt })
