@@ -384,3 +384,38 @@ func TestIPv4MappedPeer(t *testing.T) {
 		t.Fatalf("UD receive: %+v", wc)
 	}
 }
+
+// TestConnectOptionsZeros: from DefaultConnectOptions, zeros are verbs
+// values. rnr_retry 0 fails a SEND at the first RNR NAK; the QP holds
+// timeout 0, retry_cnt 0 and min_rnr_timer 0; a literal without Exact
+// still takes the defaults for the fields it leaves out.
+func TestConnectOptionsZeros(t *testing.T) {
+	a, b := openSide(t, nil), openSide(t, nil)
+	o := rxego.DefaultConnectOptions()
+	o.RNRRetry, o.Timeout, o.RetryCnt, o.MinRNRTimer, o.LocalPSN = 0, 0, 0, 0, 100
+	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &o); err != nil {
+		t.Fatal(err)
+	}
+	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 100},
+		&rxego.ConnectOptions{LocalPSN: 200}); err != nil {
+		t.Fatal(err)
+	}
+	qa, qb := a.qp.Query(), b.qp.Query()
+	if qa.RNRRetry != 0 || qa.Timeout != 0 || qa.RetryCnt != 0 || qa.MinRNRTimer != 0 || qa.PathMTU != qp.MTU1024 {
+		t.Errorf("exact options: QP holds %+v", qa)
+	}
+	if qb.RNRRetry != 7 || qb.Timeout != 14 || qb.RetryCnt != 7 || qb.MinRNRTimer != 12 || qb.MaxRdAtomic != 1 {
+		t.Errorf("literal options: QP holds %+v; want ibv_rc_pingpong's defaults", qb)
+	}
+	// b has no receive posted: the first RNR NAK ends the SEND.
+	if err := a.qp.PostSend(rxego.SendWR{ID: 5, Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
+		SGL: []rxego.SGE{{Addr: a.mr.IOVA(), Length: 8, LKey: a.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := wait1(t, a.cq); wc.ID != 5 || wc.Status != qp.WCRNRRetryExcErr {
+		t.Fatalf("SEND with rnr_retry 0 into no receive: %+v; want RNR_RETRY_EXC_ERR", wc)
+	}
+	if n := a.dev.Engine().Stats.RcvdRNRErr.Load(); n != 1 {
+		t.Errorf("%d RNR NAKs received, want 1", n)
+	}
+}
