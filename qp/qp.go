@@ -602,6 +602,12 @@ func (q *QP) flushRQ() {
 }
 
 func (q *QP) pushWC(cq *CQ, wc WC) {
+	if wc.Status == WCSuccess && wc.Opcode >= WCRecv {
+		// On RoCE every packet has an IP header, the GRH's stand-in:
+		// rxe's responder (do_complete) flags every successful receive
+		// completion, whatever the QP type.
+		wc.Flags |= WCWithGRH
+	}
 	q.e.Stats.CompletionsGenerated.Add(1)
 	ok, woke := cq.pushWoke(wc)
 	q.e.pushed = true
