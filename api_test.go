@@ -2,6 +2,7 @@ package rxego_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/qp"
@@ -44,5 +45,73 @@ func TestRecvGRHFlag(t *testing.T) {
 	}
 	if wc := wait1(t, b.cq); wc.Status != qp.WCWRFlushErr || wc.Flags&qp.WCWithGRH != 0 {
 		t.Errorf("flushed receive: %+v; want WR_FLUSH_ERR without GRH", wc)
+	}
+}
+
+// TestNotifySelect waits for completions in a select beside another
+// channel, in both receive modes: every completion is seen, the other
+// channel's events too, and an already non-empty CQ is ready at once.
+func TestNotifySelect(t *testing.T) {
+	for _, m := range lifecycleModes {
+		t.Run(m.name, func(t *testing.T) {
+			a, b := openSide(t, m.opts), openSide(t, m.opts)
+			connectPair(t, a, b, &rxego.ConnectOptions{})
+			select {
+			case <-a.cq.Notify():
+				t.Fatal("Notify ready on an empty CQ")
+			default:
+			}
+			const n = 50
+			other := make(chan int)
+			go func() {
+				for i := range 3 {
+					other <- i
+				}
+			}()
+			posted, done, others := 0, 0, 0
+			post := func() {
+				if err := a.qp.PostSend(rxego.SendWR{ID: uint64(posted), Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
+					SGL:        []rxego.SGE{{Addr: a.mr.IOVA(), Length: 256, LKey: a.mr.LKey()}},
+					RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}); err != nil {
+					t.Fatal(err)
+				}
+				posted++
+			}
+			post()
+			timeout := time.After(10 * time.Second)
+			wcs := make([]rxego.WC, 8)
+			for done < n || others < 3 {
+				select {
+				case <-a.cq.Notify():
+					for k := a.cq.Poll(wcs); k > 0; k = a.cq.Poll(wcs) {
+						for _, wc := range wcs[:k] {
+							if wc.Status != qp.WCSuccess || wc.ID != uint64(done) {
+								t.Fatalf("completion %+v, want wr_id %d success", wc, done)
+							}
+							done++
+							if posted < n {
+								post()
+							}
+						}
+					}
+				case <-other:
+					others++
+				case <-timeout:
+					t.Fatalf("%d of %d completions and %d of 3 other events after 10 s", done, n, others)
+				}
+			}
+
+			// A completion that arrived before Notify is not missed.
+			post()
+			deadline := time.Now().Add(5 * time.Second)
+			for a.cq.Len() == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond) // the device's receive goroutine takes it in
+			}
+			select {
+			case <-a.cq.Notify():
+			default:
+				t.Fatalf("Notify not ready with %d completions queued", a.cq.Len())
+			}
+		})
 	}
 }
