@@ -1,6 +1,8 @@
 package rxego_test
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,5 +115,27 @@ func TestNotifySelect(t *testing.T) {
 				t.Fatalf("Notify not ready with %d completions queued", a.cq.Len())
 			}
 		})
+	}
+}
+
+// TestReadmeSnippet: the README's API code block is example_test.go's
+// swapWrite, which Example_swapWrite compiles and runs.
+func TestReadmeSnippet(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sect, ok := strings.Cut(string(readme), "## Using the API")
+	_, block, ok2 := strings.Cut(sect, "```go\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 || !strings.Contains(block, "func swapWrite(") {
+		t.Fatal("README.md has no ```go block with swapWrite under \"## Using the API\"")
+	}
+	if !strings.Contains(string(ex), block) {
+		t.Fatal("README.md's API snippet differs from example_test.go's swapWrite: copy it over")
 	}
 }

@@ -15,6 +15,25 @@
 //	_ = rxego.ConnectRC(qp, rxego.RemoteQP{...}, nil)
 //	_ = qp.PostSend(rxego.SendWR{Opcode: rxego.WRWrite, ...})
 //
+// The swapWrite example is this, whole and runnable, as the README shows
+// it: both sides connect and write into each other's memory, and each
+// calls Device.Sync before reading what the peer wrote.
+//
+// Waiting: CQ.PollWait blocks until completions arrive or its context
+// ends; CQ.Notify gives a channel to wait on in a select beside sockets
+// and timers (a completion channel).
+//
+// Lifecycle: Device.Close moves every QP to the error state, so its
+// outstanding work requests complete with WR_FLUSH_ERR, wakes every
+// goroutine waiting on the device's CQs, and makes later calls fail with
+// ErrClosed (test with errors.Is, as for net.ErrClosed). CQ.Close refuses
+// with ErrBusy while a QP uses the CQ, as ibv_destroy_cq does. A post the
+// QP's state does not allow fails with qp.ErrInvalidWR.
+//
+// Addresses: a peer's GID is an IPv4-mapped IPv6 address for an IPv4
+// peer (::ffff:a.b.c.d); every address that enters the API (Open,
+// ConnectRC, CreateAH, QP.Modify) is normalised to the IPv4 form.
+//
 // Work requests, completions, QP attributes and their numeric values are
 // those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
 // code and intuition carry over. The engine behind them lives in package
@@ -107,6 +126,13 @@ const (
 	WRSendInv     = qp.WRSendInv
 	WRFlush       = qp.WRFlush
 	WRAtomicWrite = qp.WRAtomicWrite
+)
+
+// Completion statuses most programs test for; the others are package
+// qp's WC* constants (ibv_wc_status values).
+const (
+	WCSuccess    = qp.WCSuccess
+	WCWRFlushErr = qp.WCWRFlushErr
 )
 
 // Send flags.
