@@ -3,7 +3,8 @@
 # kernels (6.1 and 6.12) extracted into a cache directory, and one small
 # initramfs per kernel. Idempotent: a second run only checks and prints.
 #
-#   sudo conformance/setup.sh
+#   conformance/setup.sh         (in a root shell)
+#   sudo conformance/setup.sh    (as a user allowed to use sudo)
 #
 # Env:
 #   RXEGO_LAB_DIR   cache directory (default: conformance/.lab next to this file)
@@ -20,7 +21,7 @@ initsrc=$here/initramfs/init
 log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "must run as root (sudo $0)"
+[ "$(id -u)" = 0 ] || die "must run as root: $0 in a root shell, or sudo $0"
 
 # --- packages ---------------------------------------------------------------
 # chromium: the headless-browser test of rxego trace's HTML page
