@@ -15,6 +15,25 @@
 //	_ = rxego.ConnectRC(qp, rxego.RemoteQP{...}, nil)
 //	_ = qp.PostSend(rxego.SendWR{Opcode: rxego.WRWrite, ...})
 //
+// The swapWrite example is this, whole and runnable, as the README shows
+// it: both sides connect and write into each other's memory, and each
+// calls Device.Sync before reading what the peer wrote.
+//
+// Waiting: CQ.PollWait blocks until completions arrive or its context
+// ends; CQ.Notify gives a channel to wait on in a select beside sockets
+// and timers (a completion channel).
+//
+// Lifecycle: Device.Close moves every QP to the error state, so its
+// outstanding work requests complete with WR_FLUSH_ERR, wakes every
+// goroutine waiting on the device's CQs, and makes later calls fail with
+// ErrClosed (test with errors.Is, as for net.ErrClosed). CQ.Close refuses
+// with ErrBusy while a QP uses the CQ, as ibv_destroy_cq does. A post the
+// QP's state does not allow fails with qp.ErrInvalidWR.
+//
+// Addresses: a peer's GID is an IPv4-mapped IPv6 address for an IPv4
+// peer (::ffff:a.b.c.d); every address that enters the API (Open,
+// ConnectRC, CreateAH, QP.Modify) is normalised to the IPv4 form.
+//
 // Work requests, completions, QP attributes and their numeric values are
 // those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
 // code and intuition carry over. The engine behind them lives in package
@@ -109,6 +128,13 @@ const (
 	WRAtomicWrite = qp.WRAtomicWrite
 )
 
+// Completion statuses most programs test for; the others are package
+// qp's WC* constants (ibv_wc_status values).
+const (
+	WCSuccess    = qp.WCSuccess
+	WCWRFlushErr = qp.WCWRFlushErr
+)
+
 // Send flags.
 const (
 	SendFence     = qp.SendFence
@@ -119,6 +145,18 @@ const (
 
 // DefaultPort is RoCEv2's UDP port.
 const DefaultPort = transport.Port
+
+// ErrClosed is what calls on a closed Device, and on the PDs, CQs, QPs
+// and SRQs it made, return (wrapped or as is; test with errors.Is), as
+// net.ErrClosed is for connections. The zero Device counts as closed.
+var ErrClosed = qp.ErrClosed
+
+// ErrBusy is what CQ.Close returns while a QP still uses the CQ (verbs:
+// EBUSY from ibv_destroy_cq). Destroy the QP first.
+var ErrBusy = qp.ErrBusy
+
+// errNotOpen is the zero Device's error.
+var errNotOpen = fmt.Errorf("rxego: device not opened (use rxego.Open): %w", ErrClosed)
 
 // Options configure a Device. The zero value is fine.
 type Options struct {
@@ -154,7 +192,8 @@ type Options struct {
 }
 
 // Device is one RoCEv2 port: a UDP endpoint on one local address and the
-// engine serving its QPs. Methods are safe for concurrent use.
+// engine serving its QPs. Methods are safe for concurrent use. Make one
+// with Open; the zero Device is closed (its methods return ErrClosed).
 type Device struct {
 	conn  transport.Conn
 	eng   *qp.Engine
@@ -164,6 +203,10 @@ type Device struct {
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	closed    atomic.Bool
+	cqMu      sync.Mutex // guards cqs and, with closed, CreateCQ against Close
+	cqs       []*qp.CQ   // the CQs Close wakes (closed ones pruned in CreateCQ)
+	cqsLive   int        // len(cqs) after the last prune
 
 	sendMu sync.Mutex
 	msgs   []transport.Message
@@ -189,16 +232,31 @@ type Device struct {
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
-// to 4791.
+// to 4791. An IPv4-mapped address (::ffff:a.b.c.d, the form a RoCE GID
+// takes) comes back as the IPv4 address: see Unmap.
 func ParseAddr(s string) (netip.AddrPort, error) {
 	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap, nil
+		return Unmap(ap), nil
 	}
 	a, err := netip.ParseAddr(strings.Trim(s, "[]"))
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("rxego: %q is not an IP address or IP:port", s)
 	}
-	return netip.AddrPortFrom(a, DefaultPort), nil
+	return Unmap(netip.AddrPortFrom(a, DefaultPort)), nil
+}
+
+// Unmap returns ap with an IPv4-mapped address (::ffff:a.b.c.d) turned
+// into the IPv4 address and the port 4791 when 0. RoCE names an IPv4
+// peer by such a GID (Device.GID returns one), but packets from it
+// arrive from the IPv4 address: rxego normalises every address where it
+// enters (Open, ConnectRC, CreateAH, QP.Modify), so one peer never looks
+// like two.
+func Unmap(ap netip.AddrPort) netip.AddrPort {
+	port := ap.Port()
+	if port == 0 {
+		port = DefaultPort
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), port)
 }
 
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
@@ -220,7 +278,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
 		}
 	} else {
-		local = conn.LocalAddr()
+		local = Unmap(conn.LocalAddr())
 	}
 	if o.Tap != nil {
 		conn.SetTap(o.Tap)
@@ -617,17 +675,37 @@ func (d *Device) watchCtx(ctx context.Context) {
 	d.ctxDone, d.ctxStop = done, context.AfterFunc(ctx, d.waker.Wake)
 }
 
-// Close stops the device. QPs stop working; their memory stays the
-// application's.
+// Close stops the device, as closing an RDMA device context tears down
+// what was made on it. Every QP moves to the error state: its outstanding
+// work requests complete with WR_FLUSH_ERR on its CQs, and the QP is
+// destroyed. Every CQ closes: a goroutine waiting in PollWait (or on
+// Notify's channel) wakes and polls the flushed completions, and then
+// gets ErrClosed. ACKs the engine still holds go out first. Later calls
+// on the device and on what it made (AllocPD, CreateCQ, RegMR, CreateQP,
+// PostSend, ...) fail with an error errors.Is matches with ErrClosed.
+// Registered memory stays the application's. A second Close returns
+// nil; Close of the zero Device returns an error wrapping ErrClosed.
 func (d *Device) Close() error {
+	if d.eng == nil {
+		return errNotOpen
+	}
 	var err error
 	d.closeOnce.Do(func() {
-		// ACKs the engine still holds (for a reply that will not come now)
-		// go out first: the peer would otherwise retransmit to a closed
-		// port and, with retry_cnt 7, wait forever for them.
-		d.eng.FlushAcks()
+		d.cqMu.Lock()
+		d.closed.Store(true)
+		cqs := d.cqs
+		d.cqs = nil
+		d.cqMu.Unlock()
+		// The engine sends the ACKs it still holds (for a reply that will
+		// not come now: the peer would otherwise retransmit to a closed
+		// port and, with retry_cnt 7, wait forever), then flushes and
+		// destroys every QP, which leaves the CQs unused.
+		d.eng.Close()
 		close(d.stop)
 		err = d.conn.Close()
+		for _, cq := range cqs {
+			cq.Close() // ErrClosed for one the application closed: fine
+		}
 		d.wg.Wait()
 		if d.waker != nil {
 			d.rxMu.Lock()
@@ -638,6 +716,18 @@ func (d *Device) Close() error {
 		}
 	})
 	return err
+}
+
+// check returns ErrClosed (wrapped for the zero Device) once the device
+// is closed.
+func (d *Device) check() error {
+	if d == nil || d.eng == nil {
+		return errNotOpen
+	}
+	if d.closed.Load() {
+		return ErrClosed
+	}
+	return nil
 }
 
 // Addr returns the device's address and UDP port: its GID, as an IP
@@ -662,17 +752,46 @@ func (d *Device) Transport() transport.Conn { return d.conn }
 // learns of a peer's access by a path Go cannot see (the peer's own
 // completion, a message over another socket); a completion polled from
 // this device's CQs already orders memory.
-func (d *Device) Sync() { d.eng.Sync() }
+func (d *Device) Sync() {
+	if d.eng != nil {
+		d.eng.Sync()
+	}
+}
 
-// CreateCQ makes a completion queue of the given depth.
+// CreateCQ makes a completion queue of the given depth. Close it (after
+// destroying the QPs that use it) when done; Device.Close closes it too.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
 	cq, err := qp.NewCQ(depth)
-	if err == nil && d.busy > 0 {
+	if err != nil {
+		return nil, err
+	}
+	if d.busy > 0 {
 		cq.SetPoller(d.pollOnce, d.busy)
-	} else if err == nil && d.waker != nil {
+	} else if d.waker != nil {
 		cq.SetWaiter((*cqWaiter)(d))
 	}
-	return cq, err
+	d.cqMu.Lock()
+	defer d.cqMu.Unlock()
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if len(d.cqs) >= 2*d.cqsLive+16 {
+		// Forget the CQs the application closed; amortised over the
+		// CreateCQ calls since the last time, this costs O(1) each.
+		live := d.cqs[:0]
+		for _, c := range d.cqs {
+			if !c.Closed() {
+				live = append(live, c)
+			}
+		}
+		clear(d.cqs[len(live):])
+		d.cqs, d.cqsLive = live, len(live)
+	}
+	d.cqs = append(d.cqs, cq)
+	return cq, nil
 }
 
 // PD is a protection domain.
@@ -683,22 +802,45 @@ type PD struct {
 
 // AllocPD allocates a protection domain.
 func (d *Device) AllocPD() (*PD, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
 	return &PD{dev: d, pd: d.mrs.AllocPD()}, nil
 }
 
-// Dealloc frees the PD; it fails while MRs are registered in it.
-func (p *PD) Dealloc() error { return p.pd.Dealloc() }
+// check returns the error of the PD's device (ErrClosed once closed).
+func (p *PD) check() error {
+	if p == nil || p.pd == nil {
+		return errNotOpen
+	}
+	return p.dev.check()
+}
+
+// Dealloc frees the PD; it fails while MRs are registered in it. It works
+// after the device closed, to release what the application still holds.
+func (p *PD) Dealloc() error {
+	if p == nil || p.pd == nil {
+		return errNotOpen
+	}
+	return p.pd.Dealloc()
+}
 
 // RegMR registers buf for access: its lkey and rkey name it in work
 // requests and in peers' RDMA operations. The MR's IOVA (the address peers
 // use) is the buffer's real address unless AccessZeroBased is given.
 func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	return p.pd.Register(buf, access)
 }
 
 // RegMRInvalidatable registers buf so that SEND with Invalidate and
 // LOCAL_INV may invalidate it.
 func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	return p.pd.Register(buf, access, mr.WithInvalidate())
 }
 
@@ -717,22 +859,28 @@ type QPInitAttr struct {
 
 // CreateQP makes a QP in the RESET state.
 func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	return p.dev.eng.Create(qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SRQ: a.SRQ, Caps: a.Caps,
 		SigAll: a.SigAll, QPN: a.QPN})
 }
 
 // CreateSRQ makes a shared receive queue.
 func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	return p.dev.eng.NewSRQ(p.pd, depth, maxSGE)
 }
 
 // CreateAH makes an address handle for UD sends to dest (port 4791 when 0).
 func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	if !dest.Addr().IsValid() {
 		return nil, errors.New("rxego: address handle needs a destination address")
 	}
-	if dest.Port() == 0 {
-		dest = netip.AddrPortFrom(dest.Addr(), DefaultPort)
-	}
-	return &AH{Dest: dest}, nil
+	return &AH{Dest: Unmap(dest)}, nil
 }

@@ -7,4 +7,8 @@ import "github.com/rxego/rxego/transport"
 // them as pcapng, `rxego trace` and the demo draw them. It replaces the
 // Tap given in Options. Packets already in flight when SetTap returns may
 // still reach the previous Tap.
-func (d *Device) SetTap(t transport.Tap) { d.conn.SetTap(t) }
+func (d *Device) SetTap(t transport.Tap) {
+	if d.conn != nil {
+		d.conn.SetTap(t)
+	}
+}
