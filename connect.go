@@ -16,46 +16,70 @@ type RemoteQP struct {
 	QKey uint32 // UD only
 }
 
-// ConnectOptions tune ConnectRC and ConnectUC; nil means the defaults of
-// ibv_rc_pingpong: MTU 1024, timeout 14, retry 7, rnr_retry 7,
-// min_rnr_timer 12, one outstanding READ/atomic, all remote access.
+// ConnectOptions tune ConnectRC (and ConnectRC on a UC QP).
+//
+// Every verbs value can be expressed. Start from DefaultConnectOptions,
+// which sets Exact, and change what you need: each field is then used as
+// it is, zeros included (rnr_retry 0 fails at the first RNR NAK, timeout
+// 0 waits forever):
+//
+//	o := rxego.DefaultConnectOptions()
+//	o.RNRRetry, o.Timeout = 0, 0
+//	err := rxego.ConnectRC(q, remote, &o)
+//
+// In a ConnectOptions without Exact (a literal naming a few fields, as
+// &rxego.ConnectOptions{LocalPSN: psn, Timeout: 12}), a zero MTU, Timeout,
+// RetryCnt, RNRRetry, MinRNRTimer, MaxRdAtomic or Access stands for its
+// default, so such a literal changes only the fields it names. LocalPSN
+// and TrafficClass are always used as given. A nil *ConnectOptions means
+// the defaults.
 type ConnectOptions struct {
-	MTU          MTU
-	LocalPSN     uint32
-	Timeout      uint8
-	RetryCnt     uint8
-	RNRRetry     uint8
-	MinRNRTimer  uint8
-	MaxRdAtomic  uint8
-	Access       Access
-	TrafficClass uint8
+	MTU          MTU    // path_mtu (default MTU 1024)
+	LocalPSN     uint32 // sq_psn, this side's first send PSN
+	Timeout      uint8  // local ACK timeout: 4.096 us << Timeout, 0 infinite (default 14)
+	RetryCnt     uint8  // retry_cnt, 7 infinite (default 7)
+	RNRRetry     uint8  // rnr_retry, 7 infinite (default 7)
+	MinRNRTimer  uint8  // min_rnr_timer, the IB RNR timer code (default 12)
+	MaxRdAtomic  uint8  // max_rd_atomic and max_dest_rd_atomic (default 1)
+	Access       Access // qp_access_flags (default: local write and all remote access)
+	TrafficClass uint8  // the IP TOS of the QP's packets (0 unless set)
+	// Exact makes every field count as given, zeros included.
+	Exact bool
 }
 
+// DefaultConnectOptions returns the defaults of ibv_rc_pingpong, with
+// Exact set: MTU 1024, timeout 14, retry_cnt 7, rnr_retry 7,
+// min_rnr_timer 12, one outstanding READ or atomic, all remote access.
+func DefaultConnectOptions() ConnectOptions {
+	return ConnectOptions{MTU: qp.MTU1024, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxRdAtomic: 1,
+		Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic, Exact: true}
+}
+
+// withDefaults returns the options to use: o itself when Exact, else o
+// with its zero fields (those with a default) filled in.
 func (o *ConnectOptions) withDefaults() ConnectOptions {
-	c := ConnectOptions{MTU: qp.MTU1024, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxRdAtomic: 1,
-		Access: AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic}
+	c := DefaultConnectOptions()
 	if o == nil {
 		return c
+	}
+	if o.Exact {
+		return *o
+	}
+	pick := func(v, def uint8) uint8 {
+		if v != 0 {
+			return v
+		}
+		return def
 	}
 	if o.MTU != 0 {
 		c.MTU = o.MTU
 	}
 	c.LocalPSN = o.LocalPSN
-	if o.Timeout != 0 {
-		c.Timeout = o.Timeout
-	}
-	if o.RetryCnt != 0 {
-		c.RetryCnt = o.RetryCnt
-	}
-	if o.RNRRetry != 0 {
-		c.RNRRetry = o.RNRRetry
-	}
-	if o.MinRNRTimer != 0 {
-		c.MinRNRTimer = o.MinRNRTimer
-	}
-	if o.MaxRdAtomic != 0 {
-		c.MaxRdAtomic = o.MaxRdAtomic
-	}
+	c.Timeout = pick(o.Timeout, c.Timeout)
+	c.RetryCnt = pick(o.RetryCnt, c.RetryCnt)
+	c.RNRRetry = pick(o.RNRRetry, c.RNRRetry)
+	c.MinRNRTimer = pick(o.MinRNRTimer, c.MinRNRTimer)
+	c.MaxRdAtomic = pick(o.MaxRdAtomic, c.MaxRdAtomic)
 	if o.Access != 0 {
 		c.Access = o.Access
 	}
@@ -67,9 +91,7 @@ func (o *ConnectOptions) withDefaults() ConnectOptions {
 // the remote QP, with the attribute masks ibv_rc_pingpong uses.
 func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 	o := opts.withDefaults()
-	if remote.Addr.Port() == 0 {
-		remote.Addr = netip.AddrPortFrom(remote.Addr.Addr(), DefaultPort)
-	}
+	remote.Addr = Unmap(remote.Addr)
 	rc := q.Type() == qp.RC
 	steps := []struct {
 		attr qp.Attr

@@ -16,12 +16,34 @@ type CQ struct {
 	once sync.Once // attaches the CQ to its first QP's shard
 }
 
-// CreateCQ makes a completion queue of the given depth.
+// CreateCQ makes a completion queue of the given depth. Close it (after
+// destroying the QPs that use it) when done; Device.Close closes it too.
 func (d *Device) CreateCQ(depth int) (*CQ, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
 	c, err := qp.NewCQ(depth)
 	if err != nil {
 		return nil, err
 	}
+	d.cqMu.Lock()
+	defer d.cqMu.Unlock()
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if len(d.cqs) >= 2*d.cqsLive+16 {
+		// Forget the CQs the application closed; amortised over the
+		// CreateCQ calls since the last time, this costs O(1) each.
+		live := d.cqs[:0]
+		for _, c := range d.cqs {
+			if !c.Closed() {
+				live = append(live, c)
+			}
+		}
+		clear(d.cqs[len(live):])
+		d.cqs, d.cqsLive = live, len(live)
+	}
+	d.cqs = append(d.cqs, c)
 	return &CQ{cq: c}, nil
 }
 
@@ -44,7 +66,7 @@ func (c *CQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
 
 // PollWait polls, waiting first when nothing is there: the blocking
 // equivalent of a completion-channel loop. It returns ctx's error when ctx
-// ends first, or an error once the CQ is closed.
+// ends first, or ErrClosed once the CQ is closed and empty.
 func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) { return c.cq.PollWait(ctx, wcs) }
 
 // Wait blocks until at least one completion is waiting, ctx is done, or
@@ -60,5 +82,19 @@ func (c *CQ) Depth() int { return c.cq.Depth() }
 // Err returns qp.ErrCQOverrun once the CQ has overrun.
 func (c *CQ) Err() error { return c.cq.Err() }
 
-// Close wakes the CQ's waiters; later waits fail.
-func (c *CQ) Close() { c.cq.Close() }
+// Close closes the CQ (ibv_destroy_cq): goroutines waiting in PollWait,
+// Wait or on Notify's channel wake up; completions still queued can be
+// polled, and then waits fail with ErrClosed. While a QP that is not
+// destroyed uses the CQ, Close fails with ErrBusy and changes nothing. A
+// second Close returns ErrClosed.
+func (c *CQ) Close() error { return c.cq.Close() }
+
+// Closed reports whether the CQ has been closed.
+func (c *CQ) Closed() bool { return c.cq.Closed() }
+
+// Notify returns a channel that receives a value when completions arrive,
+// for a select beside other channels: the Go form of a completion channel
+// (ibv_req_notify_cq, then ibv_get_cq_event). Call it again before each
+// wait; after a wake-up, Poll until it returns 0. The channel is closed
+// when the CQ is. See qp.CQ.Notify.
+func (c *CQ) Notify() <-chan struct{} { return c.cq.Notify() }

@@ -15,6 +15,25 @@
 //	_ = rxego.ConnectRC(qp, rxego.RemoteQP{...}, nil)
 //	_ = qp.PostSend(rxego.SendWR{Opcode: rxego.WRWrite, ...})
 //
+// The swapWrite example is this, whole and runnable, as the README shows
+// it: both sides connect and write into each other's memory, and each
+// calls Device.Sync before reading what the peer wrote.
+//
+// Waiting: CQ.PollWait blocks until completions arrive or its context
+// ends; CQ.Notify gives a channel to wait on in a select beside sockets
+// and timers (a completion channel).
+//
+// Lifecycle: Device.Close moves every QP to the error state, so its
+// outstanding work requests complete with WR_FLUSH_ERR, wakes every
+// goroutine waiting on the device's CQs, and makes later calls fail with
+// ErrClosed (test with errors.Is, as for net.ErrClosed). CQ.Close refuses
+// with ErrBusy while a QP uses the CQ, as ibv_destroy_cq does. A post the
+// QP's state does not allow fails with qp.ErrInvalidWR.
+//
+// Addresses: a peer's GID is an IPv4-mapped IPv6 address for an IPv4
+// peer (::ffff:a.b.c.d); every address that enters the API (Open,
+// ConnectRC, CreateAH, QP.Modify) is normalised to the IPv4 form.
+//
 // Work requests, completions, QP attributes and their numeric values are
 // those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
 // code and intuition carry over. The engine behind them lives in package
@@ -108,6 +127,13 @@ const (
 	WRAtomicWrite = qp.WRAtomicWrite
 )
 
+// Completion statuses most programs test for; the others are package
+// qp's WC* constants (ibv_wc_status values).
+const (
+	WCSuccess    = qp.WCSuccess
+	WCWRFlushErr = qp.WCWRFlushErr
+)
+
 // Send flags.
 const (
 	SendFence     = qp.SendFence
@@ -118,6 +144,18 @@ const (
 
 // DefaultPort is RoCEv2's UDP port.
 const DefaultPort = transport.Port
+
+// ErrClosed is what calls on a closed Device, and on the PDs, CQs, QPs
+// and SRQs it made, return (wrapped or as is; test with errors.Is), as
+// net.ErrClosed is for connections. The zero Device counts as closed.
+var ErrClosed = qp.ErrClosed
+
+// ErrBusy is what CQ.Close returns while a QP still uses the CQ (verbs:
+// EBUSY from ibv_destroy_cq). Destroy the QP first.
+var ErrBusy = qp.ErrBusy
+
+// errNotOpen is the zero Device's error.
+var errNotOpen = fmt.Errorf("rxego: device not opened (use rxego.Open): %w", ErrClosed)
 
 // Options configure a Device. The zero value is fine.
 type Options struct {
@@ -177,7 +215,8 @@ const DefaultSourcePorts = 8
 const MaxShards = 16
 
 // Device is one RoCEv2 port: a UDP endpoint on one local address and the
-// engines serving its QPs. Methods are safe for concurrent use.
+// engines serving its QPs. Methods are safe for concurrent use. Make one
+// with Open; the zero Device is closed (its methods return ErrClosed).
 type Device struct {
 	shards []*shard
 	rcvs   []*sched.Receiver // one per Conn: per shard, or one for Options.Conn
@@ -189,22 +228,41 @@ type Device struct {
 	stop      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	closed    atomic.Bool
+	cqMu      sync.Mutex // guards cqs and, with closed, CreateCQ against Close
+	cqs       []*qp.CQ   // the CQs Close wakes (closed ones pruned in CreateCQ)
+	cqsLive   int        // len(cqs) after the last prune
 
 	qpnMu   sync.Mutex
 	nextQPN uint32 // the QP number CreateQP tries next
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
-// to 4791.
+// to 4791. An IPv4-mapped address (::ffff:a.b.c.d, the form a RoCE GID
+// takes) comes back as the IPv4 address: see Unmap.
 func ParseAddr(s string) (netip.AddrPort, error) {
 	if ap, err := netip.ParseAddrPort(s); err == nil {
-		return ap, nil
+		return Unmap(ap), nil
 	}
 	a, err := netip.ParseAddr(strings.Trim(s, "[]"))
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("rxego: %q is not an IP address or IP:port", s)
 	}
-	return netip.AddrPortFrom(a, DefaultPort), nil
+	return Unmap(netip.AddrPortFrom(a, DefaultPort)), nil
+}
+
+// Unmap returns ap with an IPv4-mapped address (::ffff:a.b.c.d) turned
+// into the IPv4 address and the port 4791 when 0. RoCE names an IPv4
+// peer by such a GID (Device.GID returns one), but packets from it
+// arrive from the IPv4 address: rxego normalises every address where it
+// enters (Open, ConnectRC, CreateAH, QP.Modify), so one peer never looks
+// like two.
+func Unmap(ap netip.AddrPort) netip.AddrPort {
+	port := ap.Port()
+	if port == 0 {
+		port = DefaultPort
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), port)
 }
 
 // shardCount is how many shards o asks for.
@@ -252,7 +310,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
 		}
 	} else {
-		local = o.Conn.LocalAddr()
+		local = Unmap(o.Conn.LocalAddr())
 	}
 	d := &Device{conns: conns, mrs: mr.NewTable(), local: local, stop: make(chan struct{}), nextQPN: firstQPN}
 	if o.Tap != nil {
@@ -300,16 +358,33 @@ func Open(addr string, opts *Options) (*Device, error) {
 // special QPs, and rxe starts its own at 17.
 const firstQPN = 17
 
-// Close stops the device. QPs stop working; their memory stays the
-// application's.
+// Close stops the device, as closing an RDMA device context tears down
+// what was made on it. Every QP moves to the error state: its outstanding
+// work requests complete with WR_FLUSH_ERR on its CQs, and the QP is
+// destroyed. Every CQ closes: a goroutine waiting in PollWait (or on
+// Notify's channel) wakes and polls the flushed completions, and then
+// gets ErrClosed. ACKs the engine still holds go out first. Later calls
+// on the device and on what it made (AllocPD, CreateCQ, RegMR, CreateQP,
+// PostSend, ...) fail with an error errors.Is matches with ErrClosed.
+// Registered memory stays the application's. A second Close returns
+// nil; Close of the zero Device returns an error wrapping ErrClosed.
 func (d *Device) Close() error {
+	if d.shards == nil {
+		return errNotOpen
+	}
 	var err error
 	d.closeOnce.Do(func() {
-		// ACKs the engines still hold (for a reply that will not come now)
-		// go out first: the peer would otherwise retransmit to a closed
-		// port and, with retry_cnt 7, wait forever for them.
+		d.cqMu.Lock()
+		d.closed.Store(true)
+		cqs := d.cqs
+		d.cqs = nil
+		d.cqMu.Unlock()
+		// Each engine sends the ACKs it still holds (for a reply that will
+		// not come now: the peer would otherwise retransmit to a closed
+		// port and, with retry_cnt 7, wait forever), then flushes and
+		// destroys every QP, which leaves the CQs unused.
 		for _, s := range d.shards {
-			s.eng.FlushAcks()
+			s.eng.Close()
 		}
 		close(d.stop)
 		for _, c := range d.conns {
@@ -317,12 +392,27 @@ func (d *Device) Close() error {
 				err = e
 			}
 		}
+		for _, cq := range cqs {
+			cq.Close() // ErrClosed for one the application closed: fine
+		}
 		d.wg.Wait()
 		for _, r := range d.rcvs {
 			r.Close()
 		}
 	})
 	return err
+}
+
+// check returns ErrClosed (wrapped for the zero Device) once the device
+// is closed.
+func (d *Device) check() error {
+	if d == nil || d.shards == nil {
+		return errNotOpen
+	}
+	if d.closed.Load() {
+		return ErrClosed
+	}
+	return nil
 }
 
 // Addr returns the device's address and UDP port: its GID, as an IP
@@ -380,7 +470,12 @@ func (d *Device) batch(i int, fn func()) {
 
 // Transport returns the device's UDP transport, for statistics and taps:
 // its Stats sum the shards' sockets, SetTap reaches them all.
-func (d *Device) Transport() Transport { return (*deviceTransport)(d) }
+func (d *Device) Transport() Transport {
+	if d == nil || d.conns == nil {
+		return nil // the zero Device has none
+	}
+	return (*deviceTransport)(d)
+}
 
 // Transport is the view of a device's transport that Device.Transport
 // gives.
@@ -396,9 +491,13 @@ type Transport interface {
 type deviceTransport Device
 
 func (t *deviceTransport) Stats() transport.Stats {
-	st := t.conns[0].Stats()
-	for _, c := range t.conns[1:] {
-		st.Add(c.Stats())
+	var st transport.Stats
+	for i, c := range t.conns {
+		if i == 0 {
+			st = c.Stats()
+		} else {
+			st.Add(c.Stats())
+		}
 	}
 	return st
 }
@@ -429,23 +528,46 @@ type PD struct {
 
 // AllocPD allocates a protection domain.
 func (d *Device) AllocPD() (*PD, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
 	return &PD{dev: d, pd: d.mrs.AllocPD()}, nil
 }
 
-// Dealloc frees the PD; it fails while MRs are registered in it.
-func (p *PD) Dealloc() error { return p.pd.Dealloc() }
+// check returns the error of the PD's device (ErrClosed once closed).
+func (p *PD) check() error {
+	if p == nil || p.pd == nil {
+		return errNotOpen
+	}
+	return p.dev.check()
+}
+
+// Dealloc frees the PD; it fails while MRs are registered in it. It works
+// after the device closed, to release what the application still holds.
+func (p *PD) Dealloc() error {
+	if p == nil || p.pd == nil {
+		return errNotOpen
+	}
+	return p.pd.Dealloc()
+}
 
 // RegMR registers buf for access: its lkey and rkey name it in work
 // requests and in peers' RDMA operations. The MR's IOVA (the address peers
 // use) is the buffer's real address unless AccessZeroBased is given. One
 // MR serves the QPs of every shard.
 func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	return p.pd.Register(buf, access)
 }
 
 // RegMRInvalidatable registers buf so that SEND with Invalidate and
 // LOCAL_INV may invalidate it.
 func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	return p.pd.Register(buf, access, mr.WithInvalidate())
 }
 
@@ -467,6 +589,9 @@ type QPInitAttr struct {
 // (QPN mod Shards): the device numbers QPs in turn, so they spread over
 // the shards.
 func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	if a.SendCQ == nil || a.RecvCQ == nil {
 		return nil, errors.New("rxego: a QP needs a send CQ and a receive CQ")
 	}
@@ -509,16 +634,19 @@ func (d *Device) shardOf(n uint32) int { return int(n % uint32(len(d.shards))) }
 
 // CreateSRQ makes a shared receive queue; it serves QPs of every shard.
 func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	return p.dev.shards[0].eng.NewSRQ(p.pd, depth, maxSGE)
 }
 
 // CreateAH makes an address handle for UD sends to dest (port 4791 when 0).
 func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
+	if err := p.check(); err != nil {
+		return nil, err
+	}
 	if !dest.Addr().IsValid() {
 		return nil, errors.New("rxego: address handle needs a destination address")
 	}
-	if dest.Port() == 0 {
-		dest = netip.AddrPortFrom(dest.Addr(), DefaultPort)
-	}
-	return &AH{Dest: dest}, nil
+	return &AH{Dest: Unmap(dest)}, nil
 }

@@ -3,7 +3,8 @@
 # kernels (6.1 and 6.12) extracted into a cache directory, and one small
 # initramfs per kernel. Idempotent: a second run only checks and prints.
 #
-#   sudo conformance/setup.sh
+#   conformance/setup.sh         (in a root shell)
+#   sudo conformance/setup.sh    (as a user allowed to use sudo)
 #
 # Env:
 #   RXEGO_LAB_DIR   cache directory (default: conformance/.lab next to this file)
@@ -20,14 +21,14 @@ initsrc=$here/initramfs/init
 log() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
-[ "$(id -u)" = 0 ] || die "must run as root (sudo $0)"
+[ "$(id -u)" = 0 ] || die "must run as root: $0 in a root shell, or sudo $0"
 
 # --- packages ---------------------------------------------------------------
 # chromium: the headless-browser test of rxego trace's HTML page
 # (internal/ladder); fonts-liberation gives its text metrics.
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
 	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod
-	chromium fonts-liberation)
+	ethtool util-linux chromium fonts-liberation)
 missing=()
 for p in "${pkgs[@]}"; do
 	if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
@@ -43,6 +44,25 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
 	log "packages: all present"
 fi
+
+# Every program a test, the lab or a command runs (guests run the host's
+# programs through a 9p root), checked after installing: a test finding
+# one missing fails late and far from here. internal/setupcheck fails when
+# the Go code runs a program this list lacks. The Go toolchain is a
+# prerequisite, not installed here.
+programs=(
+	ip tc rdma nft tcpdump tshark mergecap ethtool setpriv   # iproute2 nftables tcpdump tshark ethtool util-linux
+	qemu-system-x86_64 busybox xz cpio depmod modprobe       # qemu-system-x86 busybox-static xz-utils cpio kmod
+	ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong   # ibverbs-utils
+	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
+	rping ucmatose                                           # rdmacm-utils
+	chromium                                                 # chromium
+	sh bash dd cat echo true                                 # base system
+)
+for p in "${programs[@]}"; do
+	command -v "$p" >/dev/null || die "$p not found after installing the packages above"
+done
+log "programs: all ${#programs[@]} found"
 
 # --- kernels ----------------------------------------------------------------
 # newest_pkg PATTERN prints the newest package name apt knows matching the

@@ -103,7 +103,7 @@ func TestDCQCNMetrics(t *testing.T) {
 		}
 	}
 
-	srv := httptest.NewServer(metrics.Handler(metrics.NewCollector(a, b)))
+	srv := httptest.NewServer(metrics.Handler(metrics.NewCollectorOptions(metrics.Options{PerQP: 4}, a, b)))
 	defer srv.Close()
 	m := scrape(t, srv.URL)
 	get := func(name string, d *rxego.Device, q *rxego.QP) float64 {
@@ -131,8 +131,8 @@ func TestDCQCNMetrics(t *testing.T) {
 		{"sender QP CNPs handled", get("rxego_qp_cnps_handled_total", a, qps[0]), float64(sb.CNPsSent)},
 		{"sender engine CNPs received", get("rxego_cnps_received_total", a, nil), float64(sb.CNPsSent)},
 		{"sender QP rate cuts", get("rxego_qp_rate_cuts_total", a, qps[0]), float64(sa.RateCuts)},
-		{"sender QP rate", get("rxego_qp_rate_bps", a, qps[0]), float64(sa.Rate)},
-		{"sender QP target rate", get("rxego_qp_target_rate_bps", a, qps[0]), float64(sa.Target)},
+		{"sender QP rate", get("rxego_qp_rate_bits_per_second", a, qps[0]), float64(sa.Rate)},
+		{"sender QP target rate", get("rxego_qp_target_rate_bits_per_second", a, qps[0]), float64(sa.Target)},
 		{"sender QP alpha", get("rxego_qp_alpha", a, qps[0]), sa.Alpha},
 	} {
 		if c.got != c.want {

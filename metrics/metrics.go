@@ -1,14 +1,22 @@
 // Package metrics exposes rxego devices to Prometheus: the counters rdma_rxe
 // shows in sysfs (same names and meanings, so both ends of an interop run
-// compare directly), bytes, drops by reason, and each QP's DCQCN state.
+// compare directly), bytes, drops by reason, and, when asked for, each
+// QP's DCQCN state.
 //
 //	reg := prometheus.NewRegistry()
 //	reg.MustRegister(metrics.NewCollector(dev))
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+//
+// Names follow Prometheus' conventions: base units in the name
+// (_bits_per_second, _bytes), _total on counters, and label values in
+// snake_case (the drop reasons are the String of qp.DropReason and
+// transport.DropReason, which are snake_case for this).
 package metrics
 
 import (
+	"cmp"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -54,10 +62,28 @@ var engineCounters = []engineCounter{
 	{"ecn_marked_pkts", "Packets received marked Congestion Experienced.", func(c *qp.Counters) *atomic.Uint64 { return &c.ECNMarkedPktsReceived }},
 }
 
+// Options configure a Collector.
+type Options struct {
+	// PerQP is how many QPs per device get their own DCQCN series (rate,
+	// target rate, alpha, CNPs sent and handled, CE marks, rate cuts:
+	// seven series per QP). 0, the default, exports none: a series per QP
+	// grows without bound with the QPs, which Prometheus pays for. With
+	// PerQP > 0 the PerQP lowest-numbered QPs are exported (QP numbers
+	// are handed out in increasing order, so a QP keeps its series while
+	// it lives) and the counters of the rest are summed under
+	// qp="other", so totals stay right at a bounded cost.
+	PerQP int
+}
+
+// OtherQPs is the qp label value of the series summing the QPs beyond
+// Options.PerQP.
+const OtherQPs = "other"
+
 // Collector is a prometheus.Collector for a set of rxego devices.
 type Collector struct {
 	mu      sync.Mutex
 	devices []*rxego.Device
+	opts    Options
 
 	engine    []*prometheus.Desc
 	drops     *prometheus.Desc
@@ -72,23 +98,32 @@ type Collector struct {
 	qpCNPRcvd *prometheus.Desc
 	qpCE      *prometheus.Desc
 	qpCuts    *prometheus.Desc
+	ccQPs     *prometheus.Desc
 }
 
-// NewCollector returns a collector for devs; Add adds more later.
+// NewCollector returns a collector for devs with the default Options (no
+// per-QP series); Add adds more devices later.
 func NewCollector(devs ...*rxego.Device) *Collector {
+	return NewCollectorOptions(Options{}, devs...)
+}
+
+// NewCollectorOptions is NewCollector with options.
+func NewCollectorOptions(o Options, devs ...*rxego.Device) *Collector {
 	dev := []string{"device"}
 	qpl := []string{"device", "qp"}
 	c := &Collector{
 		devices:   devs,
+		opts:      o,
+		ccQPs:     prometheus.NewDesc("rxego_dcqcn_qps", "QPs of a device with DCQCN state (the per-QP series cover at most --metrics-per-qp of them).", dev, nil),
 		drops:     prometheus.NewDesc("rxego_dropped_pkts_total", "Received packets the engine dropped, by reason.", []string{"device", "reason"}, nil),
 		udpDrops:  prometheus.NewDesc("rxego_transport_dropped_pkts_total", "Datagrams the UDP transport dropped, by reason (bad ICRC, not RoCE, ...).", []string{"device", "reason"}, nil),
 		udpPkts:   prometheus.NewDesc("rxego_transport_pkts_total", "RoCE packets through the UDP transport, by direction.", []string{"device", "dir"}, nil),
 		udpBytes:  prometheus.NewDesc("rxego_transport_bytes_total", "UDP payload bytes through the transport, by direction.", []string{"device", "dir"}, nil),
 		udpCalls:  prometheus.NewDesc("rxego_transport_syscalls_total", "sendmmsg/recvmmsg calls, by direction.", []string{"device", "dir"}, nil),
-		qpRate:    prometheus.NewDesc("rxego_qp_rate_bps", "DCQCN current rate of a QP, bits/s.", qpl, nil),
-		qpTarget:  prometheus.NewDesc("rxego_qp_target_rate_bps", "DCQCN target rate of a QP, bits/s.", qpl, nil),
+		qpRate:    prometheus.NewDesc("rxego_qp_rate_bits_per_second", "DCQCN current rate of a QP.", qpl, nil),
+		qpTarget:  prometheus.NewDesc("rxego_qp_target_rate_bits_per_second", "DCQCN target rate of a QP.", qpl, nil),
 		qpAlpha:   prometheus.NewDesc("rxego_qp_alpha", "DCQCN alpha of a QP.", qpl, nil),
-		qpCNPSent: prometheus.NewDesc("rxego_qp_cnps_sent_total", "CNPs a QP sent for CE-marked packets.", qpl, nil),
+		qpCNPSent: prometheus.NewDesc("rxego_qp_cnps_sent_total", "CNPs a QP sent for CE-marked packets (qp=\"other\": the QPs beyond the per-QP limit).", qpl, nil),
 		qpCNPRcvd: prometheus.NewDesc("rxego_qp_cnps_handled_total", "CNPs a QP's reaction point handled.", qpl, nil),
 		qpCE:      prometheus.NewDesc("rxego_qp_ce_marked_pkts_total", "CE-marked packets a QP received.", qpl, nil),
 		qpCuts:    prometheus.NewDesc("rxego_qp_rate_cuts_total", "DCQCN rate decreases of a QP.", qpl, nil),
@@ -112,7 +147,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	for _, d := range []*prometheus.Desc{c.drops, c.udpDrops, c.udpPkts, c.udpBytes, c.udpCalls,
-		c.qpRate, c.qpTarget, c.qpAlpha, c.qpCNPSent, c.qpCNPRcvd, c.qpCE, c.qpCuts} {
+		c.qpRate, c.qpTarget, c.qpAlpha, c.qpCNPSent, c.qpCNPRcvd, c.qpCE, c.qpCuts, c.ccQPs} {
 		ch <- d
 	}
 }
@@ -147,20 +182,44 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.udpBytes, ts.RecvBytes, name, "in")
 		counter(c.udpCalls, ts.SendCalls, name, "out")
 		counter(c.udpCalls, ts.RecvCalls, name, "in")
-		for _, q := range dev.QPs() {
-			cs, ok := q.CongestionStats()
-			if !ok {
-				continue
-			}
-			n := strconv.FormatUint(uint64(q.Num()), 10)
-			gauge(c.qpRate, float64(cs.Rate), name, n)
-			gauge(c.qpTarget, float64(cs.Target), name, n)
-			gauge(c.qpAlpha, cs.Alpha, name, n)
-			counter(c.qpCNPSent, cs.CNPsSent, name, n)
-			counter(c.qpCNPRcvd, cs.CNPsRcvd, name, n)
-			counter(c.qpCE, cs.CEMarked, name, n)
-			counter(c.qpCuts, cs.RateCuts, name, n)
+		c.collectQPs(dev, name, counter, gauge)
+	}
+}
+
+// collectQPs exports the DCQCN state of dev's first Options.PerQP QPs by
+// number, and the summed counters of the rest under qp="other".
+func (c *Collector) collectQPs(dev *rxego.Device, name string, counter func(*prometheus.Desc, uint64, ...string), gauge func(*prometheus.Desc, float64, ...string)) {
+	qps := dev.QPs()
+	slices.SortFunc(qps, func(a, b *qp.QP) int { return cmp.Compare(a.Num(), b.Num()) })
+	var cc int
+	var other qp.CCStats
+	for _, q := range qps {
+		cs, ok := q.CongestionStats()
+		if !ok {
+			continue
 		}
+		if cc++; cc > c.opts.PerQP {
+			other.CNPsSent += cs.CNPsSent
+			other.CNPsRcvd += cs.CNPsRcvd
+			other.CEMarked += cs.CEMarked
+			other.RateCuts += cs.RateCuts
+			continue
+		}
+		n := strconv.FormatUint(uint64(q.Num()), 10)
+		gauge(c.qpRate, float64(cs.Rate), name, n)
+		gauge(c.qpTarget, float64(cs.Target), name, n)
+		gauge(c.qpAlpha, cs.Alpha, name, n)
+		counter(c.qpCNPSent, cs.CNPsSent, name, n)
+		counter(c.qpCNPRcvd, cs.CNPsRcvd, name, n)
+		counter(c.qpCE, cs.CEMarked, name, n)
+		counter(c.qpCuts, cs.RateCuts, name, n)
+	}
+	gauge(c.ccQPs, float64(cc), name)
+	if c.opts.PerQP > 0 && cc > c.opts.PerQP {
+		counter(c.qpCNPSent, other.CNPsSent, name, OtherQPs)
+		counter(c.qpCNPRcvd, other.CNPsRcvd, name, OtherQPs)
+		counter(c.qpCE, other.CEMarked, name, OtherQPs)
+		counter(c.qpCuts, other.RateCuts, name, OtherQPs)
 	}
 }
 

@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +17,8 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/testaddr"
 	"github.com/rxego/rxego/metrics"
+	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
 )
 
 // scrape fetches /metrics and returns each sample line's value by its
@@ -42,49 +47,65 @@ func scrape(t *testing.T, url string) map[string]float64 {
 	return out
 }
 
-// TestCountersMove runs ten 1 KiB RDMA WRITEs and checks that a scrape
-// sees exactly the packets, requests and bytes they caused.
-func TestCountersMove(t *testing.T) {
-	var devs [2]*rxego.Device
-	var qps [2]*rxego.QP
-	var mrs [2]*rxego.MR
-	var cqs [2]*rxego.CQ
+// connectedPairs opens two devices and connects n RC QP pairs between
+// them, each QP with its own CQ entries and a 16 KiB MR.
+func connectedPairs(t *testing.T, n int) (devs [2]*rxego.Device, qps [2][]*rxego.QP, mrs [2]*rxego.MR, cqs [2]*rxego.CQ) {
+	t.Helper()
 	for i := range devs {
 		d := testaddr.Open(t, nil)
 		pd, _ := d.AllocPD()
 		cqs[i], _ = d.CreateCQ(64)
-		var err error
-		qps[i], err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cqs[i], RecvCQ: cqs[i], Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32}})
-		if err != nil {
-			t.Fatal(err)
+		for range n {
+			q, err := pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cqs[i], RecvCQ: cqs[i], Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			qps[i] = append(qps[i], q)
 		}
 		mrs[i], _ = pd.RegMR(make([]byte, 16<<10), rxego.AccessLocalWrite|rxego.AccessRemoteWrite)
 		devs[i] = d
 	}
-	for i := range 2 {
-		o := 1 - i
-		if err := rxego.ConnectRC(qps[i], rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, nil); err != nil {
-			t.Fatal(err)
+	for k := range n {
+		for i := range 2 {
+			o := 1 - i
+			if err := rxego.ConnectRC(qps[i][k], rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o][k].Num()}, nil); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	return devs, qps, mrs, cqs
+}
+
+// writeWait has q WRITE size bytes from the start of mrs[0] to offset off
+// of mrs[1], signalled, and waits for its completion on cq.
+func writeWait(t *testing.T, q *rxego.QP, cq *rxego.CQ, mrs [2]*rxego.MR, k, size int, off uint64) {
+	t.Helper()
+	err := q.PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
+		SGL:        []rxego.SGE{{Addr: mrs[0].IOVA(), Length: uint32(size), LKey: mrs[0].LKey()}},
+		RemoteAddr: mrs[1].IOVA() + off, RKey: mrs[1].RKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	wc := make([]rxego.WC, 1)
+	if _, err := cq.PollWait(ctx, wc); err != nil || wc[0].Status != 0 {
+		t.Fatalf("write %d: %v %+v", k, err, wc[0])
+	}
+}
+
+// TestCountersMove runs ten 1 KiB RDMA WRITEs and checks that a scrape
+// sees exactly the packets, requests and bytes they caused.
+func TestCountersMove(t *testing.T) {
+	devs, qpl, mrs, cqs := connectedPairs(t, 1)
+	qps := [2]*rxego.QP{qpl[0][0], qpl[1][0]}
 	c := metrics.NewCollector(devs[0], devs[1])
 	srv := httptest.NewServer(metrics.Handler(c))
 	defer srv.Close()
 	before := scrape(t, srv.URL)
 	const n, size = 10, 1024
 	for k := 0; k < n; k++ {
-		err := qps[0].PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
-			SGL:        []rxego.SGE{{Addr: mrs[0].IOVA(), Length: size, LKey: mrs[0].LKey()}},
-			RemoteAddr: mrs[1].IOVA() + uint64(k*size), RKey: mrs[1].RKey()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		wc := make([]rxego.WC, 1)
-		if _, err := cqs[0].PollWait(ctx, wc); err != nil || wc[0].Status != 0 {
-			t.Fatalf("write %d: %v %+v", k, err, wc[0])
-		}
-		cancel()
+		writeWait(t, qps[0], cqs[0], mrs, k, size, uint64(k*size))
 	}
 	after := scrape(t, srv.URL)
 	a, b := devs[0].Addr().String(), devs[1].Addr().String()
@@ -110,7 +131,102 @@ func TestCountersMove(t *testing.T) {
 			t.Errorf("%s{%s} moved by %v, want %v", ch.name, ch.dev, got, ch.want)
 		}
 	}
-	if _, ok := after[fmt.Sprintf(`rxego_qp_rate_bps{device=%q,qp="%d"}`, a, qps[0].Num())]; !ok {
-		t.Error("per-QP DCQCN rate missing")
+	for key := range after {
+		if strings.HasPrefix(key, "rxego_qp_") {
+			t.Errorf("per-QP series %s exported without Options.PerQP", key)
+		}
+		checkLabelStyle(t, key)
+	}
+}
+
+// labelValue matches a snake_case label value (or a number or address,
+// which the device and qp labels hold).
+var labelValue = regexp.MustCompile(`^[a-z0-9_.:\[\]]+$`)
+
+// checkLabelStyle fails when a sample's label values are not snake_case.
+func checkLabelStyle(t *testing.T, key string) {
+	t.Helper()
+	for _, m := range regexp.MustCompile(`="([^"]*)"`).FindAllStringSubmatch(key, -1) {
+		if !labelValue.MatchString(m[1]) {
+			t.Errorf("%s: label value %q is not snake_case", key, m[1])
+		}
+	}
+}
+
+// TestDropReasonLabels checks every drop reason of the engine and of the
+// transport, the label values of rxego_dropped_pkts_total and
+// rxego_transport_dropped_pkts_total, for one style: snake_case.
+func TestDropReasonLabels(t *testing.T) {
+	snake := regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+	var names []string
+	for _, r := range qp.DropReasons() {
+		names = append(names, r.String())
+	}
+	for r := transport.DropReason(0); r < transport.NumDropReasons; r++ {
+		names = append(names, r.String())
+	}
+	for _, n := range names {
+		if !snake.MatchString(n) {
+			t.Errorf("drop reason %q is not snake_case", n)
+		}
+	}
+	if len(names) < 10 {
+		t.Fatalf("only %d drop reasons", len(names))
+	}
+}
+
+// TestPerQPSeries connects three QP pairs, runs WRITEs on the third, and
+// checks the per-QP series: none by default, the lowest-numbered PerQP
+// QPs with their own series, and the rest summed under qp="other".
+func TestPerQPSeries(t *testing.T) {
+	devs, qps, mrs, cqs := connectedPairs(t, 3)
+	for k := range 4 {
+		writeWait(t, qps[0][2], cqs[0], mrs, k, 64, 0)
+	}
+	a := devs[0].Addr().String()
+	srv := httptest.NewServer(metrics.Handler(metrics.NewCollector(devs[0])))
+	defer srv.Close()
+	def := scrape(t, srv.URL)
+	if v := def[fmt.Sprintf(`rxego_dcqcn_qps{device=%q}`, a)]; v != 3 {
+		t.Errorf("rxego_dcqcn_qps = %v, want 3", v)
+	}
+	for key := range def {
+		if strings.HasPrefix(key, "rxego_qp_") {
+			t.Errorf("default collector exports %s", key)
+		}
+	}
+
+	srv2 := httptest.NewServer(metrics.Handler(metrics.NewCollectorOptions(metrics.Options{PerQP: 2}, devs[0])))
+	defer srv2.Close()
+	m := scrape(t, srv2.URL)
+	ids := map[string]bool{}
+	for key := range m {
+		if strings.HasPrefix(key, "rxego_qp_") {
+			checkLabelStyle(t, key)
+			ids[regexp.MustCompile(`qp="([^"]*)"`).FindStringSubmatch(key)[1]] = true
+		}
+	}
+	nums := []uint32{qps[0][0].Num(), qps[0][1].Num(), qps[0][2].Num()}
+	slices.Sort(nums)
+	want := map[string]bool{strconv.Itoa(int(nums[0])): true, strconv.Itoa(int(nums[1])): true, metrics.OtherQPs: true}
+	if !maps.Equal(ids, want) {
+		t.Errorf("qp label values %v, want %v", ids, want)
+	}
+	for _, name := range []string{"rxego_qp_rate_bits_per_second", "rxego_qp_target_rate_bits_per_second", "rxego_qp_alpha"} {
+		key := fmt.Sprintf(`%s{device=%q,qp="%d"}`, name, a, nums[0])
+		if v, ok := m[key]; !ok || v <= 0 && name != "rxego_qp_alpha" {
+			t.Errorf("%s = %v (present %v), want a positive rate", key, v, ok)
+		}
+		if _, ok := m[fmt.Sprintf(`%s{device=%q,qp=%q}`, name, a, metrics.OtherQPs)]; ok {
+			t.Errorf("gauge %s summed under qp=other", name)
+		}
+	}
+	// The counters summed under "other" are the third QP's.
+	cs, _ := qps[0][2].CongestionStats()
+	if k := fmt.Sprintf(`rxego_qp_rate_cuts_total{device=%q,qp=%q}`, a, metrics.OtherQPs); m[k] != float64(cs.RateCuts) {
+		t.Errorf("%s = %v, want %d", k, m[k], cs.RateCuts)
+	}
+	if _, ok := m[fmt.Sprintf(`rxego_qp_cnps_sent_total{device=%q,qp=%q}`, a, metrics.OtherQPs)]; !ok {
+		t.Error("no qp=other CNP counter")
 	}
 }

@@ -13,6 +13,10 @@ import (
 // CQ overrun it is fatal to the CQ's QPs.
 var ErrCQOverrun = errors.New("qp: completion queue overrun")
 
+// ErrBusy is returned by CQ.Close while a QP still uses the CQ, as
+// ibv_destroy_cq fails with EBUSY: destroy the QP first.
+var ErrBusy = errors.New("qp: CQ in use by a QP")
+
 // CQ is a completion queue. The engine pushes completions; the application
 // polls them, or waits until some are there.
 type CQ struct {
@@ -25,6 +29,8 @@ type CQ struct {
 	bell    chan struct{} // a token when entries arrive while someone waits
 	done    chan struct{} // closed by Close
 	closed  bool
+	users   int           // QPs that complete work here (Engine.Create, QP.Destroy)
+	notify  chan struct{} // see Notify; nil until first asked for
 	poller  func()        // see SetPoller
 	spin    time.Duration // see SetPoller
 	waiter  Waiter        // see SetWaiter
@@ -136,6 +142,12 @@ func (c *CQ) pushWoke(wc WC) (ok, woke bool) {
 	if c.n == 1 && c.watched {
 		c.waiter.Wake()
 	}
+	if c.n == 1 && c.notify != nil && !c.closed {
+		select {
+		case c.notify <- struct{}{}:
+		default:
+		}
+	}
 	return true, woke
 }
 
@@ -204,7 +216,7 @@ func (c *CQ) WaitOr(ctx context.Context, wake <-chan struct{}) error {
 			return nil
 		}
 		if c.closed {
-			return errors.New("qp: CQ closed")
+			return ErrClosed
 		}
 		c.mu.Unlock()
 		var err error
@@ -266,15 +278,80 @@ func (c *CQ) isClosed() bool {
 	return c.closed
 }
 
-// Close wakes waiters; later Waits fail.
-func (c *CQ) Close() {
+// Closed reports whether the CQ has been closed.
+func (c *CQ) Closed() bool { return c.isClosed() }
+
+// Notify returns a channel that receives a value when completions arrive,
+// for use in a select beside other channels: the Go form of a completion
+// channel (ibv_req_notify_cq, then ibv_get_cq_event). Call Notify again
+// before each wait; it arms the notification, and when the CQ already
+// holds completions (or is closed) the channel is ready at once, so no
+// completion that arrives between a Poll and the wait is missed. After a
+// wake-up, Poll until it returns 0: a value means "look", and a wake-up
+// may find the CQ already emptied by an earlier Poll. The channel is
+// closed when the CQ is. One goroutine should wait on it at a time (each
+// value wakes one receiver).
+//
+// Completions reach a CQ only while something takes in the device's
+// packets; an rxego.Device does so on its own goroutine whenever no one
+// waits in PollWait, so Notify works with it in every mode.
+func (c *CQ) Notify() <-chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.closed {
-		c.closed = true
-		close(c.done)
-		if c.watched {
-			c.waiter.Wake()
+	if c.notify == nil {
+		c.notify = make(chan struct{}, 1)
+		if c.closed {
+			close(c.notify)
 		}
 	}
+	if c.n > 0 && !c.closed {
+		select {
+		case c.notify <- struct{}{}:
+		default:
+		}
+	}
+	return c.notify
+}
+
+// acquire counts a QP that will complete work on the CQ.
+func (c *CQ) acquire() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.users++
+	return nil
+}
+
+// release undoes acquire.
+func (c *CQ) release() {
+	c.mu.Lock()
+	c.users--
+	c.mu.Unlock()
+}
+
+// Close closes the CQ: goroutines waiting in Wait, WaitOr, PollWait or on
+// Notify's channel wake up; completions still queued can be polled, and
+// then waits fail with ErrClosed. While a QP that is not destroyed uses
+// the CQ, Close fails with ErrBusy and changes nothing, as
+// ibv_destroy_cq does. A second Close returns ErrClosed.
+func (c *CQ) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if c.users > 0 {
+		return ErrBusy
+	}
+	c.closed = true
+	close(c.done)
+	if c.notify != nil {
+		close(c.notify)
+	}
+	if c.watched {
+		c.waiter.Wake()
+	}
+	return nil
 }

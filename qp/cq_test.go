@@ -161,3 +161,56 @@ func TestCQOverrunMovesQPToErr(t *testing.T) {
 	// retries against the failed peer.
 	check(t, "requester", pollAll(c.scq), want{1, WCSuccess, WCSend}, want{2, WCRetryExcErr, WCSend})
 }
+
+// TestCQNotify checks Notify's semantics: a value when the CQ goes from
+// empty to not, ready at once while entries wait, closed by Close.
+func TestCQNotify(t *testing.T) {
+	cq, _ := NewCQ(4)
+	ready := func() bool {
+		select {
+		case _, ok := <-cq.Notify():
+			return ok
+		default:
+			return false
+		}
+	}
+	if ready() {
+		t.Fatal("ready while empty")
+	}
+	cq.push(WC{ID: 1})
+	cq.push(WC{ID: 2})
+	if !ready() || !ready() {
+		t.Fatal("not ready (twice) with two entries waiting")
+	}
+	cq.take(make([]WC, 4))
+	if ready() {
+		t.Fatal("ready after the CQ was emptied")
+	}
+	cq.push(WC{ID: 3})
+	ch := cq.Notify()
+	<-ch
+	if err := cq.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := <-ch; ok {
+		t.Fatal("Notify's channel not closed by Close")
+	}
+}
+
+// TestCQCloseBusy: Close refuses while a QP uses the CQ.
+func TestCQCloseBusy(t *testing.T) {
+	cq, _ := NewCQ(4)
+	if err := cq.acquire(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cq.Close(); !errors.Is(err, ErrBusy) || cq.Closed() {
+		t.Fatalf("Close with a user: %v, closed %v", err, cq.Closed())
+	}
+	cq.release()
+	if err := cq.Close(); err != nil || !cq.Closed() {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := cq.acquire(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("acquire of a closed CQ: %v", err)
+	}
+}

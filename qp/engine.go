@@ -119,6 +119,7 @@ type Engine struct {
 	woke     bool         // a completion of this Input woke a goroutine waiting on a CQ
 	pushed   bool         // this Input made a completion
 	held     atomic.Bool  // ACKs are pending after InputPolled
+	closed   bool         // Close was called
 
 	cc       CongestionConfig
 	timers   timerHeap
@@ -129,8 +130,33 @@ type Engine struct {
 	Stats Counters
 }
 
-// ErrClosed is returned by operations on a destroyed QP or a closed engine.
+// ErrClosed is returned by operations on a destroyed QP, a closed CQ or
+// a closed engine.
 var ErrClosed = errors.New("qp: closed")
+
+// Close shuts the engine down: every QP moves to ERR, so its outstanding
+// work requests complete with WR_FLUSH_ERR (as after ibv_modify_qp to
+// ERR), and is then destroyed, letting go of its CQs; later calls to
+// create QPs or SRQs, and every call on the QPs, fail with ErrClosed.
+// ACKs the engine holds go out first, so that the peer learns what
+// arrived. Close is idempotent.
+func (e *Engine) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return
+	}
+	e.closed = true
+	e.flushAcks()
+	e.held.Store(false)
+	for _, q := range e.qps {
+		if q.state != Err {
+			q.enterError()
+		}
+		q.destroy()
+	}
+	e.flush()
+}
 
 // NewEngine makes an engine. Its timers run only when the owner calls
 // Tick; see Run for the real-time driver.

@@ -3,6 +3,7 @@ package qp
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -112,6 +113,9 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.closed {
+		return nil, ErrClosed
+	}
 	if a.QPN != 0 {
 		if _, taken := e.qps[a.QPN]; taken || a.QPN > bth.PSNMask {
 			return nil, fmt.Errorf("%w: %d", ErrQPNTaken, a.QPN)
@@ -129,6 +133,13 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 				break
 			}
 		}
+	}
+	if err := a.SendCQ.acquire(); err != nil {
+		return nil, err
+	}
+	if err := a.RecvCQ.acquire(); err != nil {
+		a.SendCQ.release()
+		return nil, err
 	}
 	q.cc = e.newCC()
 	e.qps[q.num] = q
@@ -194,7 +205,10 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	set(AttrPKeyIndex, func() { q.attr.PKeyIndex = a.PKeyIndex })
 	set(AttrPort, func() { q.attr.Port = a.Port })
 	set(AttrQKey, func() { q.attr.QKey = a.QKey })
-	set(AttrAV, func() { q.attr.Dest, q.attr.TrafficClass, q.attr.HopLimit = a.Dest, a.TrafficClass, a.HopLimit })
+	// An IPv4 peer named by its IPv4-mapped GID sends from the IPv4
+	// address: keep that form, which received packets are matched with.
+	dest := netip.AddrPortFrom(a.Dest.Addr().Unmap(), a.Dest.Port())
+	set(AttrAV, func() { q.attr.Dest, q.attr.TrafficClass, q.attr.HopLimit = dest, a.TrafficClass, a.HopLimit })
 	set(AttrPathMTU, func() { q.attr.PathMTU = a.PathMTU; q.mtu = a.PathMTU.Bytes() })
 	set(AttrTimeout, func() { q.attr.Timeout = a.Timeout })
 	set(AttrRetryCnt, func() { q.attr.RetryCnt = a.RetryCnt })
@@ -246,8 +260,9 @@ func (q *QP) reset() {
 	q.errored.Store(false)
 }
 
-// Destroy removes the QP from its engine. Outstanding work is dropped
-// without completions.
+// Destroy removes the QP from its engine and lets go of its CQs (see
+// CQ.Close). Outstanding work is dropped without completions; move the QP
+// to ERR first to have it complete with WR_FLUSH_ERR.
 func (q *QP) Destroy() error {
 	e := q.e
 	e.mu.Lock()
@@ -261,9 +276,17 @@ func (q *QP) Destroy() error {
 	e.flushAcks()
 	e.held.Store(false)
 	e.flush()
-	q.destroyed = true
-	delete(e.qps, q.num)
+	q.destroy()
 	return nil
+}
+
+// destroy takes the QP out of the engine and lets go of its CQs. The
+// engine lock is held.
+func (q *QP) destroy() {
+	q.destroyed = true
+	delete(q.e.qps, q.num)
+	q.sendCQ.release()
+	q.recvCQ.release()
 }
 
 // PostSend posts send work requests. Each is checked before any is
@@ -277,7 +300,7 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		return ErrClosed
 	}
 	if q.state == Reset || q.state == Init || q.state == RTR {
-		return fmt.Errorf("qp: PostSend in state %v: the send queue needs RTS", q.state)
+		return fmt.Errorf("%w: PostSend in state %v: the send queue needs RTS", ErrInvalidWR, q.state)
 	}
 	need := int(q.sqTail-q.sqHead) + len(wrs)
 	if need > q.caps.MaxSendWR {
@@ -285,7 +308,7 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	}
 	for i := range wrs {
 		if err := q.checkSendWR(&wrs[i]); err != nil {
-			return fmt.Errorf("qp: work request %d (wr_id %d): %w", i, wrs[i].ID, err)
+			return fmt.Errorf("%w (work request %d, wr_id %d)", err, i, wrs[i].ID)
 		}
 	}
 	q.growSQ(need)
@@ -317,8 +340,10 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	return nil
 }
 
-// ErrInvalidWR is wrapped by PostSend and PostRecv errors about a request.
-var ErrInvalidWR = errors.New("invalid work request")
+// ErrInvalidWR is wrapped by PostSend and PostRecv errors about a request
+// the QP cannot take: a malformed one, or any in a state that allows no
+// posting (send before RTS, receive in RESET).
+var ErrInvalidWR = errors.New("qp: invalid work request")
 
 func (q *QP) checkSendWR(wr *SendWR) error {
 	bad := func(f string, a ...any) error { return fmt.Errorf("%w: "+f, append([]any{ErrInvalidWR}, a...)...) }
@@ -445,7 +470,7 @@ func (q *QP) PostRecv(wrs ...RecvWR) error {
 		return ErrClosed
 	}
 	if st == Reset {
-		return fmt.Errorf("qp: PostRecv in state RESET")
+		return fmt.Errorf("%w: PostRecv in state RESET", ErrInvalidWR)
 	}
 	for i := range wrs {
 		if err := checkRecvWR(&wrs[i], q.caps.MaxRecvSGE); err != nil {
@@ -509,6 +534,12 @@ func (e *Engine) NewSRQ(pd *mr.PD, depth, maxSGE int) (*SRQ, error) {
 	}
 	if maxSGE == 0 {
 		maxSGE = 1
+	}
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
 	}
 	return &SRQ{pd: pd, ring: make([]recvWQE, depth), eng: e, maxSGE: maxSGE}, nil
 }
@@ -574,6 +605,12 @@ func (q *QP) flushRQ() {
 }
 
 func (q *QP) pushWC(cq *CQ, wc WC) {
+	if wc.Status == WCSuccess && wc.Opcode >= WCRecv {
+		// On RoCE every packet has an IP header, the GRH's stand-in:
+		// rxe's responder (do_complete) flags every successful receive
+		// completion, whatever the QP type.
+		wc.Flags |= WCWithGRH
+	}
 	q.e.Stats.CompletionsGenerated.Add(1)
 	ok, woke := cq.pushWoke(wc)
 	q.e.pushed = true

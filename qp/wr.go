@@ -192,6 +192,9 @@ type WCFlags uint32
 
 // Completion flags.
 const (
+	// WCWithGRH is set on every successful receive completion, RC and UC
+	// included, as rxe sets it on RoCE; UD receives also find the GRH in
+	// the first 40 bytes of their buffer.
 	WCWithGRH WCFlags = 1
 	WCWithImm WCFlags = 2
 	WCWithInv WCFlags = 8

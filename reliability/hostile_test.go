@@ -113,12 +113,12 @@ func TestHostileInput(t *testing.T) {
 	}
 	classes := []hostile{
 		{name: "shorter than BTH+ICRC", raw: true, reason: "transport/short", build: func(*target) []byte { return []byte{1, 2, 3, 4, 5, 6, 7, 8} }},
-		{name: "unknown opcode", reason: "transport/not-roce", build: func(g *target) []byte {
+		{name: "unknown opcode", reason: "transport/not_roce", build: func(g *target) []byte {
 			b := encode(t, rcSend(g), payload)
 			b[0] = 0x1f // reserved RC opcode
 			return b
 		}},
-		{name: "bad ICRC", raw: true, reason: "transport/bad-icrc", build: func(g *target) []byte {
+		{name: "bad ICRC", raw: true, reason: "transport/bad_icrc", build: func(g *target) []byte {
 			b := encode(t, rcSend(g), payload)
 			copy(b[len(b)-4:], []byte{0xde, 0xad, 0xbe, 0xef})
 			return b

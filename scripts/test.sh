@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # The project's whole test run, from a fresh Debian 12 machine with Go 1.26:
-# installs what the tests need (the rxe lab: QEMU, kernels, rdma-core
-# tools, tshark, nftables), then runs formatting and vet checks, every Go
+# installs what the tests need (conformance/setup.sh: the rxe lab's QEMU,
+# kernels and rdma-core tools, and every program the tests run, each
+# checked with command -v), then runs formatting and vet checks, every Go
 # test under the race detector (the rxe conformance suite included: with
 # CI=true it fails instead of skipping when the lab cannot run), and each
 # fuzz target for a bounded time.
 #
-# Usage: sudo scripts/test.sh            (root: the lab needs netns and tap)
+# Usage: scripts/test.sh         in a root shell (the lab needs netns and tap)
+#        sudo scripts/test.sh    as a user allowed to use sudo
 # Env:   FUZZTIME (default 5s per target), SKIP_SETUP=1 to skip installs.
+# Unprivileged, `go test ./...` runs the tests that need no root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/test.sh needs root: run it in a root shell, or as sudo scripts/test.sh" >&2
+  echo "(unprivileged, go test ./... runs the tests that need no root)" >&2
+  exit 1
+fi
+# sudo resets PATH to its secure_path, which lacks Go's usual place.
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then
+  export PATH="$PATH:/usr/local/go/bin"
+fi
+command -v go >/dev/null || { echo "scripts/test.sh: go not found on PATH (Go 1.26 is a prerequisite)" >&2; exit 1; }
 export CI="${CI:-true}"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 fuzztime="${FUZZTIME:-5s}"

@@ -210,9 +210,11 @@ const (
 	NumDropReasons
 )
 
-var dropNames = [NumDropReasons]string{"short", "not-roce", "bad-icrc", "truncated", "overflow"}
+// dropNames are the reasons' names: metric label values (rxego_transport_dropped_pkts_total),
+// pcapng comments and stats keys, so snake_case as Prometheus labels are.
+var dropNames = [NumDropReasons]string{"short", "not_roce", "bad_icrc", "truncated", "overflow"}
 
-// String returns a short lower-case name.
+// String returns the reason's snake_case name.
 func (r DropReason) String() string {
 	if r < NumDropReasons {
 		return dropNames[r]

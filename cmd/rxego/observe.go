@@ -24,6 +24,7 @@ import (
 //	--pcap FILE           record every RoCE packet the device sends and receives (pcapng)
 //	--metrics-addr ADDR   serve Prometheus metrics on http://ADDR/metrics
 //	--metrics-linger D    keep serving them this long after the run
+//	--metrics-per-qp N    export the DCQCN series of up to N QPs per device
 //	--progress            report progress on stderr even when it is not a terminal
 //
 // A command adds them with addObserveFlags, calls start after parsing,
@@ -32,6 +33,7 @@ type observeFlags struct {
 	pcap        string
 	metricsAddr string
 	linger      time.Duration
+	perQP       int
 	progress    bool
 
 	mu   sync.Mutex
@@ -49,6 +51,7 @@ func addObserveFlags(fs *flag.FlagSet) *observeFlags {
 	fs.StringVar(&o.pcap, "pcap", "", "record every RoCE packet sent and received into this pcapng file (Wireshark, tshark and rxego trace read it)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on http://ADDR/metrics, e.g. 127.0.0.1:9479")
 	fs.DurationVar(&o.linger, "metrics-linger", 0, "with --metrics-addr: keep serving this long after the run, for a last scrape")
+	fs.IntVar(&o.perQP, "metrics-per-qp", 0, "with --metrics-addr: export each QP's DCQCN series for up to this many QPs per device (the rest summed as qp=\"other\"; 0: none)")
 	fs.BoolVar(&o.progress, "progress", false, "report progress on stderr even when it is not a terminal")
 	return o
 }
@@ -69,13 +72,17 @@ func (o *observeFlags) start() error {
 		}
 		o.w = w
 	}
+	if o.perQP < 0 {
+		o.closePcap()
+		return fmt.Errorf("--metrics-per-qp %d: want 0 or more", o.perQP)
+	}
 	if o.metricsAddr != "" {
 		ln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
 			o.closePcap()
 			return fmt.Errorf("--metrics-addr: %w", err)
 		}
-		o.ln, o.coll = ln, metrics.NewCollector()
+		o.ln, o.coll = ln, metrics.NewCollectorOptions(metrics.Options{PerQP: o.perQP})
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler(o.coll))
 		o.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

@@ -81,6 +81,9 @@ flags:
 	if f.iface == "" && (f.write != "" || f.count != 0 || f.duration != 0 || f.host != "") {
 		return errors.New("-w, --count, --duration and --host are for live capture (-i)")
 	}
+	if f.json && (f.ladder || f.summary) {
+		return errors.New("--json and --ladder/--summary conflict: JSON lines and a text ladder would share stdout (use --json with --html for both)")
+	}
 	if f.color != "auto" && f.color != "always" && f.color != "never" {
 		return fmt.Errorf("--color %q: want auto, always or never", f.color)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -95,10 +96,15 @@ func traceFile(path string, forceProgress bool, each func(trace.Record) error) e
 		return fmt.Sprintf("rxego trace: %s: %.0f%%, %d RoCE packets", path, pct, n.Load())
 	})
 	defer rep.Stop()
-	return trace.Read(cr, func(r trace.Record) error {
+	err = trace.Read(cr, func(r trace.Record) error {
 		n.Add(1)
 		return each(r)
 	})
+	var fe *trace.FileError
+	if errors.As(err, &fe) {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return err
 }
 
 // countingReader counts the bytes read through it.

@@ -2,15 +2,20 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/demo"
 	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/qp"
 )
 
 // TestTraceLadder draws the ladder and the summary of rxego's RNR
@@ -116,5 +121,93 @@ func checkLive(t *testing.T, s, host, pcap string) {
 	var again bytes.Buffer
 	if err := traceTo(&again, []string{pcap}); err != nil || strings.Count(again.String(), "icrc=ok") != 6 {
 		t.Errorf("the -w file: %v\n%s", err, again.String())
+	}
+}
+
+// TestTraceLiveGSO captures on lo (root) while one rxego device sends
+// another 4 KiB SENDs at a 1024-byte path MTU, which rxego hands to the
+// kernel as UDP GSO datagrams that the packet socket sees whole. The
+// trace must cut them into the packets the peer receives: every packet a
+// BTH-sized RoCE packet with a good ICRC (each segment's ICRC covers the
+// IP ID the kernel gave it), marked gso(...), and --summary must count
+// every message.
+func TestTraceLiveGSO(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("live capture needs root (CAP_NET_RAW)")
+	}
+	const msgs, size = 5, 4096
+	a, b := testaddr.Open(t, nil), testaddr.Open(t, nil)
+	devs := [2]*rxego.Device{a, b}
+	var qps [2]*rxego.QP
+	var mrs [2]*rxego.MR
+	var cqs [2]*rxego.CQ
+	for i, d := range devs {
+		pd, _ := d.AllocPD()
+		cqs[i], _ = d.CreateCQ(2 * msgs)
+		var err error
+		if qps[i], err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cqs[i], RecvCQ: cqs[i], Caps: rxego.Caps{MaxSendWR: msgs, MaxRecvWR: msgs}}); err != nil {
+			t.Fatal(err)
+		}
+		mrs[i], _ = pd.RegMR(make([]byte, msgs*size), rxego.AccessLocalWrite)
+	}
+	for i := range 2 {
+		o := 1 - i
+		if err := rxego.ConnectRC(qps[i], rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, &rxego.ConnectOptions{MTU: qp.MTU1024}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for k := range msgs {
+		if err := qps[1].PostRecv(rxego.RecvWR{ID: uint64(k), SGL: []rxego.SGE{{Addr: mrs[1].IOVA() + uint64(k*size), Length: size, LKey: mrs[1].LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	host := a.Addr().Addr().String()
+	var out bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		done <- traceTo(&out, []string{"-i", "lo", "--host", host, "--duration", "2s", "--summary", "--packets"})
+	}()
+	time.Sleep(300 * time.Millisecond) // the socket is open
+	for k := range msgs {
+		err := qps[0].PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
+			SGL: []rxego.SGE{{Addr: mrs[0].IOVA() + uint64(k*size), Length: size, LKey: mrs[0].LKey()}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		wc := make([]rxego.WC, 1)
+		if _, err := cqs[0].PollWait(ctx, wc); err != nil || wc[0].Status != 0 {
+			t.Fatalf("send %d: %v %+v", k, err, wc[0])
+		}
+		cancel()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	var sends, gso int
+	for _, l := range strings.Split(s, "\n") {
+		if !strings.HasPrefix(l, "#") {
+			continue
+		}
+		if !strings.Contains(l, " icrc=ok") {
+			t.Errorf("bad ICRC: %s", l)
+		}
+		if strings.Contains(l, "RC_SEND_") {
+			sends++
+			if !strings.Contains(l, " len=1024 ") {
+				t.Errorf("a SEND packet of a 4 KiB message at MTU 1024 not of 1024 bytes: %s", l)
+			}
+		}
+		if strings.Contains(l, " gso(seg=") {
+			gso++
+		}
+	}
+	if sends != msgs*size/1024 || gso == 0 {
+		t.Errorf("%d SEND packets (want %d), %d marked gso:\n%s", sends, msgs*size/1024, gso, s)
+	}
+	m := regexp.MustCompile(`(?m)^  A -> B +(\d+) +(\d+) `).FindStringSubmatch(s)
+	if m == nil || m[1] != strconv.Itoa(msgs) || m[2] != strconv.Itoa(msgs*size) {
+		t.Errorf("summary does not count %d messages of %d bytes (%q):\n%s", msgs, size, m, s)
 	}
 }

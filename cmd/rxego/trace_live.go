@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/rxego/rxego/internal/capfile"
 	"github.com/rxego/rxego/internal/livecap"
 	"github.com/rxego/rxego/internal/progress"
 	"github.com/rxego/rxego/internal/trace"
@@ -65,32 +67,69 @@ func traceLive(w *bufio.Writer, f *traceFlags, each func(trace.Record) error) er
 	})
 	defer rep.Stop()
 	fmt.Fprintf(os.Stderr, "rxego trace: capturing on %s (udp port 4791)\n", f.iface)
+	link := c.LinkType()
+	said := false
 	for frame := 1; ctx.Err() == nil && (f.count == 0 || int(n.Load()) < f.count); {
-		data, ts, err := c.Next()
+		fr, err := c.Next()
 		if errors.Is(err, livecap.ErrTimeout) {
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		rec, ok := trace.FromFrame(frame, ts, c.LinkType(), data)
-		if !ok || host.IsValid() && rec.Src != host && rec.Dst != host {
-			continue
+		frames, gso := gsoSegments(c, link, fr)
+		if gso != nil && !said {
+			how := "the segment size from the kernel"
+			if gso.Inferred {
+				how = "the segment size inferred from the RoCE headers (the kernel does not say before 6.2)"
+			}
+			fmt.Fprintf(os.Stderr, "rxego trace: cutting GSO datagrams into the segments the peer receives, %s; those packets are marked gso(seg=I/N ...)\n", how)
+			said = true
 		}
-		if ng != nil {
-			ci := gopacket.CaptureInfo{Timestamp: ts, CaptureLength: len(data), Length: len(data)}
-			if err := ng.WritePacket(ci, data); err != nil {
+		for i, data := range frames {
+			if f.count != 0 && int(n.Load()) >= f.count {
+				break
+			}
+			rec, ok := trace.FromFrame(frame, fr.Time, link, data)
+			if !ok || host.IsValid() && rec.Src != host && rec.Dst != host {
+				break // the segments share their addresses
+			}
+			if gso != nil {
+				g := *gso
+				g.Index = i + 1
+				rec.GSO = &g
+			}
+			if ng != nil {
+				ci := gopacket.CaptureInfo{Timestamp: fr.Time, CaptureLength: len(data), Length: len(data)}
+				if err := ng.WritePacket(ci, data); err != nil {
+					return err
+				}
+			}
+			frame++
+			n.Add(1)
+			if err := each(rec); err != nil {
 				return err
 			}
-		}
-		frame++
-		n.Add(1)
-		if err := each(rec); err != nil {
-			return err
 		}
 		if f.printsPackets() {
 			w.Flush() // live lines appear as packets arrive
 		}
 	}
 	return nil
+}
+
+// gsoSegments returns the frames of the packets in fr: fr itself, or, for
+// a UDP GSO datagram the kernel has not cut yet, its segments as the peer
+// receives them, with where they came from (Index left to the caller).
+func gsoSegments(c *livecap.Capture, link layers.LinkType, fr livecap.Frame) ([][]byte, *trace.GSOSegment) {
+	size, inferred := fr.GSOSize, false
+	if size == 0 && !c.KnowsGSO() {
+		size, inferred = capfile.InferGSOSize(link, fr.Data), true
+	}
+	if size > 0 {
+		if segs := capfile.SplitGSO(link, fr.Data, size); segs != nil {
+			return segs, &trace.GSOSegment{Count: len(segs), Size: size, Inferred: inferred}
+		}
+	}
+	return [][]byte{fr.Data}, nil
 }

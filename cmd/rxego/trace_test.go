@@ -4,8 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rxego/rxego/internal/trace"
 )
 
 // TestTraceJSON runs `rxego trace --json` on a capture and checks one
@@ -60,5 +66,79 @@ func TestTraceText(t *testing.T) {
 	}
 	if err := traceTo(&out, []string{"/nonexistent.pcap"}); err == nil {
 		t.Error("missing file: no error")
+	}
+}
+
+// TestTraceErrors checks that a file that is not a capture, an empty one
+// and a truncated one each get an error naming the file and what is
+// wrong (and where), that conflicting output flags are refused, and that
+// an interface that does not exist is called that.
+func TestTraceErrors(t *testing.T) {
+	dir := t.TempDir()
+	capture, err := os.ReadFile("../../testdata/pcaps/verbs_read_6.12.pcapng")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"empty": nil, "text": []byte("# rxego\n\nA pure-Go RoCE stack"), "cut.pcapng": capture[:700], "short": capture[:3]}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want []string
+		is   error
+	}{
+		{[]string{filepath.Join(dir, "text")}, []string{"text: not a pcap or pcapng file", `"# rxego`}, trace.ErrNotCapture},
+		{[]string{filepath.Join(dir, "empty")}, []string{"empty: empty file"}, trace.ErrEmpty},
+		{[]string{"--ladder", filepath.Join(dir, "cut.pcapng")}, []string{"cut.pcapng: truncated: the file ends inside frame 4"}, trace.ErrTruncated},
+		{[]string{filepath.Join(dir, "short")}, []string{"short: truncated"}, trace.ErrTruncated},
+		{[]string{"--json", "--ladder", "../../testdata/pcaps/verbs_read_6.12.pcapng"}, []string{"--json and --ladder/--summary conflict"}, nil},
+		{[]string{"--json", "--summary", "../../testdata/pcaps/verbs_read_6.12.pcapng"}, []string{"conflict"}, nil},
+		{[]string{"-i", "nosuchif0"}, []string{`no such interface "nosuchif0"`, "lo"}, nil},
+	} {
+		err := traceTo(io.Discard, c.args)
+		if err == nil {
+			t.Errorf("%q: no error", c.args)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%q: error %q lacks %q", c.args, err, w)
+			}
+		}
+		if c.is != nil && !errors.Is(err, c.is) {
+			t.Errorf("%q: error %q is not %v", c.args, err, c.is)
+		}
+	}
+}
+
+// TestTraceCM checks that every output form names rping's CM messages
+// with their IDs, QPN and PSN: the packet lines, JSON, the ladder and
+// the page.
+func TestTraceCM(t *testing.T) {
+	const rping = "../../testdata/pcaps/rping_6.12.pcapng"
+	page := filepath.Join(t.TempDir(), "p.html")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{rping}, "CM REQ local_id=0x088c41c6 qpn=0x000011 start_psn=7729957 service_id=0x0000000001061c06"},
+		{[]string{"--json", rping}, `"cm":{"msg":"REP","attr_id":19,"tid":11916119048,"local_comm_id":3478200697,"remote_comm_id":143409606,"local_qpn":17,"starting_psn":1236684}`},
+		{[]string{"--ladder", rping}, "|-- CM RTU #3 id 0x088c41c6 --"},
+		{[]string{"--html", page, rping}, ""},
+	} {
+		var out bytes.Buffer
+		if err := traceTo(&out, c.args); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), c.want) {
+			t.Errorf("%q lacks %s:\n%s", c.args, c.want, out.String())
+		}
+	}
+	b, err := os.ReadFile(page)
+	if err != nil || !bytes.Contains(b, []byte("CM DREQ #4 id 0x088c41c6 qpn 0x000011")) {
+		t.Errorf("page: %v, no CM DREQ", err)
 	}
 }

@@ -20,12 +20,13 @@ const RoCEPort = 4791
 
 // Frame is one RoCEv2 frame of a capture.
 type Frame struct {
-	Number int // 1-based frame number in the file
-	Time   time.Time
-	Data   []byte // the whole frame as captured
-	IP     []byte // IPv4 or IPv6 header
-	UDP    []byte // UDP header
-	RoCE   []byte // UDP payload: BTH .. ICRC
+	Number   int // 1-based frame number in the file
+	Time     time.Time
+	Data     []byte // the whole frame as captured
+	IPOffset int    // where IP starts in Data (after the link header)
+	IP       []byte // IPv4 or IPv6 header
+	UDP      []byte // UDP header
+	RoCE     []byte // UDP payload: BTH .. ICRC
 }
 
 // Each calls fn for every frame of the capture file at path that carries
@@ -147,5 +148,5 @@ func Split(link layers.LinkType, data []byte) (Frame, bool) {
 	if (sport != RoCEPort && dport != RoCEPort) || ulen < 8 || ulen > len(u) {
 		return Frame{}, false
 	}
-	return Frame{Data: data, IP: ip, UDP: u[:8], RoCE: u[8:ulen]}, true
+	return Frame{Data: data, IPOffset: off, IP: ip, UDP: u[:8], RoCE: u[8:ulen]}, true
 }

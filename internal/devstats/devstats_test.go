@@ -30,7 +30,7 @@ func TestNames(t *testing.T) {
 	var s transport.Stats
 	s.SentPackets, s.Drops[transport.DropBadICRC] = 7, 4
 	tm := Transport(s)
-	if tm["udp_sent_packets"] != 7 || tm["udp_drop_bad-icrc"] != 4 {
+	if tm["udp_sent_packets"] != 7 || tm["udp_drop_bad_icrc"] != 4 {
 		t.Errorf("transport counters: %v", tm)
 	}
 	for k := range tm {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/reth"
 )
@@ -107,6 +108,9 @@ func (a *analyzer) event(i int) {
 		ev.Kind = KindRequest
 		if p.ICRCOK {
 			a.request(i, s, in)
+			if p.CM != nil {
+				ev.Notes = append(ev.Notes, p.CM.String())
+			}
 		} else {
 			ev.Label = shortName(in) + " psn " + strconv.Itoa(int(p.PSN))
 		}
@@ -155,6 +159,9 @@ func (a *analyzer) request(i, s int, in *bth.Info) {
 	}
 	if in.Flags&(bth.Imm|bth.Inv) != 0 {
 		m.Op = opName(in)
+	}
+	if p.CM != nil {
+		m.Op = "CM " + p.CM.Msg
 	}
 	m.LastPSN = p.PSN
 	m.Packets++
@@ -427,6 +434,9 @@ func (a *analyzer) nak(i, s int, syn reth.Syndrome) {
 
 // requestLabel is the arrow text of request packet p of message m.
 func requestLabel(p *Packet, in *bth.Info, m *Message) string {
+	if p.CM != nil {
+		return cmLabel(p.CM, m)
+	}
 	b := strings.Builder{}
 	b.WriteString(shortName(in))
 	b.WriteString(msgRef(m))
@@ -521,4 +531,25 @@ func msgList(ms []*Message) string {
 // ms formats a duration in milliseconds with microsecond precision.
 func ms(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64) + " ms"
+}
+
+// cmLabel is the arrow text of a CM message: the message, the sender's
+// communication ID, and the QPN and starting PSN it announces (the rest
+// is in the row's notes).
+func cmLabel(c *trace.CM, m *Message) string {
+	s := "CM " + c.Msg + msgRef(m)
+	if c.Error != "" {
+		return s
+	}
+	s += fmt.Sprintf(" id %#08x", c.LocalCommID)
+	if c.LocalQPN != nil {
+		s += " qpn " + qpn(*c.LocalQPN)
+	}
+	if c.StartingPSN != nil {
+		s += fmt.Sprintf(" psn %d", *c.StartingPSN)
+	}
+	if c.RemoteQPN != nil {
+		s += " qpn " + qpn(*c.RemoteQPN)
+	}
+	return s
 }

@@ -89,6 +89,7 @@ func FromRecord(r *trace.Record) Packet {
 	if a := t.AtomicAck; a != nil {
 		p.Atomic = &AtomicFields{Orig: a.Orig}
 	}
+	p.CM = t.CM
 	return p
 }
 

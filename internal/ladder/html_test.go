@@ -135,3 +135,17 @@ func needChromium(t *testing.T) string {
 	t.Skip("Chromium not installed: apt-get install -y chromium")
 	return ""
 }
+
+// TestHTMLCM checks that the page of an rping capture names the CM
+// messages on their arrows and gives their fields in the tooltips.
+func TestHTMLCM(t *testing.T) {
+	tr := analyse(t, "../../testdata/pcaps/rping_6.12.pcapng")
+	_, b := page(t, tr, "rping")
+	s := string(b)
+	for _, want := range []string{"CM REQ #1 id 0x088c41c6 qpn 0x000011 psn 7729957", "CM REP #2 id 0xcf512179 qpn 0x000011 psn 1236684",
+		"CM RTU #3", "CM DREQ #4", "CM DREP #5", "service_id=0x0000000001061c06", "remote_id=0x088c41c6"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("page lacks %q", want)
+		}
+	}
+}

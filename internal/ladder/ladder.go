@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/trace"
 )
 
 // Endpoint is one side of a QP pair: an address and a QP number. QPNKnown
@@ -136,6 +137,7 @@ type Packet struct {
 	Imm      uint32
 	HasImm   bool
 	Atomic   *AtomicFields // atomic request or ACK values
+	CM       *trace.CM     // the CM message of a UD SEND to QP1
 }
 
 // AtomicFields are an atomic request's operands or an atomic ACK's result.

@@ -7,12 +7,21 @@
 // take packets away from the endpoint they are for. AF_PACKET sees them
 // whatever receives them, in both directions, with the real IP and UDP
 // headers (so the ICRC is checked against the ID on the wire).
+//
+// A packet socket sees a UDP GSO datagram before the kernel cuts it into
+// its segments (always on loopback). On kernels from 6.2, which can
+// describe UDP GSO in a virtio_net_hdr, the socket asks for one
+// (PACKET_VNET_HDR) and Next reports the segment size; earlier kernels
+// would fail the read of such a datagram, so there the header is not
+// asked for and Frame.GSOSize stays 0 (the caller infers it).
 package livecap
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/gopacket/gopacket/layers"
@@ -27,9 +36,28 @@ var ErrTimeout = errors.New("livecap: no frame before the timeout")
 type Capture struct {
 	fd       int
 	loopback bool
+	vnet     bool // frames start with a virtio_net_hdr
 	buf      []byte
 	timeout  time.Duration
 }
+
+// Frame is one captured frame.
+type Frame struct {
+	Data []byte    // the frame, valid until the next call of Next
+	Time time.Time // when it was read
+	// GSOSize is, for a UDP GSO datagram not yet cut into its segments,
+	// the UDP payload bytes of each segment (the last may be shorter); 0
+	// for a frame that is one packet, or when KnowsGSO is false.
+	GSOSize int
+}
+
+// vnetHdrLen is the size of struct virtio_net_hdr, which precedes each
+// frame read with PACKET_VNET_HDR.
+const vnetHdrLen = 10
+
+// gsoUDPL4 is VIRTIO_NET_HDR_GSO_UDP_L4, the gso_type of a UDP GSO
+// (UDP_SEGMENT) datagram.
+const gsoUDPL4 = 5
 
 // RoCEFilter is the kernel filter "udp port 4791" for Ethernet frames
 // (IPv4 without fragments, IPv6 with UDP as the next header), what
@@ -63,7 +91,7 @@ var RoCEFilter = []bpf.Instruction{
 func Open(iface string, timeout time.Duration) (*Capture, error) {
 	ifi, err := net.InterfaceByName(iface)
 	if err != nil {
-		return nil, err
+		return nil, noInterface(iface)
 	}
 	prog, err := bpf.Assemble(RoCEFilter)
 	if err != nil {
@@ -74,7 +102,7 @@ func Open(iface string, timeout time.Duration) (*Capture, error) {
 	if err != nil {
 		return nil, fmt.Errorf("livecap: AF_PACKET socket (needs CAP_NET_RAW, e.g. root): %w", err)
 	}
-	c := &Capture{fd: fd, loopback: ifi.Flags&net.FlagLoopback != 0, buf: make([]byte, 65536+64), timeout: timeout}
+	c := &Capture{fd: fd, loopback: ifi.Flags&net.FlagLoopback != 0, vnet: kernelAtLeast(6, 2), buf: make([]byte, 65536+64), timeout: timeout}
 	filter := make([]unix.SockFilter, len(prog))
 	for i, in := range prog {
 		filter[i] = unix.SockFilter{Code: in.Op, Jt: in.Jt, Jf: in.Jf, K: in.K}
@@ -86,6 +114,8 @@ func Open(iface string, timeout time.Duration) (*Capture, error) {
 		err = errors.New("attaching the filter failed")
 	case unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv) != nil:
 		err = errors.New("setting the receive timeout failed")
+	case kernelAtLeast(6, 2) && unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1) != nil:
+		err = errors.New("asking for the virtio_net_hdr (PACKET_VNET_HDR) failed")
 	default:
 		err = unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifi.Index})
 	}
@@ -99,10 +129,13 @@ func Open(iface string, timeout time.Duration) (*Capture, error) {
 // LinkType is the link type of the frames Next returns.
 func (c *Capture) LinkType() layers.LinkType { return layers.LinkTypeEthernet }
 
-// Next returns the next frame and when it was read; the frame is valid
-// until the next call. On the loopback interface each packet passes
-// twice (sent, then received); only the received copy is returned.
-func (c *Capture) Next() ([]byte, time.Time, error) {
+// KnowsGSO reports whether Next reports the segment size of GSO
+// datagrams (kernel 6.2 or later).
+func (c *Capture) KnowsGSO() bool { return c.vnet }
+
+// Next returns the next frame. On the loopback interface each packet
+// passes twice (sent, then received); only the received copy is returned.
+func (c *Capture) Next() (Frame, error) {
 	deadline := time.Now().Add(c.timeout)
 	for {
 		n, from, err := unix.Recvfrom(c.fd, c.buf, 0)
@@ -110,21 +143,63 @@ func (c *Capture) Next() ([]byte, time.Time, error) {
 		switch {
 		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
 			if now.After(deadline) {
-				return nil, now, ErrTimeout
+				return Frame{Time: now}, ErrTimeout
 			}
 			continue
+		case errors.Is(err, unix.EINVAL) && c.vnet:
+			// A GSO frame the kernel cannot put in a virtio_net_hdr
+			// (another GSO type): it dropped it; go on with the next.
+			continue
 		case err != nil:
-			return nil, now, err
+			return Frame{Time: now}, err
 		}
 		if ll, ok := from.(*unix.SockaddrLinklayer); ok && c.loopback && ll.Pkttype == unix.PACKET_OUTGOING {
 			continue
 		}
-		return c.buf[:n], now, nil
+		f := Frame{Data: c.buf[:n], Time: now}
+		if c.vnet {
+			if n < vnetHdrLen {
+				continue
+			}
+			// virtio_net_hdr: flags, gso_type, hdr_len, gso_size, ... in
+			// the host's byte order (little-endian virtio).
+			if c.buf[1]&^0x80 == gsoUDPL4 {
+				f.GSOSize = int(binary.LittleEndian.Uint16(c.buf[4:6]))
+			}
+			f.Data = c.buf[vnetHdrLen:n]
+		}
+		return f, nil
 	}
+}
+
+// kernelAtLeast reports whether the running kernel's release is at least
+// major.minor.
+func kernelAtLeast(major, minor int) bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		return false
+	}
+	return ma > major || ma == major && mi >= minor
 }
 
 // Close stops the capture.
 func (c *Capture) Close() error { return unix.Close(c.fd) }
+
+// noInterface is the error for an interface name that does not exist,
+// listing the ones that do.
+func noInterface(name string) error {
+	var names []string
+	if ifs, err := net.Interfaces(); err == nil {
+		for _, i := range ifs {
+			names = append(names, i.Name)
+		}
+	}
+	return fmt.Errorf("livecap: no such interface %q (interfaces: %s)", name, strings.Join(names, ", "))
+}
 
 // htons converts a 16-bit value to network byte order.
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

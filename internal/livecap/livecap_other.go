@@ -25,9 +25,19 @@ func Open(iface string, timeout time.Duration) (*Capture, error) {
 // LinkType is the link type of the frames Next returns.
 func (c *Capture) LinkType() layers.LinkType { return layers.LinkTypeEthernet }
 
+// Frame is one captured frame.
+type Frame struct {
+	Data    []byte
+	Time    time.Time
+	GSOSize int
+}
+
+// KnowsGSO reports false.
+func (c *Capture) KnowsGSO() bool { return false }
+
 // Next never returns a frame.
-func (c *Capture) Next() ([]byte, time.Time, error) {
-	return nil, time.Time{}, errors.New("livecap: unsupported")
+func (c *Capture) Next() (Frame, error) {
+	return Frame{}, errors.New("livecap: unsupported")
 }
 
 // Close does nothing.

@@ -16,6 +16,7 @@ const TimeFormat = "2006-01-02T15:04:05.000000Z07:00"
 //
 //	#12 2024-11-22T13:07:01.123456Z 198.18.0.12:49441 -> 198.18.0.11:4791 RC_RDMA_WRITE_FIRST dqpn=0x000011 psn=9323414 ackreq=1 reth(va=0x7fe8bf69e000 rkey=0x289 dma_len=2500) len=1024 icrc=ok
 //
+// A packet cut from a GSO datagram ends with gso(seg=I/N size=S).
 // Flags that are normally clear (se, migreq, fecn, becn), a non-zero pad
 // count and a non-default P_Key are shown only when set.
 func (r *Record) String() string {
@@ -90,11 +91,22 @@ func (r *Record) String() string {
 	if t.FETH != nil {
 		b = hex(append(b, " feth=0x"...), uint64(*t.FETH), 8)
 	}
+	if t.CM != nil {
+		b = append(append(b, ' '), t.CM.String()...)
+	}
 	b = strconv.AppendInt(append(b, " len="...), int64(t.PayloadLen), 10)
 	if t.ICRCOK {
 		b = append(b, " icrc=ok"...)
 	} else {
-		b = hex(append(b, " icrc=bad(0x"...), uint64(t.ICRC), 8)
+		b = append(append(append(b, " icrc=bad("...), t.ICRCWire...), ')')
+	}
+	if g := r.GSO; g != nil {
+		b = strconv.AppendInt(append(b, " gso(seg="...), int64(g.Index), 10)
+		b = strconv.AppendInt(append(b, '/'), int64(g.Count), 10)
+		b = strconv.AppendInt(append(b, " size="...), int64(g.Size), 10)
+		if g.Inferred {
+			b = append(b, " inferred"...)
+		}
 		b = append(b, ')')
 	}
 	return string(b)

@@ -9,6 +9,7 @@
 package trace
 
 import (
+	"math/bits"
 	"net/netip"
 	"strconv"
 	"time"
@@ -33,6 +34,11 @@ type Record struct {
 	IPID    *uint16    `json:"ip_id,omitempty"` // IPv4 Identification; nil for IPv6
 	DSCP    uint8      `json:"dscp"`
 	ECN     uint8      `json:"ecn"`
+
+	// GSO is set on a packet that the capture saw inside a UDP GSO
+	// datagram, before the kernel cut it into the segments the peer
+	// receives, and that the trace cut out as the kernel does.
+	GSO *GSOSegment `json:"gso,omitempty"`
 
 	// RoCE holds the decoded packet; it is nil when Error is set, so a
 	// malformed packet carries no made-up header values.
@@ -60,9 +66,11 @@ type RoCE struct {
 	BECN       bool       `json:"becn"`
 	PayloadLen int        `json:"payload_len"` // without pad bytes
 	// ICRC is the stored ICRC read little-endian, as hash/crc32 computes
-	// it (Wireshark prints the same four bytes read big-endian).
-	ICRC   uint32 `json:"icrc"`
-	ICRCOK bool   `json:"icrc_ok"`
+	// it; ICRCWire is the same four bytes as they are on the wire, in hex,
+	// as Wireshark shows them (icrc 2229930251 is icrc_wire "0x0b09ea84").
+	ICRC     uint32 `json:"icrc"`
+	ICRCWire string `json:"icrc_wire"`
+	ICRCOK   bool   `json:"icrc_ok"`
 
 	RETH      *RETH      `json:"reth,omitempty"`
 	AETH      *AETH      `json:"aeth,omitempty"`
@@ -72,6 +80,20 @@ type RoCE struct {
 	AtomicAck *AtomicAck `json:"atomic_ack,omitempty"`
 	DETH      *DETH      `json:"deth,omitempty"`
 	FETH      *uint32    `json:"feth,omitempty"`
+
+	// CM is the connection manager message of a UD SEND to QP1.
+	CM *CM `json:"cm,omitempty"`
+}
+
+// GSOSegment places a packet in the GSO datagram it was cut from.
+type GSOSegment struct {
+	Index int `json:"index"` // 1-based
+	Count int `json:"count"` // segments in the datagram
+	Size  int `json:"size"`  // segment size: UDP payload bytes of each but the last
+	// Inferred is set when the size was found from the RoCE headers (each
+	// segment a BTH for the same QP with the next PSN, the first one's
+	// ICRC checking) because the kernel did not say (before 6.2).
+	Inferred bool `json:"inferred,omitempty"`
 }
 
 // RETH is the RDMA extended header.
@@ -172,7 +194,7 @@ func fromLayer(r *rocelayer.RoCE) *RoCE {
 		Opcode: h.Opcode, OpcodeName: in.Name, DestQP: h.DestQP, PSN: h.PSN,
 		AckReq: h.AckReq, SE: h.SE, MigReq: h.MigReq, Pad: h.Pad, TVer: h.TVer, PKey: h.PKey,
 		FECN: h.FECN, BECN: h.BECN, PayloadLen: len(r.LayerPayload()),
-		ICRC: r.ICRC, ICRCOK: r.ICRCChecked && r.ICRCValid,
+		ICRC: r.ICRC, ICRCWire: WireICRC(r.ICRC), ICRCOK: r.ICRCChecked && r.ICRCValid,
 	}
 	has := func(e bth.Ext) bool { return in.Ext&e != 0 }
 	if has(bth.ExtRETH) {
@@ -199,7 +221,14 @@ func fromLayer(r *rocelayer.RoCE) *RoCE {
 	if has(bth.ExtFETH) {
 		t.FETH = ptr(h.FETH)
 	}
+	t.CM = decodeCM(h.Opcode, h.DestQP, r.LayerPayload())
 	return t
+}
+
+// WireICRC formats an ICRC value (its bytes read little-endian) as its
+// wire bytes in hex, "0x" and eight digits, as Wireshark shows it.
+func WireICRC(v uint32) string {
+	return "0x" + string(hex(make([]byte, 0, 8), uint64(bits.ReverseBytes32(v)), 8))
 }
 
 // ptr returns a pointer to a copy of v, so a record keeps no reference

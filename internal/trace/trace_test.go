@@ -3,7 +3,6 @@ package trace_test
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -105,7 +104,7 @@ func TestBadFrames(t *testing.T) {
 		}
 	}
 	r, ok := trace.FromFrame(1, time.Time{}, layers.LinkTypeEthernet, badICRC)
-	if !ok || r.RoCE == nil || r.ICRCOK || !strings.HasSuffix(r.String(), " icrc=bad(0x"+fmt.Sprintf("%08x", r.ICRC)+")") {
+	if !ok || r.RoCE == nil || r.ICRCOK || !strings.HasSuffix(r.String(), " icrc=bad("+r.ICRCWire+")") {
 		t.Errorf("bad ICRC: %+v %q", r, r.String())
 	}
 }
@@ -149,5 +148,17 @@ func TestReadPcap(t *testing.T) {
 	}
 	if err := trace.Read(strings.NewReader("not a capture"), func(trace.Record) error { return nil }); err == nil {
 		t.Error("garbage file: no error")
+	}
+}
+
+// TestWireICRC checks the wire form of the example: the value
+// 2229930251 (0x84ea090b) is the bytes 0b 09 ea 84 on the wire, which
+// Wireshark shows as 0x0b09ea84.
+func TestWireICRC(t *testing.T) {
+	if got := trace.WireICRC(2229930251); got != "0x0b09ea84" {
+		t.Errorf("WireICRC(2229930251) = %q, want 0x0b09ea84", got)
+	}
+	if got := trace.WireICRC(0x000000ff); got != "0xff000000" {
+		t.Errorf("WireICRC(0xff) = %q", got)
 	}
 }

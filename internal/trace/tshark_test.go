@@ -26,6 +26,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/reth"
 	"github.com/rxego/rxego/rocelayer"
@@ -243,14 +244,75 @@ func (f *tsFrame) record(t *testing.T, bthOnly bool) trace.Record {
 		const D = "infiniband.deth/infiniband.deth."
 		x.DETH = &trace.DETH{QKey: uint32(u(D + "q_key")), SrcQP: uint32(u(D + "srcqp"))}
 	}
+	if _, ok := f.hdr["infiniband.mad"]; ok {
+		x.CM = f.cm(t)
+	}
 	crc := get(f.hdr, "infiniband.invariant.crc")
 	x.ICRC = binary.LittleEndian.Uint32(raw(t, crc)) // same bytes, our byte order
+	x.ICRCWire = crc.Show                            // the wire form, as tshark shows it
+	if len(x.ICRCWire) != 10 || !strings.HasPrefix(x.ICRCWire, "0x") {
+		t.Fatalf("tshark shows ICRC %q, want 0x and 8 digits", crc.Show)
+	}
 	x.PayloadLen = crc.Pos - end - int(x.Pad)
 	// tshark's data dissector gets the payload with its pad bytes.
 	if d, ok := f.field["data.len"]; ok && int(num(t, d)) != x.PayloadLen+int(x.Pad) {
 		t.Errorf("frame %d: tshark data.len %s, header positions give payload %d + pad %d", r.Frame, d.Show, x.PayloadLen, x.Pad)
 	}
 	return r
+}
+
+// cm turns tshark's decoding of a CM MAD into a trace.CM. tshark 4.0
+// names each message's Local Communication ID after the message
+// ("infiniband.cm.rep"), calls DREP "drsp", does not show a DREQ's
+// Remote QPN and does not decode an MRA beyond its MAD header: those are
+// left for the caller to fill in.
+func (f *tsFrame) cm(t *testing.T) *trace.CM {
+	t.Helper()
+	field := func(name string) (uint64, bool) {
+		v, ok := f.sub[name]
+		if !ok {
+			return 0, false
+		}
+		return num(t, v), true
+	}
+	must := func(name string) uint64 {
+		v, ok := field(name)
+		if !ok {
+			t.Fatalf("tshark gave no %s", name)
+		}
+		return v
+	}
+	const M = "infiniband.mad/infiniband.mad."
+	c := &trace.CM{AttrID: uint16(must(M + "attributeid")), TID: must(M + "transactionid")}
+	c.Msg = cm.AttrName(c.AttrID)
+	if c.Msg == "MRA" {
+		return c
+	}
+	p := "infiniband.smplid.smpdata/infiniband.cm." + map[string]string{"DREP": "drsp"}[c.Msg]
+	if p == "infiniband.smplid.smpdata/infiniband.cm." {
+		p += strings.ToLower(c.Msg)
+	}
+	if v, ok := field(p); ok {
+		c.LocalCommID = uint32(v)
+	} else {
+		c.LocalCommID = uint32(must(p + ".localcommid"))
+	}
+	if c.Msg != "REQ" {
+		c.RemoteCommID = uint32(must(p + ".remotecommid"))
+	}
+	u32 := func(name string) *uint32 { v := uint32(must(p + name)); return &v }
+	switch c.Msg {
+	case "REQ":
+		c.LocalQPN, c.StartingPSN = u32(".localqpn"), u32(".startpsn")
+		v := must(p + ".serviceid")
+		c.ServiceID = &v
+	case "REP":
+		c.LocalQPN, c.StartingPSN = u32(".localqpn"), u32(".startpsn")
+	case "REJ":
+		v := uint16(must(p + ".reason"))
+		c.Reason = &v
+	}
+	return c
 }
 
 // epoch formats a time the way tshark's geninfo timestamp value does.
@@ -310,6 +372,14 @@ func compare(t *testing.T, want map[int]*tsFrame, got map[int]trace.Record, bthO
 		w := tf.record(t, partial)
 		w.Time = r.Time
 		w.OpcodeName, w.ICRCOK = r.OpcodeName, r.ICRCOK // tshark has no equivalent
+		if w.RoCE != nil && w.CM != nil && r.CM != nil {
+			switch w.CM.Msg { // what tshark 4.0 does not show
+			case "DREQ":
+				w.CM.RemoteQPN = r.CM.RemoteQPN
+			case "MRA":
+				w.CM.LocalCommID, w.CM.RemoteCommID = r.CM.LocalCommID, r.CM.RemoteCommID
+			}
+		}
 		if partial {
 			bthPart := *r.RoCE
 			bthPart = trace.RoCE{Opcode: bthPart.Opcode, OpcodeName: bthPart.OpcodeName, DestQP: bthPart.DestQP, PSN: bthPart.PSN,

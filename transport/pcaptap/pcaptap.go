@@ -35,6 +35,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/rxego/rxego/internal/inetsum"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -251,7 +252,7 @@ func AppendFrame(b []byte, src, dst netip.AddrPort, tos uint8, ipID uint16, pkt 
 		b = append(b, 0x40, 0, TTL, uint8(layers.IPProtocolUDP), 0, 0) // DF, no fragment offset
 		a4, d4 := s.As4(), d.As4()
 		b = append(append(b, a4[:]...), d4[:]...)
-		binary.BigEndian.PutUint16(b[ipStart+10:], ipChecksum(b[ipStart:]))
+		binary.BigEndian.PutUint16(b[ipStart+10:], inetsum.IPv4(b[ipStart:ipStart+ipv4Len]))
 	} else {
 		b = binary.BigEndian.AppendUint16(b, uint16(layers.EthernetTypeIPv6))
 		ipStart = len(b)
@@ -268,7 +269,7 @@ func AppendFrame(b []byte, src, dst netip.AddrPort, tos uint8, ipID uint16, pkt 
 	b = append(b, 0, 0)
 	b = append(b, pkt...)
 	if !v4 {
-		binary.BigEndian.PutUint16(b[udp+6:], udp6Checksum(b[ipStart+8:ipStart+40], b[udp:]))
+		binary.BigEndian.PutUint16(b[udp+6:], inetsum.UDP(b[ipStart+8:ipStart+40], b[udp:]))
 	}
 	return b, true
 }
@@ -278,41 +279,4 @@ func AppendFrame(b []byte, src, dst netip.AddrPort, tos uint8, ipID uint16, pkt 
 func mac(a netip.Addr) []byte {
 	s := a.AsSlice()
 	return append([]byte{0x02, 0x00}, s[len(s)-4:]...)
-}
-
-// sum16 adds b as big-endian 16-bit words to s (one's complement
-// partial sum, carries kept in the high bits).
-func sum16(s uint32, b []byte) uint32 {
-	for len(b) >= 2 {
-		s += uint32(binary.BigEndian.Uint16(b))
-		b = b[2:]
-	}
-	if len(b) == 1 {
-		s += uint32(b[0]) << 8
-	}
-	return s
-}
-
-// fold finishes a one's complement sum.
-func fold(s uint32) uint16 {
-	for s > 0xffff {
-		s = s&0xffff + s>>16
-	}
-	return ^uint16(s)
-}
-
-// ipChecksum is the IPv4 header checksum of h (checksum field zero).
-func ipChecksum(h []byte) uint16 { return fold(sum16(0, h[:ipv4Len])) }
-
-// udp6Checksum is the UDP checksum over IPv6 of the datagram u (checksum
-// field zero), with addrs the source and destination addresses; a result
-// of zero is sent as 0xffff (RFC 8200).
-func udp6Checksum(addrs, u []byte) uint16 {
-	s := sum16(0, addrs)
-	s += uint32(len(u)) + uint32(layers.IPProtocolUDP)
-	c := fold(sum16(s, u))
-	if c == 0 {
-		c = 0xffff
-	}
-	return c
 }
