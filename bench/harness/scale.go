@@ -24,12 +24,19 @@ func heapInUse() uint64 {
 	return ms.HeapAlloc
 }
 
+// scaleRegions is how many Size-byte regions of the server's memory the
+// QPs write, each QP the one its server QP's number picks (mod
+// scaleRegions): QPs on the server's different shards (QPN mod shards)
+// then never write the same bytes at once, for any power-of-two shard
+// count up to 64.
+const scaleRegions = 64
+
 // rxegoScale connects QPs RC QPs on each side, measures the client's heap
 // per idle connected QP, then has every QP carry Size-byte WRITEs, one at a
 // time, scaleInflight over all QPs at once, round robin.
 func rxegoScale(p *peer) (Result, error) {
 	c := p.c
-	s, them, err := rxSetup(p, c.QPs, c.Size, scaleSendWR, scaleRecvWR, scaleInflight*2, true)
+	s, them, err := rxSetup(p, c.QPs, c.Size*scaleRegions, scaleSendWR, scaleRecvWR, scaleInflight*2, true)
 	defer s.close()
 	if err != nil {
 		return Result{}, err
@@ -64,6 +71,7 @@ func rxegoScale(p *peer) (Result, error) {
 				next = (next + 1) % len(s.qps)
 			}
 			wr.ID = uint64(next)
+			wr.RemoteAddr = them.VA + uint64(them.QPNs[next]%scaleRegions)*uint64(c.Size)
 			postErr = s.qps[next].PostSend(wr)
 			busy[next] = true
 			next = (next + 1) % len(s.qps)

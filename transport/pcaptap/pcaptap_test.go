@@ -123,7 +123,10 @@ func TestDeviceCapture(t *testing.T) {
 			t.Errorf("frame %d does not check: %s", r.Frame, r.String())
 			continue
 		}
-		fromA := r.Src == la.Addr() && r.Dst == lb.Addr() && r.SrcPort == la.Port() && r.DestQP == b.qp.Num()
+		// a sends from one of its source ports (rxego.Options.SourcePorts),
+		// the one b's QP hashes to, and receives on its own port.
+		fromA := r.Src == la.Addr() && r.Dst == lb.Addr() && r.SrcPort >= transport.SourcePortBase &&
+			r.DstPort == lb.Port() && r.DestQP == b.qp.Num()
 		fromB := r.Src == lb.Addr() && r.Dst == la.Addr() && r.DstPort == la.Port() && r.DestQP == a.qp.Num()
 		if !fromA && !fromB || r.IPID == nil {
 			t.Errorf("frame %d: addresses or QPN wrong: %s", r.Frame, r.String())
