@@ -169,8 +169,9 @@ type Options struct {
 	// its own engine (lock, timers, send path) and, on the sockets Open
 	// makes, its own socket in an SO_REUSEPORT group whose BPF program
 	// steers every received packet to its QP's shard (QP number mod
-	// Shards). 0 means one per CPU (runtime.NumCPU), at most MaxShards;
-	// the raw receive mode (transport.RecvRaw) always has one.
+	// Shards). 0 means one per CPU (runtime.NumCPU), at most MaxShards,
+	// or one with BusyPoll; the raw receive mode (transport.RecvRaw)
+	// always has one.
 	Shards int
 	// SourcePorts is how many UDP source ports each shard sends from, in
 	// 0xC000-0xFFFF as rxe and RNICs do, so that ECMP fabrics and the
@@ -273,6 +274,11 @@ func (o *Options) shardCount() (int, error) {
 		return 0, fmt.Errorf("rxego: %d shards (0..%d)", n, transport.MaxGroup)
 	case o.Transport.Mode == transport.RecvRaw:
 		return 1, nil // the raw socket sees every packet: nothing to steer
+	case n == 0 && o.BusyPoll > 0:
+		// Busy polling serves the latency of a few QPs: one shard, so
+		// that polling an empty CQ costs one non-blocking recvmmsg, not
+		// one per shard (docs/performance.md, fourth round).
+		return 1, nil
 	case n == 0:
 		return min(runtime.NumCPU(), MaxShards), nil
 	}
