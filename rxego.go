@@ -325,6 +325,9 @@ func Open(addr string, opts *Options) (*Device, error) {
 	var sendMu sync.Mutex // for a shared Conn: one sender at a time
 	for i := range n {
 		s := &shard{d: d, idx: i, conn: conns[min(i, len(conns)-1)], sendMu: &sendMu}
+		if sp, ok := s.conn.(transport.SourcePorter); ok {
+			s.ports = len(sp.SourcePorts())
+		}
 		if len(conns) > 1 {
 			s.sendMu = new(sync.Mutex)
 		}

@@ -19,6 +19,7 @@ type shard struct {
 	eng  *qp.Engine
 	conn transport.Conn // sends (and, in a group, receives) this shard's packets
 
+	ports  int         // source ports conn sends from (transport.SourcePorter), 0 for one
 	sendMu *sync.Mutex // the shard's own, or the device's for a shared Conn
 	msgs   []transport.Message
 }
@@ -39,7 +40,7 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 		msgs = append(msgs, transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
 	}
 	s.msgs = msgs // keep the grown array for the next call
-	msgs = transport.Coalesce(msgs)
+	msgs = transport.Coalesce(msgs, s.ports)
 	for len(msgs) > 0 {
 		n, err := s.conn.Send(msgs)
 		if err != nil {

@@ -3,7 +3,7 @@ package transport
 // Coalesce merges runs of msgs into GSO sends, in place, and returns the
 // shortened slice. A run is consecutive messages whose buffers lie back to
 // back in memory (each starts where the one before it ends, inside its
-// capacity), to the same peer, QP and TOS, all of the first's length
+// capacity), to the same peer, source port and TOS, all of the first's length
 // but the last, which may be shorter, at most MaxSegments of them and
 // together within one IPv4 UDP datagram: it becomes one Message with Seg
 // set, which Send hands the kernel as one datagram, copying nothing.
@@ -11,10 +11,15 @@ package transport
 // a batch's packets in one slab (as package qp does) gets a long message's
 // packets out in a few system calls this way; the limits are this
 // package's, so a run Coalesce makes is one Send accepts.
-func Coalesce(msgs []Message) []Message {
+//
+// ports is the number of source ports the Conn sends from
+// (Options.SourcePorts; 0 for one): packets to QPs that leave from
+// different ports never share a run, since a GSO datagram has one UDP
+// header.
+func Coalesce(msgs []Message, ports int) []Message {
 	out := msgs[:0]
 	for i := 0; i < len(msgs); {
-		k := runLen(msgs[i:])
+		k := runLen(msgs[i:], ports)
 		m := msgs[i]
 		if k > 1 {
 			n := 0
@@ -31,7 +36,7 @@ func Coalesce(msgs []Message) []Message {
 }
 
 // runLen returns how many messages from msgs[0] form one GSO run.
-func runLen(msgs []Message) int {
+func runLen(msgs []Message, ports int) int {
 	first := &msgs[0]
 	if first.Seg > 0 {
 		return 1
@@ -41,7 +46,7 @@ func runLen(msgs []Message) int {
 	for ; k < len(msgs) && k < MaxSegments; k++ {
 		prev, m := &msgs[k-1], &msgs[k]
 		if len(prev.Buf) != seg || len(m.Buf) == 0 || len(m.Buf) > seg || m.Seg > 0 ||
-			m.Peer != first.Peer || m.TOS != first.TOS || !sameDestQP(first.Buf, m.Buf) ||
+			m.Peer != first.Peer || m.TOS != first.TOS || !samePort(first.Buf, m.Buf, ports) ||
 			total+len(m.Buf) > maxPayload4 || !adjacent(prev.Buf, m.Buf) {
 			break
 		}
@@ -59,8 +64,16 @@ func adjacent(a, b []byte) bool {
 	return &a[:len(a)+1][len(a)] == &b[0]
 }
 
-// sameDestQP reports whether two packets go to the same QP: a run leaves
-// from one source port (Options.SourcePorts), the one its QP hashes to.
-func sameDestQP(a, b []byte) bool {
-	return len(a) >= 8 && len(b) >= 8 && a[5] == b[5] && a[6] == b[6] && a[7] == b[7]
+// samePort reports whether two packets leave from the same one of ports
+// source ports (always, for ports <= 1): the one their destination QP
+// hashes to (FlowPort).
+func samePort(a, b []byte, ports int) bool {
+	return ports <= 1 || len(a) >= minPacket && len(b) >= minPacket && FlowPort(destQP(a), ports) == FlowPort(destQP(b), ports)
 }
+
+// destQP reads a BTH's destination QP.
+func destQP(b []byte) uint32 { return uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7]) }
+
+// FlowPort is which of ports source ports a packet for destination QP
+// qpn leaves from.
+func FlowPort(qpn uint32, ports int) int { return int(FlowHash(qpn)) * ports >> 14 }

@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"net/netip"
+	"sync"
 	"syscall"
 )
 
@@ -58,41 +59,75 @@ func FlowHash(qpn uint32) uint32 { return (qpn * 0x61C88647) >> 18 }
 type portsConn struct {
 	*udpConn
 	pool []*udpConn
+
+	gmu     sync.Mutex // guards the scratch below (Send and sendFilled)
+	scratch []Message  // msgs while Send regroups them
+	counts  []int      // messages per pool socket
 }
 
-// pick returns the pool socket for a packet or run whose BTH starts b.
-func (p *portsConn) pick(b []byte) *udpConn {
+// pick returns the index of the pool socket for a packet or run whose
+// BTH starts b.
+func (p *portsConn) pick(b []byte) int {
 	if len(b) < minPacket {
-		return p.pool[0] // Send rejects it
+		return 0 // Send rejects it
 	}
-	q := uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])
-	return p.pool[int(FlowHash(q))*len(p.pool)>>14]
+	return FlowPort(destQP(b), len(p.pool))
 }
 
-// Send implements Conn: each run of consecutive messages for one pool
-// socket goes out in that socket's sendmmsg calls.
-func (p *portsConn) Send(msgs []Message) (int, error) { return p.sendRuns(msgs, (*udpConn).Send) }
+// Send implements Conn. It first regroups msgs in place by pool socket,
+// keeping the order of each socket's messages (so of each QP's), and
+// sends each group in that socket's sendmmsg calls: posts to many QPs
+// still leave in a few system calls. n counts msgs in the new order.
+func (p *portsConn) Send(msgs []Message) (int, error) { return p.sendGroups(msgs, (*udpConn).Send) }
 
 // sendFilled implements filledSender.
 func (p *portsConn) sendFilled(msgs []Message) (int, error) {
-	return p.sendRuns(msgs, (*udpConn).sendFilled)
+	return p.sendGroups(msgs, (*udpConn).sendFilled)
 }
 
-func (p *portsConn) sendRuns(msgs []Message, send func(*udpConn, []Message) (int, error)) (int, error) {
+func (p *portsConn) sendGroups(msgs []Message, send func(*udpConn, []Message) (int, error)) (int, error) {
+	p.gmu.Lock()
+	p.regroup(msgs)
+	p.gmu.Unlock()
 	done := 0
 	for done < len(msgs) {
-		s := p.pick(msgs[done].Buf)
+		k := p.pick(msgs[done].Buf)
 		end := done + 1
-		for end < len(msgs) && p.pick(msgs[end].Buf) == s {
+		for end < len(msgs) && p.pick(msgs[end].Buf) == k {
 			end++
 		}
-		n, err := send(s, msgs[done:end])
+		n, err := send(p.pool[k], msgs[done:end])
 		done += n
 		if err != nil {
 			return done, err
 		}
 	}
 	return done, nil
+}
+
+// regroup sorts msgs by pool socket, stably (a counting sort through
+// scratch, which grows once and is cleared after).
+func (p *portsConn) regroup(msgs []Message) {
+	if len(msgs) < 2 {
+		return
+	}
+	if p.counts == nil {
+		p.counts = make([]int, len(p.pool)+1)
+	}
+	clear(p.counts)
+	for i := range msgs {
+		p.counts[p.pick(msgs[i].Buf)+1]++
+	}
+	for k := 1; k < len(p.counts); k++ {
+		p.counts[k] += p.counts[k-1]
+	}
+	p.scratch = append(p.scratch[:0], msgs...)
+	for i := range p.scratch {
+		k := p.pick(p.scratch[i].Buf)
+		msgs[p.counts[k]] = p.scratch[i]
+		p.counts[k]++
+	}
+	clear(p.scratch) // no references to the caller's buffers
 }
 
 // Stats implements Conn: the receive socket's counters and the pool's.
@@ -130,7 +165,7 @@ func (p *portsConn) closePool() {
 	}
 }
 
-// SourcePorts returns the pool's ports, in pool order.
+// SourcePorts returns the pool's ports, in pool order (SourcePorter).
 func (p *portsConn) SourcePorts() []uint16 {
 	out := make([]uint16, len(p.pool))
 	for i, s := range p.pool {

@@ -131,7 +131,16 @@ type Options struct {
 	// own port: each packet leaves from the one its destination QP hashes
 	// to (FlowHash), so one connection keeps one port and connections
 	// spread. The Conn still receives on its own port. 0 sends from it.
+	// Send then regroups msgs in place by source socket (each QP's
+	// messages keep their order) and its n counts them in that order.
 	SourcePorts int
+}
+
+// SourcePorter is implemented by Conns that send from a pool of source
+// ports (Options.SourcePorts): their ports, in the order FlowPort numbers
+// them. Pass len(SourcePorts()) to Coalesce.
+type SourcePorter interface {
+	SourcePorts() []uint16
 }
 
 // Poller is implemented by Conns that can receive without blocking, for
