@@ -246,17 +246,21 @@ func ParseAddr(s string) (netip.AddrPort, error) {
 }
 
 // Unmap returns ap with an IPv4-mapped address (::ffff:a.b.c.d) turned
-// into the IPv4 address and the port 4791 when 0. RoCE names an IPv4
-// peer by such a GID (Device.GID returns one), but packets from it
-// arrive from the IPv4 address: rxego normalises every address where it
-// enters (Open, ConnectRC, CreateAH, QP.Modify), so one peer never looks
-// like two.
+// into the IPv4 address. RoCE names an IPv4 peer by such a GID
+// (Device.GID returns one), but packets from it arrive from the IPv4
+// address: rxego normalises every address where it enters (Open,
+// ConnectRC, CreateAH, QP.Modify), so one peer never looks like two.
 func Unmap(ap netip.AddrPort) netip.AddrPort {
-	port := ap.Port()
-	if port == 0 {
-		port = DefaultPort
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// peerAddr is a peer's address as the API takes it in: unmapped, with
+// port 4791 when none is given.
+func peerAddr(ap netip.AddrPort) netip.AddrPort {
+	if ap.Port() == 0 {
+		ap = netip.AddrPortFrom(ap.Addr(), DefaultPort)
 	}
-	return netip.AddrPortFrom(ap.Addr().Unmap(), port)
+	return Unmap(ap)
 }
 
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
@@ -882,5 +886,5 @@ func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
 	if !dest.Addr().IsValid() {
 		return nil, errors.New("rxego: address handle needs a destination address")
 	}
-	return &AH{Dest: Unmap(dest)}, nil
+	return &AH{Dest: peerAddr(dest)}, nil
 }
