@@ -24,8 +24,12 @@ var lifecycleModes = []struct {
 	{"busy-poll", &rxego.Options{BusyPoll: 50 * time.Microsecond}},
 }
 
-// openSide is open with device options.
-func openSide(t *testing.T, opts *rxego.Options) *side {
+// openSide opens an RC side with device options.
+func openSide(t *testing.T, opts *rxego.Options) *side { return openWith(t, opts, rxego.RC, 1<<16) }
+
+// openWith opens a device with opts and one QP of type typ, its CQ and
+// an MR of size bytes open to every access.
+func openWith(t *testing.T, opts *rxego.Options, typ rxego.QPType, size int) *side {
 	t.Helper()
 	dev := testaddr.Open(t, opts)
 	pd, err := dev.AllocPD()
@@ -36,12 +40,12 @@ func openSide(t *testing.T, opts *rxego.Options) *side {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cq, RecvCQ: cq, Caps: rxego.Caps{MaxSendWR: 64, MaxRecvWR: 64}})
+	q, err := pd.CreateQP(rxego.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Caps: rxego.Caps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 1<<16)
-	m, err := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead)
+	buf := make([]byte, size)
+	m, err := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead|rxego.AccessRemoteAtomic)
 	if err != nil {
 		t.Fatal(err)
 	}
