@@ -13,15 +13,30 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/testaddr"
 	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
 )
 
-// lifecycleModes are the device's receive modes: Close must work in each.
+// lifecycleModes are the device's receive modes: Close and Notify must
+// work in each. opts gives the options for one device of a pair.
 var lifecycleModes = []struct {
 	name string
-	opts *rxego.Options
+	opts func() func() *rxego.Options
 }{
-	{"blocking", nil},
-	{"busy-poll", &rxego.Options{BusyPoll: 50 * time.Microsecond}},
+	{"blocking", func() func() *rxego.Options { return func() *rxego.Options { return nil } }},
+	{"busy-poll", func() func() *rxego.Options {
+		return func() *rxego.Options { return &rxego.Options{BusyPoll: 50 * time.Microsecond} }
+	}},
+	{"pipe", func() func() *rxego.Options { // a Conn with neither Waker nor Poller
+		net, n := transport.NewPipeNetwork(), byte(0)
+		return func() *rxego.Options {
+			n++
+			c, err := net.Listen(netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, n}), rxego.DefaultPort), transport.Options{})
+			if err != nil {
+				panic(err)
+			}
+			return &rxego.Options{Conn: c}
+		}
+	}},
 }
 
 // openSide opens an RC side with device options.
@@ -76,7 +91,8 @@ func TestDeviceCloseFlushes(t *testing.T) {
 	for _, m := range lifecycleModes {
 		t.Run(m.name, func(t *testing.T) {
 			const sends, recvs = 32, 8
-			a, b := openSide(t, m.opts), openSide(t, m.opts)
+			opts := m.opts()
+			a, b := openSide(t, opts()), openSide(t, opts())
 			connectPair(t, a, b, &rxego.ConnectOptions{})
 			// b posts no receive: with rnr_retry 7 (infinite) a's SENDs
 			// stay outstanding for as long as the test wants.
