@@ -74,6 +74,9 @@ type QP struct {
 	resp     responder
 	flushing bool
 	cc       *qpCC
+	// sqLive and rqLive are set once the requester (RTR->RTS) and the
+	// responder (INIT->RTR) are seeded from sq_psn and rq_psn, for Query.
+	sqLive, rqLive bool
 }
 
 // Create makes a QP in the RESET state.
@@ -162,13 +165,23 @@ func (q *QP) State() State {
 	return q.state
 }
 
-// Query returns the QP's attributes.
+// Query returns the QP's attributes, with its current PSNs (see below).
 func (q *QP) Query() Attr {
 	q.e.mu.Lock()
 	defer q.e.mu.Unlock()
 	a := q.attr
 	a.State = q.state
 	a.CurState = q.state
+	// As rxe (rxe_qp_to_attr), the PSNs are the current ones once the
+	// requester and responder run: sq_psn the next PSN the requester
+	// sends (rewound by a retry), rq_psn the next PSN the responder
+	// expects; before, the configured ones.
+	if q.sqLive {
+		a.SQPSN = uint32(q.req.psn)
+	}
+	if q.rqLive {
+		a.RQPSN = uint32(q.resp.ePSN)
+	}
 	return a
 }
 
@@ -228,8 +241,10 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 		q.enterError()
 	case next == RTR && prev == Init:
 		q.resp.init(q)
+		q.rqLive = true
 	case next == RTS && prev == RTR:
 		q.req.init(q)
+		q.sqLive = true
 		e.kick(q)
 	case next == RTS && (prev == SQD || prev == SQE):
 		// The requester resumes where it stopped: sq_psn only seeds a QP
@@ -254,6 +269,7 @@ func (q *QP) reset() {
 	q.attr = Attr{}
 	q.mtu = 0
 	q.flushing = false
+	q.sqLive, q.rqLive = false, false
 	q.errored.Store(false)
 }
 
