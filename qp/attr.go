@@ -76,6 +76,24 @@ func (m MTU) Bytes() int {
 	return 128 << m
 }
 
+// ActiveMTU returns the largest path MTU whose packets fit an interface
+// MTU of ifMTU bytes, as rxe derives a port's active_mtu from its netdev
+// (eth_mtu_int_to_enum: 80 bytes for the IP, UDP, BTH and extended
+// headers and the ICRC): 1500 gives MTU1024, 4176 and more (loopback's
+// 65536) MTU4096. It is 0 below 336 bytes, where not even MTU256 fits.
+func ActiveMTU(ifMTU int) MTU {
+	var best MTU
+	for m := MTU256; m <= MTU4096; m++ {
+		if m.Bytes()+activeMTUHeaders <= ifMTU {
+			best = m
+		}
+	}
+	return best
+}
+
+// activeMTUHeaders is rxe's RXE_MAX_HDR_LENGTH.
+const activeMTUHeaders = 80
+
 // MTUFromBytes returns the ibv_mtu for 256, 512, 1024, 2048 or 4096.
 func MTUFromBytes(n int) (MTU, bool) {
 	for m := MTU256; m <= MTU4096; m++ {

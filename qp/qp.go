@@ -77,6 +77,10 @@ type QP struct {
 	// sqLive and rqLive are set once the requester (RTR->RTS) and the
 	// responder (INIT->RTR) are seeded from sq_psn and rq_psn, for Query.
 	sqLive, rqLive bool
+	// sendFailed: the Output could not send the packet with PSN
+	// sendFailPSN and never will (see SendFailed).
+	sendFailed  bool
+	sendFailPSN bth.PSN
 }
 
 // Create makes a QP in the RESET state.
@@ -197,6 +201,12 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	if err := checkModify(q.typ, q.state, a, mask); err != nil {
 		return err
 	}
+	if mask&AttrPathMTU != 0 && a.PathMTU > e.cfg.MaxMTU {
+		// As verbs users expect from the port's active_mtu: a larger
+		// path MTU would send packets the link cannot carry.
+		return fmt.Errorf("%w: path MTU %d bytes exceeds the port's active MTU %d bytes (the interface's MTU)",
+			ErrInvalidModify, a.PathMTU.Bytes(), e.cfg.MaxMTU.Bytes())
+	}
 	// ACKs held back for the application's answer (see Input) go out
 	// before the state changes: a QP moving to ERR must still acknowledge
 	// what it received, or the peer retries work that was done.
@@ -230,7 +240,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	set(AttrMaxDestRdAtomic, func() { q.attr.MaxDestRdAtomic = a.MaxDestRdAtomic })
 	set(AttrDestQPN, func() { q.attr.DestQPN = a.DestQPN })
 	if q.typ == UD && q.mtu == 0 {
-		q.mtu = 4096 // UD messages are bounded by the device MTU only
+		q.mtu = e.cfg.MaxMTU.Bytes() // UD messages are bounded by the port's MTU only
 	}
 	prev := q.state
 	q.state = next
@@ -270,6 +280,7 @@ func (q *QP) reset() {
 	q.mtu = 0
 	q.flushing = false
 	q.sqLive, q.rqLive = false, false
+	q.sendFailed = false
 	q.errored.Store(false)
 }
 
@@ -427,7 +438,7 @@ func (q *QP) mtuOrMax() int {
 	if q.mtu > 0 {
 		return q.mtu
 	}
-	return 4096
+	return q.e.cfg.MaxMTU.Bytes()
 }
 
 // growSQ makes the send ring hold at least n WQEs (n <= MaxSendWR),
