@@ -210,6 +210,7 @@ type Device struct {
 
 	sendMu sync.Mutex
 	msgs   []transport.Message
+	first  []int // index in Emit's pkts of each message's first packet
 
 	// Receiving: see receiveLoop.
 	poller   transport.Poller // the Conn's non-blocking receive, if it has one
@@ -284,6 +285,11 @@ func Open(addr string, opts *Options) (*Device, error) {
 	} else {
 		local = Unmap(conn.LocalAddr())
 	}
+	maxMTU, err := activeMTU(local, o.Conn == nil)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
 	if o.Tap != nil {
 		conn.SetTap(o.Tap)
 	}
@@ -300,7 +306,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 	}
 	d.eng, err = qp.NewEngine(qp.Config{
 		Local: local.Addr(), Port: local.Port(), Clock: clock, Out: (*deviceOut)(d), MRs: d.mrs,
-		Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
+		Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
 	})
 	if err != nil {
 		conn.Close()
@@ -311,6 +317,31 @@ func Open(addr string, opts *Options) (*Device, error) {
 	go func() { defer d.wg.Done(); d.eng.RunTimers(d.stop) }()
 	return d, nil
 }
+
+// activeMTU is the port's active MTU: the largest path MTU whose packets
+// fit the MTU of the interface holding the device's address, as rxe takes
+// it from its netdev (1500 gives 1024, loopback's 65536 gives 4096). A
+// device on the unspecified address, or on a Conn it was given, has no one
+// interface: 0, which the engine reads as 4096.
+func activeMTU(local netip.AddrPort, own bool) (qp.MTU, error) {
+	if !own || local.Addr().IsUnspecified() {
+		return 0, nil
+	}
+	n, err := transport.InterfaceMTU(local.Addr())
+	if err != nil {
+		return 0, fmt.Errorf("rxego: open %v: %w", local, err)
+	}
+	m := qp.ActiveMTU(n)
+	if m == 0 {
+		return 0, fmt.Errorf("rxego: open %v: interface MTU %d is below the smallest RoCE MTU (256 + 80 bytes)", local, n)
+	}
+	return m, nil
+}
+
+// ActiveMTU returns the port's active MTU (ibv_port_attr.active_mtu): the
+// largest path MTU the interface the device sends on carries. Modifying a
+// QP to a larger path MTU fails, as packets that long would never leave.
+func (d *Device) ActiveMTU() MTU { return d.eng.MaxMTU() }
 
 // deviceOut adapts the device's Conn to the engine's Output.
 type deviceOut Device
@@ -325,7 +356,7 @@ func (o *deviceOut) Emit(pkts []qp.OutPacket) {
 	d := (*Device)(o)
 	d.sendMu.Lock()
 	defer d.sendMu.Unlock()
-	msgs := d.msgs[:0]
+	msgs, first := d.msgs[:0], d.first[:0]
 	for i := 0; i < len(pkts); {
 		k := runLen(pkts[i:], transport.MaxSegments)
 		p := &pkts[i]
@@ -337,19 +368,24 @@ func (o *deviceOut) Emit(pkts []qp.OutPacket) {
 			}
 			m.Buf, m.Seg = p.Buf[:n], len(p.Buf)
 		}
-		msgs = append(msgs, m)
+		msgs, first = append(msgs, m), append(first, i)
 		i += k
 	}
-	d.msgs = msgs // keep the grown array for the next call
-	for len(msgs) > 0 {
-		n, err := d.conn.Send(msgs)
+	d.msgs, d.first = msgs, first // keep the grown arrays for the next call
+	for off := 0; off < len(msgs); {
+		n, err := d.conn.Send(msgs[off:])
 		if err != nil {
-			// The packet is lost as if the network dropped it; the
-			// transport's retransmission recovers, as on a real link.
 			d.eng.Stats.SendErr.Add(1)
+			if j := off + n; j < len(msgs) && transport.Unsendable(err, &msgs[j]) {
+				// Longer than the interface carries: resending cannot
+				// help, so the work request fails (qp.Engine.SendFailed).
+				d.eng.SendFailed(&pkts[first[j]])
+			}
+			// Otherwise the packet is lost as if the network dropped it;
+			// the transport's retransmission recovers, as on a real link.
 			n++
 		}
-		msgs = msgs[min(n, len(msgs)):]
+		off += n
 	}
 	clear(d.msgs) // do not keep the engine's buffers alive
 }
