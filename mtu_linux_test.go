@@ -82,7 +82,7 @@ func openIn(t *testing.T, ns, addr string) *side {
 // derives it; path MTU 4096 is refused at the modify to RTR and 1024
 // carries a 64 KiB WRITE. When the link's MTU then drops under the QP
 // (576: 1024-byte packets no longer fit), the kernel refuses each send
-// (EMSGSIZE, EINVAL for a GSO run) and the work request completes with
+// (EMSGSIZE, for GSO runs too) and the work request completes with
 // LOC_QP_OP_ERR, the QP goes to ERR and the device stops sending, where it
 // used to retransmit for ever without a word to the application.
 func TestLinkMTU(t *testing.T) {

@@ -376,7 +376,7 @@ func (o *deviceOut) Emit(pkts []qp.OutPacket) {
 		n, err := d.conn.Send(msgs[off:])
 		if err != nil {
 			d.eng.Stats.SendErr.Add(1)
-			if j := off + n; j < len(msgs) && transport.Unsendable(err, &msgs[j]) {
+			if j := off + n; j < len(msgs) && transport.Unsendable(err) {
 				// Longer than the interface carries: resending cannot
 				// help, so the work request fails (qp.Engine.SendFailed).
 				d.eng.SendFailed(&pkts[first[j]])

@@ -411,7 +411,7 @@ func (e *Engine) unbuf(b []byte) { e.slabOff -= len(b) }
 // SendFailed tells the engine that the Output could not send pkt, the
 // first packet of a message it was given, and that sending it again cannot
 // succeed either: the kernel refused it as longer than the interface's MTU
-// (EMSGSIZE, or EINVAL for a GSO run whose segments are). Retransmitting
+// (EMSGSIZE). Retransmitting
 // would fail the same way for ever, so the engine completes the send work
 // request that packet belongs to with WCLocQPOpErr and moves its QP to ERR,
 // as rxe's requester does when a transmit fails. An Output calls it from
