@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"strconv"
+
+	"github.com/rxego/rxego/internal/inetsum"
 )
 
 // UDP checksum errors.
@@ -127,45 +129,15 @@ func snmp6Value(b []byte, field string) (uint64, bool) {
 }
 
 // udpChecksumOK checks the UDP checksum of an IPv4 datagram (u: UDP header
-// and payload) from src to dst, as the raw socket sees it: 0 means none
-// (what rxe sends); a datagram from a sender on this host, over lo or veth,
-// still holds the partial sum of the pseudo-header its kernel left for an
-// offload (CHECKSUM_PARTIAL), which is accepted as such; otherwise the
-// one's complement sum over pseudo-header, header and data must be 0xffff.
-func udpChecksumOK(src, dst, u []byte) bool {
+// and payload) under addrs (source and destination, as in the IP header),
+// as the raw socket sees it: 0 means none (what rxe sends); a datagram
+// from a sender on this host, over lo or veth, still holds the partial
+// sum its kernel left for an offload (CHECKSUM_PARTIAL), accepted as
+// such; otherwise the checksum must be right.
+func udpChecksumOK(addrs, u []byte) bool {
 	if len(u) < 8 {
 		return false
 	}
 	got := binary.BigEndian.Uint16(u[6:])
-	if got == 0 {
-		return true
-	}
-	var s uint64
-	s += uint64(binary.BigEndian.Uint16(src)) + uint64(binary.BigEndian.Uint16(src[2:]))
-	s += uint64(binary.BigEndian.Uint16(dst)) + uint64(binary.BigEndian.Uint16(dst[2:]))
-	s += 17 + uint64(len(u))
-	if fold(s) == got {
-		return true // CHECKSUM_PARTIAL: the pseudo-header's sum, for the offload to finish
-	}
-	for len(u) >= 8 {
-		s += uint64(binary.BigEndian.Uint64(u)>>48) + uint64(binary.BigEndian.Uint64(u)>>32&0xffff) +
-			uint64(binary.BigEndian.Uint64(u)>>16&0xffff) + uint64(binary.BigEndian.Uint64(u)&0xffff)
-		u = u[8:]
-	}
-	for len(u) >= 2 {
-		s += uint64(binary.BigEndian.Uint16(u))
-		u = u[2:]
-	}
-	if len(u) == 1 {
-		s += uint64(u[0]) << 8
-	}
-	return fold(s) == 0xffff
-}
-
-// fold folds a one's complement sum to 16 bits.
-func fold(s uint64) uint16 {
-	for s>>16 != 0 {
-		s = s&0xffff + s>>16
-	}
-	return uint16(s)
+	return got == 0 || got == inetsum.UDPPartial(addrs, len(u)) || inetsum.UDPValid(addrs, u)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/icrc"
+	"github.com/rxego/rxego/internal/inetsum"
 	"golang.org/x/sys/unix"
 )
 
@@ -55,15 +56,7 @@ func (j *injector) datagram(dst netip.AddrPort, psn uint32, df bool, udpCsum int
 	binary.BigEndian.PutUint16(u[4:], uint16(8+len(pkt)))
 	copy(u[8:], pkt)
 	if udpCsum > 0 {
-		var s uint64
-		for _, w := range [][]byte{v.Src[:], v.Dst[:]} {
-			s += uint64(binary.BigEndian.Uint16(w)) + uint64(binary.BigEndian.Uint16(w[2:]))
-		}
-		s += 17 + uint64(len(u))
-		for i := 0; i < len(u); i += 2 {
-			s += uint64(binary.BigEndian.Uint16(u[i:]))
-		}
-		c := ^fold(s)
+		c := inetsum.UDP(ip[12:20], u)
 		if udpCsum == 2 {
 			c ^= 0x0100
 		}

@@ -122,7 +122,7 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 		return DropFragment, p, true
 	case !r.v4.DF:
 		return DropNoDF, p, true
-	case !udpChecksumOK(b[12:16], b[16:20], u[:ulen]):
+	case !udpChecksumOK(b[12:20], u[:ulen]):
 		return DropBadUDPChecksum, p, true
 	}
 	r.data = p
