@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"regexp"
 	"strconv"
@@ -84,29 +83,9 @@ func (p *Peer) linkMTU(t *testing.T) Outcome {
 	}
 	pattern(buf[mtuMsgSize:], 1)
 
-	proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port),
-		"-m", "1024", "-s", strconv.Itoa(mtuMsgSize), "-n", "1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proc.Kill()
-	if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := p.Lab.Dial(ctx, "tcp4", net.JoinHostPort(p.Guest.IP(), strconv.Itoa(p.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
 	const psn = 0x1234
-	if _, err := conn.Write(ppDest{qpn: q.Num(), psn: psn, gid: netip.MustParseAddr(p.HostIP)}.encode()); err != nil {
-		t.Fatal(err)
-	}
-	remote, err := readPPDest(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	proc, conn, remote := p.pingpongServer(t, ctx, ppDest{qpn: q.Num(), psn: psn, gid: netip.MustParseAddr(p.HostIP)},
+		"-m", "1024", "-s", strconv.Itoa(mtuMsgSize), "-n", "1")
 	r := rxego.RemoteQP{Addr: netip.AddrPortFrom(netip.MustParseAddr(p.Guest.IP()), rxego.DefaultPort), QPN: remote.qpn, PSN: remote.psn}
 	err = rxego.ConnectRC(q, r, &rxego.ConnectOptions{LocalPSN: psn, MTU: qp.MTU4096})
 	if !errors.Is(err, qp.ErrInvalidModify) {

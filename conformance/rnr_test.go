@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/conformance/lab"
 	"github.com/rxego/rxego/internal/devstats"
 )
 
@@ -148,6 +149,36 @@ func (x *inproc) connect(t *testing.T, p *Peer, remote ppDest) {
 func (x *inproc) stats() map[string]uint64 {
 	devstats.Settle(x.dev, 250*time.Millisecond, 5*time.Second)
 	return devstats.Map(x.dev)
+}
+
+// pingpongServer starts ibv_rc_pingpong in the guest as the server with
+// args (after -d rxe0 -g 1 -p PORT), connects to its exchange, sends
+// local's record and returns the tool, the exchange's connection (30 s
+// deadline) and the tool's record. Both are closed at the test's end.
+func (p *Peer) pingpongServer(t *testing.T, ctx context.Context, local ppDest, args ...string) (*lab.Proc, net.Conn, ppDest) {
+	t.Helper()
+	proc, err := p.Guest.Start(append([]string{"ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port)}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proc.Kill() })
+	if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := p.Lab.Dial(ctx, "tcp4", net.JoinHostPort(p.Guest.IP(), strconv.Itoa(p.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := conn.Write(local.encode()); err != nil {
+		t.Fatal(err)
+	}
+	remote, err := readPPDest(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proc, conn, remote
 }
 
 // ppDest is one record of the ibv_*_pingpong TCP exchange.
@@ -314,28 +345,8 @@ func (p *Peer) rnrRxegoWaits(t *testing.T) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	x := p.openInproc(t, rnrIters)
-	proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-e", "-p", strconv.Itoa(p.Port),
-		"-s", strconv.Itoa(rnrMsgSize), "-n", strconv.Itoa(rnrIters), "-r", "1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proc.Kill()
-	if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := p.Lab.Dial(ctx, "tcp4", net.JoinHostPort(p.Guest.IP(), strconv.Itoa(p.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := conn.Write(ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)}.encode()); err != nil {
-		t.Fatal(err)
-	}
-	remote, err := readPPDest(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	proc, conn, remote := p.pingpongServer(t, ctx, ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)},
+		"-e", "-s", strconv.Itoa(rnrMsgSize), "-n", strconv.Itoa(rnrIters), "-r", "1")
 	for range rnrIters {
 		x.postRecv(t)
 	}
