@@ -144,3 +144,11 @@ func TestLinkMTU(t *testing.T) {
 	}
 	t.Logf("error completion %v after the post", took)
 }
+
+// TestLoopbackActiveMTU: loopback's MTU (65536) allows path MTU 4096.
+func TestLoopbackActiveMTU(t *testing.T) {
+	a := open(t, rxego.RC, 64)
+	if m := a.dev.ActiveMTU(); m != qp.MTU4096 {
+		t.Fatalf("active MTU on loopback %d bytes, want 4096", m.Bytes())
+	}
+}
