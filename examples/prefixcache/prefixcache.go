@@ -1,0 +1,333 @@
+// Package prefixcache is a shared prefix cache served by one-sided RDMA
+// READ: an owner process holds the KV cache of a long system prompt that
+// many requests share, registers it for remote READ, hands its address
+// and rkey out, and then does nothing: its application code posts no
+// receive and polls no completion. Reader processes (decode workers that
+// need the prefix) pull it with READs. The owner's process CPU is taken
+// with getrusage over the pull, and the same is done for a TCP server
+// that must send the bytes itself.
+//
+// What to expect: with an RDMA NIC the owner's CPU would not be involved
+// at all; the NIC answers the READs from memory. rxego is a software
+// RoCE stack (as is the kernel's rdma_rxe): the owner host's CPU still
+// runs the transport (receives the READ requests, builds and sends the
+// responses, takes the ACKs), so the owner process spends CPU; what stays
+// idle is the owner's application.
+//
+// Rank 0 is the owner, ranks 1..Readers the readers.
+package prefixcache
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/internal/job"
+)
+
+// Config is one run.
+type Config struct {
+	// Bytes is the prefix's KV size.
+	Bytes int
+	// Readers pull it, Rounds times each.
+	Readers, Rounds int
+	// Chunk is the size of one READ, Depth how many each reader keeps
+	// outstanding (at most 16: the QPs' max_rd_atomic).
+	Chunk, Depth int
+	// TCP serves the prefix from a TCP server instead.
+	TCP bool
+	// Verify makes each reader check its copy byte for byte.
+	Verify bool
+	// Device configures the RDMA devices; OwnerDevice, when set, the
+	// owner's instead (in-process runs only).
+	Device      *rxego.Options `json:"-"`
+	OwnerDevice *rxego.Options `json:"-"`
+}
+
+// Result is one rank's view.
+type Result struct {
+	Transport string
+	Readers   int
+	Served    int     // bytes the owner served in all (readers x rounds x Bytes)
+	Wall      float64 // seconds from the start until the last reader was done
+	CPU       float64 // this process's CPU seconds over that time
+	ReaderCPU float64 // the readers' CPU seconds, summed (owner's result)
+	Verified  bool
+}
+
+// Gbps is the readers' aggregate rate.
+func (r Result) Gbps() float64 { return float64(r.Served) * 8 / r.Wall / 1e9 }
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Bytes < 1 || c.Bytes > 8<<30 || c.Readers < 1 || c.Readers > 64 || c.Rounds < 1 ||
+		c.Chunk < 1 || c.Chunk > 1<<30 || c.Depth < 1 || c.Depth > 16 {
+		return fmt.Errorf("prefixcache: bad configuration %+v", c)
+	}
+	return nil
+}
+
+const seed = 0x7072
+
+// Run runs the owner and the readers started by start and returns the
+// owner's result (with the readers' CPU and verification folded in).
+func Run(ctx context.Context, c Config, start job.Starter) (Result, error) {
+	if err := c.Validate(); err != nil {
+		return Result{}, err
+	}
+	var rs []Result
+	if err := job.Launch(ctx, 1+c.Readers, start, &rs); err != nil {
+		return Result{}, err
+	}
+	own := rs[0]
+	own.Verified = c.Verify
+	for _, r := range rs[1:] {
+		own.ReaderCPU += r.CPU
+		own.Verified = own.Verified && r.Verified
+	}
+	return own, nil
+}
+
+// Rank is the work of the owner (rank 0) or a reader.
+func Rank(c Config) job.RankFunc {
+	return func(ctx context.Context, r *job.Rank) (any, error) {
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
+		switch {
+		case r.ID == 0 && c.TCP:
+			return ownTCP(ctx, c, r)
+		case r.ID == 0:
+			return ownRDMA(c, r)
+		case c.TCP:
+			return readTCP(ctx, c, r)
+		}
+		return readRDMA(ctx, c, r)
+	}
+}
+
+// meter takes the wall time and this process's CPU over the pull.
+type meter struct {
+	t0   time.Time
+	cpu0 time.Duration
+}
+
+func startMeter() meter { return meter{time.Now(), job.CPU()} }
+
+func (m meter) result(c Config, transport string) Result {
+	return Result{Transport: transport, Readers: c.Readers, Served: c.Readers * c.Rounds * c.Bytes,
+		Wall: time.Since(m.t0).Seconds(), CPU: (job.CPU() - m.cpu0).Seconds()}
+}
+
+// ownRDMA registers the prefix, connects one QP per reader and then
+// only waits on the job's out-of-band channel (a blocking TCP read) until
+// the readers are done: no receive, no poll, no work request.
+func ownRDMA(c Config, r *job.Rank) (any, error) {
+	buf := make([]byte, c.Bytes)
+	job.Fill(buf, seed, 0)
+	o := c.Device
+	if c.OwnerDevice != nil {
+		o = c.OwnerDevice
+	}
+	n, err := job.OpenNode(job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteRead, QPs: c.Readers, Options: o})
+	if err != nil {
+		return nil, err
+	}
+	defer n.Close()
+	var eps []job.Endpoint
+	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
+		return nil, err
+	}
+	for i := range n.QPs {
+		if err := n.Connect(i, eps[1+i], 0); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.Barrier(); err != nil { // connected: the readers start
+		return nil, err
+	}
+	m := startMeter()
+	if err := r.Barrier(); err != nil { // every reader is done
+		return nil, err
+	}
+	return m.result(c, "rdma"), nil
+}
+
+func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
+	buf := make([]byte, c.Bytes)
+	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: 1, SendDepth: c.Depth, CQDepth: c.Depth, Options: c.Device})
+	if err != nil {
+		return nil, err
+	}
+	defer n.Close()
+	var eps []job.Endpoint
+	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
+		return nil, err
+	}
+	owner := eps[0]
+	if err := n.Connect(0, owner, r.ID-1); err != nil {
+		return nil, err
+	}
+	if err := r.Barrier(); err != nil {
+		return nil, err
+	}
+	m := startMeter()
+	chunks := (c.Bytes + c.Chunk - 1) / c.Chunk
+	total := chunks * c.Rounds
+	wcs := make([]rxego.WC, c.Depth)
+	posted, done := 0, 0
+	for done < total {
+		for posted < total && posted-done < c.Depth {
+			off := (posted % chunks) * c.Chunk
+			size := min(c.Chunk, c.Bytes-off)
+			if err := n.QPs[0].PostSend(rxego.SendWR{ID: uint64(posted), Opcode: rxego.WRRead, Flags: rxego.SendSignaled,
+				SGL: n.SGE(off, size), RemoteAddr: owner.VA + uint64(off), RKey: owner.RKey}); err != nil {
+				return nil, err
+			}
+			posted++
+		}
+		k, err := n.Poll(ctx, wcs)
+		if err != nil {
+			return nil, err
+		}
+		done += k
+	}
+	res := m.result(c, "rdma")
+	if c.Verify {
+		if err := job.Check(buf, seed, 0); err != nil {
+			return nil, fmt.Errorf("prefixcache: reader %d: %w", r.ID, err)
+		}
+		res.Verified = true
+	}
+	return res, r.Barrier()
+}
+
+// TCP: a reader asks for the whole prefix (8-byte offset, 8-byte length)
+// once a round; the server writes it from its buffer.
+
+func ownTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
+	buf := make([]byte, c.Bytes)
+	job.Fill(buf, seed, 0)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	defer ln.Close()
+	if err := r.AllGather(ln.Addr().String(), nil); err != nil {
+		return nil, err
+	}
+	conns, err := job.Accept(ctx, ln, c.Readers)
+	if err != nil {
+		return nil, err
+	}
+	defer job.CloseAll(conns)
+	defer job.Deadline(ctx, conns)()
+	errs := make(chan error, len(conns))
+	for _, cn := range conns {
+		go func() { errs <- serve(cn, buf) }()
+	}
+	if err := r.Barrier(); err != nil {
+		return nil, err
+	}
+	m := startMeter()
+	if err := r.Barrier(); err != nil {
+		return nil, err
+	}
+	res := m.result(c, "tcp")
+	job.CloseAll(conns)
+	for range conns {
+		if err := <-errs; err != nil && !errors.Is(err, net.ErrClosed) {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+// serve answers one reader's requests until it goes away.
+func serve(cn net.Conn, buf []byte) error {
+	var req [16]byte
+	for {
+		if _, err := io.ReadFull(cn, req[:]); err != nil {
+			return nil // the reader is done (or the owner closed the connection)
+		}
+		off, n := binary.BigEndian.Uint64(req[:]), binary.BigEndian.Uint64(req[8:])
+		if off > uint64(len(buf)) || n > uint64(len(buf))-off {
+			return fmt.Errorf("prefixcache: request for %d bytes at %d", n, off)
+		}
+		if _, err := cn.Write(buf[off : off+n]); err != nil {
+			return err
+		}
+	}
+}
+
+func readTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
+	buf := make([]byte, c.Bytes)
+	var addrs []string
+	if err := r.AllGather("", &addrs); err != nil {
+		return nil, err
+	}
+	conns, err := job.Dial(ctx, addrs[0], 1)
+	if err != nil {
+		return nil, err
+	}
+	defer job.CloseAll(conns)
+	defer job.Deadline(ctx, conns)()
+	if err := r.Barrier(); err != nil {
+		return nil, err
+	}
+	m := startMeter()
+	var req [16]byte
+	binary.BigEndian.PutUint64(req[8:], uint64(c.Bytes))
+	for range c.Rounds {
+		if _, err := conns[0].Write(req[:]); err != nil {
+			return nil, err
+		}
+		if _, err := io.ReadFull(conns[0], buf); err != nil {
+			return nil, err
+		}
+	}
+	res := m.result(c, "tcp")
+	if c.Verify {
+		if err := job.Check(buf, seed, 0); err != nil {
+			return nil, fmt.Errorf("prefixcache: reader %d: %w", r.ID, err)
+		}
+		res.Verified = true
+	}
+	return res, r.Barrier()
+}
+
+// Compare runs the RDMA owner and then the TCP server with the same
+// configuration.
+func Compare(ctx context.Context, c Config, start func(Config) job.Starter) ([]Result, error) {
+	var out []Result
+	for _, tcp := range []bool{false, true} {
+		c.TCP = tcp
+		r, err := Run(ctx, c, start(c))
+		if err != nil {
+			return out, fmt.Errorf("tcp=%v: %w", tcp, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Table writes results as a markdown table.
+func Table(w io.Writer, c Config, rs []Result) {
+	fmt.Fprintf(w, "Prefix: %.1f MiB, %d readers x %d rounds (READs of %d KiB, %d outstanding per reader)\n\n",
+		float64(c.Bytes)/(1<<20), c.Readers, c.Rounds, c.Chunk>>10, c.Depth)
+	fmt.Fprintln(w, "| owner | served MiB | wall ms | Gbit/s (all readers) | owner process CPU s | owner CPU s per GiB | readers' CPU s | checked |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---|")
+	for _, r := range rs {
+		name := "RDMA: registers, then idle (no receive, no poll)"
+		if r.Transport == "tcp" {
+			name = "TCP server: writes the bytes"
+		}
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.2f | %.3f | %.3f | %.3f | %v |\n", name, r.Served>>20, r.Wall*1e3, r.Gbps(),
+			r.CPU, r.CPU/(float64(r.Served)/(1<<30)), r.ReaderCPU, r.Verified)
+	}
+}

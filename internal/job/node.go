@@ -1,0 +1,172 @@
+package job
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/rxego/rxego"
+)
+
+// NodeConfig describes one rank's RDMA resources.
+type NodeConfig struct {
+	// Addr is the device's address; empty picks a free random loopback
+	// address in 127.0.0.0/8 (outside 127.0.0.0/24).
+	Addr string
+	// Buf is registered with Access as the node's one MR.
+	Buf    []byte
+	Access rxego.Access
+	// QPs is how many RC QPs to create, each with SendDepth send and
+	// RecvDepth receive WRs, all on one CQ of CQDepth entries.
+	QPs, SendDepth, RecvDepth, CQDepth int
+	// Options configure the device (a Tap, the window); nil: the
+	// defaults with a 1,024-PSN window.
+	Options *rxego.Options
+}
+
+// Node is one rank's device, protection domain, CQ, registered buffer
+// and RC QPs.
+type Node struct {
+	Dev *rxego.Device
+	PD  *rxego.PD
+	CQ  *rxego.CQ
+	MR  *rxego.MR
+	Buf []byte
+	QPs []*rxego.QP
+}
+
+// Endpoint is what a peer must know of a node to connect to its QPs and
+// to address its buffer: the out-of-band record.
+type Endpoint struct {
+	Addr netip.AddrPort
+	QPNs []uint32
+	PSN  uint32
+	VA   uint64
+	RKey uint32
+	Len  int
+}
+
+// startPSN is every node's first send PSN (any value works; peers learn it).
+const startPSN = 0x1000
+
+// window is the devices' unacknowledged-PSN window, as the bench harness
+// uses: 4 MiB in flight per QP at MTU 4096.
+const window = 1024
+
+// OpenNode opens a device and creates the node's resources.
+func OpenNode(c NodeConfig) (*Node, error) {
+	o := rxego.Options{Window: window}
+	if c.Options != nil {
+		o = *c.Options
+	}
+	dev, err := openDevice(c.Addr, &o)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{Dev: dev, Buf: c.Buf}
+	if err := n.setup(c); err != nil {
+		dev.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) setup(c NodeConfig) (err error) {
+	if n.PD, err = n.Dev.AllocPD(); err != nil {
+		return err
+	}
+	if n.CQ, err = n.Dev.CreateCQ(max(c.CQDepth, 1)); err != nil {
+		return err
+	}
+	if n.MR, err = n.PD.RegMR(c.Buf, c.Access|rxego.AccessLocalWrite); err != nil {
+		return err
+	}
+	for range c.QPs {
+		q, err := n.PD.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: n.CQ, RecvCQ: n.CQ,
+			Caps: rxego.Caps{MaxSendWR: max(c.SendDepth, 1), MaxRecvWR: max(c.RecvDepth, 1), MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			return err
+		}
+		if err := rxego.InitQP(q, 0); err != nil {
+			return err
+		}
+		n.QPs = append(n.QPs, q)
+	}
+	return nil
+}
+
+// openDevice opens a device on addr, or on a free random loopback
+// address when addr is empty.
+func openDevice(addr string, o *rxego.Options) (*rxego.Device, error) {
+	if addr != "" {
+		return rxego.Open(addr, o)
+	}
+	var err error
+	for range 50 {
+		a := netip.AddrFrom4([4]byte{127, byte(1 + rand.IntN(254)), byte(rand.IntN(256)), byte(1 + rand.IntN(254))})
+		var d *rxego.Device
+		if d, err = rxego.Open(a.String(), o); err == nil {
+			return d, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("job: no free loopback address: %w", err)
+}
+
+// Endpoint returns the node's out-of-band record.
+func (n *Node) Endpoint() Endpoint {
+	e := Endpoint{Addr: n.Dev.Addr(), PSN: startPSN, VA: n.MR.IOVA(), RKey: n.MR.RKey(), Len: len(n.Buf)}
+	for _, q := range n.QPs {
+		e.QPNs = append(e.QPNs, q.Num())
+	}
+	return e
+}
+
+// Connect joins local QP i to the peer's QP j (RC, MTU 4096, up to 16
+// READs outstanding each way).
+func (n *Node) Connect(i int, peer Endpoint, j int) error {
+	if i < 0 || i >= len(n.QPs) || j < 0 || j >= len(peer.QPNs) {
+		return fmt.Errorf("job: no QP pair %d-%d (have %d local, %d remote)", i, j, len(n.QPs), len(peer.QPNs))
+	}
+	return rxego.ConnectRC(n.QPs[i], rxego.RemoteQP{Addr: peer.Addr, QPN: peer.QPNs[j], PSN: peer.PSN},
+		&rxego.ConnectOptions{MTU: 5, LocalPSN: startPSN, MaxRdAtomic: 16, MinRNRTimer: 1})
+}
+
+// SGE is the SGE of n bytes of the node's buffer at off.
+func (n *Node) SGE(off, length int) []rxego.SGE {
+	return []rxego.SGE{{Addr: n.MR.IOVA() + uint64(off), Length: uint32(length), LKey: n.MR.LKey()}}
+}
+
+// Close stops the device.
+func (n *Node) Close() error { return n.Dev.Close() }
+
+// Poll waits for completions into wcs until ctx ends, and fails on the
+// first unsuccessful one.
+func (n *Node) Poll(ctx context.Context, wcs []rxego.WC) (int, error) {
+	k, err := n.CQ.PollWait(ctx, wcs)
+	if err != nil {
+		return 0, err
+	}
+	for _, wc := range wcs[:k] {
+		if wc.Status != 0 {
+			return 0, fmt.Errorf("completion of WR %d on QP %d: %v", wc.ID, wc.QPN, wc.Status)
+		}
+	}
+	return k, nil
+}
+
+// CPU is the CPU time (user and system) this process has used so far,
+// from getrusage(RUSAGE_SELF): every thread, the device's included.
+func CPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
