@@ -76,12 +76,9 @@ type Config struct {
 	// Verify makes the decode side check each layer byte for byte as it
 	// arrives (its "start on the layer").
 	Verify bool
-	// Device configures the RDMA devices (a Tap); nil: the defaults.
-	// Only in-process runs can set it.
-	Device *rxego.Options `json:"-"`
-	// PrefillDevice, when set, configures the prefill side's device
-	// instead (the demo records only that side).
-	PrefillDevice *rxego.Options `json:"-"`
+	// Devices, when set, gives each rank's RDMA device options (a Tap);
+	// in-process runs only.
+	Devices func(rank int) *rxego.Options `json:"-"`
 }
 
 // Result is what the decode side saw.
@@ -184,7 +181,7 @@ func (d *decoder) finish() Result {
 func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
 	n, err := job.OpenNode(job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteWrite, QPs: c.Lanes,
-		RecvDepth: c.Layers/c.Lanes + 1, CQDepth: c.Layers + 1, Options: c.Device})
+		RecvDepth: c.Layers/c.Lanes + 1, CQDepth: c.Layers + 1, Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +209,7 @@ func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	d.start()
 	wcs := make([]rxego.WC, 64)
 	for got := 0; got < c.Layers; {
-		k, err := n.Poll(ctx, wcs)
+		k, err := job.Poll(ctx, n.RecvCQ, wcs)
 		if err != nil {
 			return nil, err
 		}
@@ -230,11 +227,8 @@ func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 func prefillRDMA(ctx context.Context, c Config, r *job.Rank) error {
 	buf := make([]byte, c.Bytes())
 	job.Fill(buf, seed, 0)
-	o := c.Device
-	if c.PrefillDevice != nil {
-		o = c.PrefillDevice
-	}
-	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: c.Lanes, SendDepth: sendDepth, CQDepth: c.Layers + 1, Options: o})
+	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: c.Lanes, SendDepth: sendDepth, CQDepth: c.Layers + 1,
+		Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
 		return err
 	}
@@ -261,7 +255,7 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) error {
 	wcs := make([]rxego.WC, 64)
 	done := 0
 	reap := func() error {
-		k, err := n.Poll(ctx, wcs)
+		k, err := job.Poll(ctx, n.SendCQ, wcs)
 		for _, wc := range wcs[:k] {
 			// The layer's signaled WRITE with immediate completes after
 			// its unsignaled block WRITEs: all of them left the queue.

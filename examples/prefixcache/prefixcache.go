@@ -43,10 +43,9 @@ type Config struct {
 	TCP bool
 	// Verify makes each reader check its copy byte for byte.
 	Verify bool
-	// Device configures the RDMA devices; OwnerDevice, when set, the
-	// owner's instead (in-process runs only).
-	Device      *rxego.Options `json:"-"`
-	OwnerDevice *rxego.Options `json:"-"`
+	// Devices, when set, gives each rank's RDMA device options (a Tap);
+	// in-process runs only.
+	Devices func(rank int) *rxego.Options `json:"-"`
 }
 
 // Result is one rank's view.
@@ -130,11 +129,8 @@ func (m meter) result(c Config, transport string) Result {
 func ownRDMA(c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
 	job.Fill(buf, seed, 0)
-	o := c.Device
-	if c.OwnerDevice != nil {
-		o = c.OwnerDevice
-	}
-	n, err := job.OpenNode(job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteRead, QPs: c.Readers, Options: o})
+	n, err := job.OpenNode(job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteRead, QPs: c.Readers,
+		Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +156,8 @@ func ownRDMA(c Config, r *job.Rank) (any, error) {
 
 func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
-	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: 1, SendDepth: c.Depth, CQDepth: c.Depth, Options: c.Device})
+	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: 1, SendDepth: c.Depth, CQDepth: c.Depth,
+		Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +188,7 @@ func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 			}
 			posted++
 		}
-		k, err := n.Poll(ctx, wcs)
+		k, err := job.Poll(ctx, n.SendCQ, wcs)
 		if err != nil {
 			return nil, err
 		}

@@ -21,22 +21,23 @@ type NodeConfig struct {
 	Buf    []byte
 	Access rxego.Access
 	// QPs is how many RC QPs to create, each with SendDepth send and
-	// RecvDepth receive WRs, all on one CQ of CQDepth entries.
+	// RecvDepth receive WRs; their send completions go to one CQ and
+	// their receive completions to another, each of CQDepth entries.
 	QPs, SendDepth, RecvDepth, CQDepth int
 	// Options configure the device (a Tap, the window); nil: the
 	// defaults with a 1,024-PSN window.
 	Options *rxego.Options
 }
 
-// Node is one rank's device, protection domain, CQ, registered buffer
+// Node is one rank's device, protection domain, CQs, registered buffer
 // and RC QPs.
 type Node struct {
-	Dev *rxego.Device
-	PD  *rxego.PD
-	CQ  *rxego.CQ
-	MR  *rxego.MR
-	Buf []byte
-	QPs []*rxego.QP
+	Dev            *rxego.Device
+	PD             *rxego.PD
+	SendCQ, RecvCQ *rxego.CQ
+	MR             *rxego.MR
+	Buf            []byte
+	QPs            []*rxego.QP
 }
 
 // Endpoint is what a peer must know of a node to connect to its QPs and
@@ -79,14 +80,17 @@ func (n *Node) setup(c NodeConfig) (err error) {
 	if n.PD, err = n.Dev.AllocPD(); err != nil {
 		return err
 	}
-	if n.CQ, err = n.Dev.CreateCQ(max(c.CQDepth, 1)); err != nil {
+	if n.SendCQ, err = n.Dev.CreateCQ(max(c.CQDepth, 1)); err != nil {
+		return err
+	}
+	if n.RecvCQ, err = n.Dev.CreateCQ(max(c.CQDepth, 1)); err != nil {
 		return err
 	}
 	if n.MR, err = n.PD.RegMR(c.Buf, c.Access|rxego.AccessLocalWrite); err != nil {
 		return err
 	}
 	for range c.QPs {
-		q, err := n.PD.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: n.CQ, RecvCQ: n.CQ,
+		q, err := n.PD.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: n.SendCQ, RecvCQ: n.RecvCQ,
 			Caps: rxego.Caps{MaxSendWR: max(c.SendDepth, 1), MaxRecvWR: max(c.RecvDepth, 1), MaxSendSGE: 1, MaxRecvSGE: 1}})
 		if err != nil {
 			return err
@@ -146,10 +150,10 @@ func (n *Node) SGE(off, length int) []rxego.SGE {
 // Close stops the device.
 func (n *Node) Close() error { return n.Dev.Close() }
 
-// Poll waits for completions into wcs until ctx ends, and fails on the
-// first unsuccessful one.
-func (n *Node) Poll(ctx context.Context, wcs []rxego.WC) (int, error) {
-	k, err := n.CQ.PollWait(ctx, wcs)
+// Poll waits for completions of cq into wcs until ctx ends, and fails on
+// the first unsuccessful one.
+func Poll(ctx context.Context, cq *rxego.CQ, wcs []rxego.WC) (int, error) {
+	k, err := cq.PollWait(ctx, wcs)
 	if err != nil {
 		return 0, err
 	}
@@ -169,4 +173,13 @@ func CPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// DeviceOptions is devices(rank), or nil when devices is nil: the
+// examples' hook for giving each rank's device its options in-process.
+func DeviceOptions(devices func(rank int) *rxego.Options, rank int) *rxego.Options {
+	if devices == nil {
+		return nil
+	}
+	return devices(rank)
 }
