@@ -96,8 +96,8 @@ func Run(ctx context.Context, c Config, start job.Starter) (Result, error) {
 	return out, nil
 }
 
-// input is rank r's element j.
-func input(r, j int) float32 { return float32((31*j + 7*r) % 64) }
+// Input is rank r's element j before the all-reduce.
+func Input(r, j int) float32 { return float32((31*j + 7*r) % 64) }
 
 // ring is one rank's view of the buffer: its data, the reduce-scatter
 // staging slots, and the chunk boundaries.
@@ -146,7 +146,7 @@ func (g *ring) reduce(s int) {
 
 func (g *ring) fill() {
 	for j := range g.data {
-		g.data[j] = input(g.rank, j)
+		g.data[j] = Input(g.rank, j)
 	}
 }
 

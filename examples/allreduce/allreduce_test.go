@@ -34,7 +34,7 @@ func TestRing(t *testing.T) {
 func TestCheckCatches(t *testing.T) {
 	g := newRing(Config{Count: 8, Ranks: 2, Iters: 1}, 0)
 	for j := range g.data {
-		g.data[j] = input(0, j) + input(1, j)
+		g.data[j] = Input(0, j) + Input(1, j)
 	}
 	if err := g.check(); err != nil {
 		t.Fatal(err)
