@@ -94,4 +94,3 @@ func (t *Tour) allreduce() error {
 		2*(c.Ranks-1), 2*(c.Ranks-1))
 	return nil
 }
-
