@@ -59,6 +59,7 @@ type Result struct {
 	Bytes     int       // bytes each rank reduces (Count x 4)
 	Times     []float64 // seconds per all-reduce (Run: the slowest rank's)
 	Checked   int       // elements checked exactly, every rank, every iteration
+	Drops     uint64    // datagrams the sockets dropped (Run: all ranks')
 }
 
 // Median is the median of Times.
@@ -86,12 +87,13 @@ func Run(ctx context.Context, c Config, start job.Starter) (Result, error) {
 		return Result{}, err
 	}
 	out := rs[0]
-	out.Times, out.Checked = make([]float64, c.Iters), 0
+	out.Times, out.Checked, out.Drops = make([]float64, c.Iters), 0, 0
 	for _, r := range rs {
 		for i, t := range r.Times {
 			out.Times[i] = max(out.Times[i], t)
 		}
 		out.Checked += r.Checked
+		out.Drops += r.Drops
 	}
 	return out, nil
 }
@@ -282,7 +284,9 @@ func (g *ring) runRDMA(ctx context.Context, r *job.Rank) (any, error) {
 		}
 		return nil
 	}
-	return g.iterate(r, prepare, allreduce, "rdma")
+	res, err := g.iterate(r, prepare, allreduce, "rdma")
+	res.Drops = n.Drops()
+	return res, err
 }
 
 func (g *ring) runTCP(ctx context.Context, r *job.Rank) (any, error) {
@@ -356,13 +360,13 @@ func Compare(ctx context.Context, c Config, start func(Config) job.Starter) ([]R
 func Table(w io.Writer, c Config, rs []Result) {
 	fmt.Fprintf(w, "Ring all-reduce: %d ranks, %d float32 each (%.1f MiB), %d iterations, median\n\n",
 		c.Ranks, c.Count, float64(c.Count*4)/(1<<20), c.Iters)
-	fmt.Fprintln(w, "| ring | median ms | algbw Gbit/s | busbw Gbit/s | elements checked exactly |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "| ring | median ms | algbw Gbit/s | busbw Gbit/s | socket drops | elements checked exactly |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		name := "RDMA WRITE with immediate"
 		if r.Transport == "tcp" {
 			name = "TCP"
 		}
-		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %d |\n", name, r.Median()*1e3, r.AlgGbps(), r.BusGbps(), r.Checked)
+		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %d | %d |\n", name, r.Median()*1e3, r.AlgGbps(), r.BusGbps(), r.Drops, r.Checked)
 	}
 }

@@ -91,6 +91,7 @@ type Result struct {
 	Gbps      float64 // Bytes*8/Total
 	Verified  bool    // every byte checked
 	CPU       float64 // the decode process's CPU seconds during the transfer
+	Drops     uint64  // datagrams the decode side's socket dropped (RDMA)
 	Order     []int   // layers in the order they became usable
 }
 
@@ -221,14 +222,18 @@ func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 			got++
 		}
 	}
-	return d.finish(), nil
+	res := d.finish()
+	res.Drops = n.Drops()
+	return res, nil
 }
 
 func prefillRDMA(ctx context.Context, c Config, r *job.Rank) error {
 	buf := make([]byte, c.Bytes())
 	job.Fill(buf, seed, 0)
+	// The QPs share one window's worth in flight: the decode side's
+	// socket buffer holds that much (see job.DefaultWindow).
 	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: c.Lanes, SendDepth: sendDepth, CQDepth: c.Layers + 1,
-		Options: job.DeviceOptions(c.Devices, r.ID)})
+		Window: max(job.DefaultWindow/c.Lanes, 16), Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
 		return err
 	}
@@ -429,13 +434,13 @@ func Compare(ctx context.Context, s Shape, qps, conns int, verify bool, start fu
 func Table(w io.Writer, s Shape, rs []Result) {
 	fmt.Fprintf(w, "KV cache: %d layers x %d tokens x %d values x %d bytes = %.1f MiB (%.2f MiB a layer, blocks of %d tokens)\n\n",
 		s.Layers, s.Tokens, s.Width, s.DTypeBytes, float64(s.Bytes())/(1<<20), float64(s.LayerBytes())/(1<<20), s.BlockTokens)
-	fmt.Fprintln(w, "| transfer | total ms | first layer usable ms | Gbit/s | decode CPU s | checked |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| transfer | total ms | first layer usable ms | Gbit/s | decode CPU s | socket drops | checked |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---|")
 	for _, r := range rs {
 		lanes := fmt.Sprintf("RDMA WRITE + WRITE_IMM, %d QPs", r.Lanes)
 		if r.Transport == "tcp" {
 			lanes = fmt.Sprintf("TCP, %d connection(s)", r.Lanes)
 		}
-		fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %.3f | %v |\n", lanes, r.Total*1e3, r.First*1e3, r.Gbps, r.CPU, r.Verified)
+		fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %.3f | %d | %v |\n", lanes, r.Total*1e3, r.First*1e3, r.Gbps, r.CPU, r.Drops, r.Verified)
 	}
 }

@@ -56,6 +56,7 @@ type Result struct {
 	Wall      float64 // seconds a reader pulled (Run: the slowest reader)
 	CPU       float64 // this process's CPU seconds (owner: from the start until every reader was done)
 	ReaderCPU float64 // the readers' CPU seconds, summed (owner's result)
+	Drops     uint64  // datagrams the sockets dropped (Run: all ranks')
 	Verified  bool
 }
 
@@ -91,6 +92,7 @@ func Run(ctx context.Context, c Config, start job.Starter) (Result, error) {
 		own.ReaderCPU += r.CPU
 		own.Verified = own.Verified && r.Verified
 		own.Wall = max(own.Wall, r.Wall)
+		own.Drops += r.Drops
 	}
 	return own, nil
 }
@@ -154,7 +156,9 @@ func ownRDMA(c Config, r *job.Rank) (any, error) {
 	if err := r.Barrier(); err != nil { // every reader is done
 		return nil, err
 	}
-	return m.result(c, "rdma"), nil
+	res := m.result(c, "rdma")
+	res.Drops = n.Drops()
+	return res, nil
 }
 
 func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
@@ -198,6 +202,7 @@ func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 		done += k
 	}
 	res := m.result(c, "rdma")
+	res.Drops = n.Drops()
 	if c.Verify {
 		if err := job.Check(buf, seed, 0); err != nil {
 			return nil, fmt.Errorf("prefixcache: reader %d: %w", r.ID, err)
@@ -320,14 +325,14 @@ func Compare(ctx context.Context, c Config, start func(Config) job.Starter) ([]R
 func Table(w io.Writer, c Config, rs []Result) {
 	fmt.Fprintf(w, "Prefix: %.1f MiB, %d readers x %d rounds (READs of %d KiB, %d outstanding per reader)\n\n",
 		float64(c.Bytes)/(1<<20), c.Readers, c.Rounds, c.Chunk>>10, c.Depth)
-	fmt.Fprintln(w, "| owner | served MiB | wall ms | Gbit/s (all readers) | owner process CPU s | owner CPU s per GiB | readers' CPU s | checked |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| owner | served MiB | wall ms | Gbit/s (all readers) | owner process CPU s | owner CPU s per GiB | readers' CPU s | socket drops | checked |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, r := range rs {
 		name := "RDMA: registers, then idle (no receive, no poll)"
 		if r.Transport == "tcp" {
 			name = "TCP server: writes the bytes"
 		}
-		fmt.Fprintf(w, "| %s | %d | %.1f | %.2f | %.3f | %.3f | %.3f | %v |\n", name, r.Served>>20, r.Wall*1e3, r.Gbps(),
-			r.CPU, r.CPU/(float64(r.Served)/(1<<30)), r.ReaderCPU, r.Verified)
+		fmt.Fprintf(w, "| %s | %d | %.1f | %.2f | %.3f | %.3f | %.3f | %d | %v |\n", name, r.Served>>20, r.Wall*1e3, r.Gbps(),
+			r.CPU, r.CPU/(float64(r.Served)/(1<<30)), r.ReaderCPU, r.Drops, r.Verified)
 	}
 }
