@@ -163,6 +163,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 				kv.add(name+" Gbit/s", "Gbit/s", r.Gbps, "tcp 1 Gbit/s", false)
 				kv.add(name+" total", "ms", r.Total*1e3, "tcp 1 total", true)
 				kv.add(name+" first layer", "ms", r.First*1e3, "tcp 1 first layer", true)
+				kv.add(name+" prefill CPU", "s", r.SendCPU, "tcp 1 prefill CPU", true)
 				kv.add(name+" decode CPU", "s", r.CPU, "tcp 1 decode CPU", true)
 			}
 		}

@@ -91,6 +91,7 @@ type Result struct {
 	Gbps      float64 // Bytes*8/Total
 	Verified  bool    // every byte checked
 	CPU       float64 // the decode process's CPU seconds during the transfer
+	SendCPU   float64 // the prefill process's (Run), over its own sending
 	Drops     uint64  // datagrams the decode side's socket dropped (RDMA)
 	Order     []int   // layers in the order they became usable
 }
@@ -111,7 +112,9 @@ func Run(ctx context.Context, c Config, start job.Starter) (Result, error) {
 	if err := job.Launch(ctx, 2, start, &res); err != nil {
 		return Result{}, err
 	}
-	return res[0], nil
+	out := res[0]
+	out.SendCPU = res[1].CPU
+	return out, nil
 }
 
 // Rank is the work of rank 0 (decode) or 1 (prefill).
@@ -127,13 +130,19 @@ func Rank(c Config) job.RankFunc {
 			if r.ID == 0 {
 				return decodeTCP(ctx, c, r)
 			}
-			return nil, prefillTCP(ctx, c, r)
+			return sent(prefillTCP(ctx, c, r))
 		}
 		if r.ID == 0 {
 			return decodeRDMA(ctx, c, r)
 		}
-		return nil, prefillRDMA(ctx, c, r)
+		return sent(prefillRDMA(ctx, c, r))
 	}
+}
+
+// sent is the prefill side's result: the CPU it spent from the start to
+// its last completion.
+func sent(cpu time.Duration, err error) (any, error) {
+	return Result{CPU: cpu.Seconds()}, err
 }
 
 // decoder follows layers becoming usable.
@@ -227,7 +236,7 @@ func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	return res, nil
 }
 
-func prefillRDMA(ctx context.Context, c Config, r *job.Rank) error {
+func prefillRDMA(ctx context.Context, c Config, r *job.Rank) (time.Duration, error) {
 	buf := make([]byte, c.Bytes())
 	job.Fill(buf, seed, 0)
 	// The QPs share one window's worth in flight: the decode side's
@@ -235,26 +244,27 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) error {
 	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: c.Lanes, SendDepth: sendDepth, CQDepth: c.Layers + 1,
 		Window: max(job.DefaultWindow/c.Lanes, 16), Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer n.Close()
 	var eps []job.Endpoint
 	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
-		return err
+		return 0, err
 	}
 	for i := range n.QPs {
 		if err := n.Connect(i, eps[0], i); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if err := r.Barrier(); err != nil {
-		return err
+		return 0, err
 	}
+	cpu0 := job.CPU()
 	dst := eps[0]
 	lb, bb := c.LayerBytes(), c.blockBytes()
 	nb := (lb + bb - 1) / bb
 	if nb > sendDepth {
-		return fmt.Errorf("kvcache: %d blocks a layer, more than the send queue's %d", nb, sendDepth)
+		return 0, fmt.Errorf("kvcache: %d blocks a layer, more than the send queue's %d", nb, sendDepth)
 	}
 	outstanding := make([]int, c.Lanes) // WRs posted and not yet known complete, per QP
 	wcs := make([]rxego.WC, 64)
@@ -274,7 +284,7 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) error {
 		q := l % c.Lanes
 		for outstanding[q]+nb > sendDepth {
 			if err := reap(); err != nil {
-				return err
+				return 0, err
 			}
 		}
 		for b := range nb {
@@ -286,16 +296,16 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) error {
 		// The last block carries the layer's signal.
 		wrs[nb-1].Opcode, wrs[nb-1].Imm, wrs[nb-1].Flags = rxego.WRWriteImm, uint32(l), rxego.SendSignaled
 		if err := n.QPs[q].PostSend(wrs...); err != nil {
-			return err
+			return 0, err
 		}
 		outstanding[q] += nb
 	}
 	for done < c.Layers {
 		if err := reap(); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return job.CPU() - cpu0, nil
 }
 
 // TCP: each layer goes as an 8-byte header (layer, length) and its bytes,
@@ -368,22 +378,23 @@ func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	return d.finish(), nil
 }
 
-func prefillTCP(ctx context.Context, c Config, r *job.Rank) error {
+func prefillTCP(ctx context.Context, c Config, r *job.Rank) (time.Duration, error) {
 	buf := make([]byte, c.Bytes())
 	job.Fill(buf, seed, 0)
 	var addrs []string
 	if err := r.AllGather("", &addrs); err != nil {
-		return err
+		return 0, err
 	}
 	conns, err := job.Dial(ctx, addrs[0], c.Lanes)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer job.CloseAll(conns)
 	defer job.Deadline(ctx, conns)()
 	if err := r.Barrier(); err != nil {
-		return err
+		return 0, err
 	}
+	cpu0 := job.CPU()
 	lb := c.LayerBytes()
 	errs := make(chan error, c.Lanes)
 	for i, cn := range conns {
@@ -408,7 +419,7 @@ func prefillTCP(ctx context.Context, c Config, r *job.Rank) error {
 	for range conns {
 		all = errors.Join(all, <-errs)
 	}
-	return all
+	return job.CPU() - cpu0, all
 }
 
 // Compare runs the transfer over RDMA with qps QPs, then over one TCP
@@ -434,13 +445,13 @@ func Compare(ctx context.Context, s Shape, qps, conns int, verify bool, start fu
 func Table(w io.Writer, s Shape, rs []Result) {
 	fmt.Fprintf(w, "KV cache: %d layers x %d tokens x %d values x %d bytes = %.1f MiB (%.2f MiB a layer, blocks of %d tokens)\n\n",
 		s.Layers, s.Tokens, s.Width, s.DTypeBytes, float64(s.Bytes())/(1<<20), float64(s.LayerBytes())/(1<<20), s.BlockTokens)
-	fmt.Fprintln(w, "| transfer | total ms | first layer usable ms | Gbit/s | decode CPU s | socket drops | checked |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| transfer | total ms | first layer usable ms | Gbit/s | prefill CPU s | decode CPU s | socket drops | checked |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---|")
 	for _, r := range rs {
 		lanes := fmt.Sprintf("RDMA WRITE + WRITE_IMM, %d QPs", r.Lanes)
 		if r.Transport == "tcp" {
 			lanes = fmt.Sprintf("TCP, %d connection(s)", r.Lanes)
 		}
-		fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %.3f | %d | %v |\n", lanes, r.Total*1e3, r.First*1e3, r.Gbps, r.CPU, r.Drops, r.Verified)
+		fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %.3f | %.3f | %d | %v |\n", lanes, r.Total*1e3, r.First*1e3, r.Gbps, r.SendCPU, r.CPU, r.Drops, r.Verified)
 	}
 }
