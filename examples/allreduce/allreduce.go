@@ -115,7 +115,9 @@ type ring struct {
 func newRing(c Config, rank int) *ring {
 	cs := (c.Count + c.Ranks - 1) / c.Ranks
 	all := make([]float32, c.Count+(c.Ranks-1)*cs)
-	return &ring{c: c, rank: rank, all: all, data: all[:c.Count], chunk: cs}
+	g := &ring{c: c, rank: rank, all: all, data: all[:c.Count], chunk: cs}
+	job.Touch(g.bytes()) // the staging slots; fill touches the data
+	return g
 }
 
 // bytes is the whole buffer as bytes, to register or read into.

@@ -190,6 +190,7 @@ func (d *decoder) finish() Result {
 
 func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
+	job.Touch(buf)
 	n, err := job.OpenNode(job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteWrite, QPs: c.Lanes,
 		RecvDepth: c.Layers/c.Lanes + 1, CQDepth: c.Layers + 1, Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
@@ -314,6 +315,7 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) (time.Duration, err
 
 func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
+	job.Touch(buf)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

@@ -163,6 +163,7 @@ func ownRDMA(c Config, r *job.Rank) (any, error) {
 
 func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
+	job.Touch(buf)
 	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: 1, SendDepth: c.Depth, CQDepth: c.Depth,
 		Options: job.DeviceOptions(c.Devices, r.ID)})
 	if err != nil {
@@ -272,6 +273,7 @@ func serve(cn net.Conn, buf []byte) error {
 
 func readTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
+	job.Touch(buf)
 	var addrs []string
 	if err := r.AllGather("", &addrs); err != nil {
 		return nil, err
