@@ -9,7 +9,6 @@ package workloads
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -29,7 +28,7 @@ import (
 // NAME ..." is a rank process.
 func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 1 && args[0] == "rank" {
-		return job.RankMain(args[2:], func(js []byte) (job.RankFunc, error) { return rankOf(args[1], js) })
+		return rankMain(args[1], args[2:])
 	}
 	fs := flag.NewFlagSet("rxego-bench workloads", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -75,22 +74,18 @@ var small = params{
 	reduce: allreduce.Config{Count: 1 << 20, Ranks: 4, Iters: 3},
 }
 
-func rankOf(name string, js []byte) (job.RankFunc, error) {
+// rankMain is a rank process of workload name.
+func rankMain(name string, args []string) int {
 	switch name {
 	case "kvcache":
-		var c kvcache.Config
-		err := json.Unmarshal(js, &c)
-		return kvcache.Rank(c), err
+		return job.RankMain(args, kvcache.Rank)
 	case "prefix":
-		var c prefixcache.Config
-		err := json.Unmarshal(js, &c)
-		return prefixcache.Rank(c), err
+		return job.RankMain(args, prefixcache.Rank)
 	case "allreduce":
-		var c allreduce.Config
-		err := json.Unmarshal(js, &c)
-		return allreduce.Rank(c), err
+		return job.RankMain(args, allreduce.Rank)
 	}
-	return nil, fmt.Errorf("no workload %q", name)
+	fmt.Fprintf(os.Stderr, "no workload %q\n", name)
+	return 2
 }
 
 // procs starts a workload's ranks as processes of this executable.

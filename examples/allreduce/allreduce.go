@@ -20,7 +20,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"time"
 	"unsafe"
@@ -216,23 +215,15 @@ func imm(phase, s int) uint32 { return uint32(phase<<16 | s) }
 
 func (g *ring) runRDMA(ctx context.Context, r *job.Rank) (any, error) {
 	steps := 2 * (g.c.Ranks - 1)
-	n, err := job.OpenNode(job.NodeConfig{Buf: g.bytes(), Access: rxego.AccessRemoteWrite, QPs: 2,
-		SendDepth: steps, RecvDepth: steps, CQDepth: steps, Options: job.DeviceOptions(g.c.Devices, r.ID)})
+	nextRank, prevRank := (r.ID+1)%g.c.Ranks, (r.ID+g.c.Ranks-1)%g.c.Ranks
+	n, eps, err := job.OpenLinked(r, job.NodeConfig{Buf: g.bytes(), Access: rxego.AccessRemoteWrite, QPs: 2,
+		SendDepth: steps, RecvDepth: steps, CQDepth: steps, Options: job.DeviceOptions(g.c.Devices, r.ID)},
+		[]job.Link{{Local: toNext, Rank: nextRank, QP: fromPrev}, {Local: fromPrev, Rank: prevRank, QP: toNext}})
 	if err != nil {
 		return nil, err
 	}
 	defer n.Close()
-	var eps []job.Endpoint
-	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
-		return nil, err
-	}
-	next, prev := eps[(r.ID+1)%g.c.Ranks], eps[(r.ID+g.c.Ranks-1)%g.c.Ranks]
-	if err := n.Connect(toNext, next, fromPrev); err != nil {
-		return nil, err
-	}
-	if err := n.Connect(fromPrev, prev, toNext); err != nil {
-		return nil, err
-	}
+	next := eps[nextRank]
 	wcs := make([]rxego.WC, 1)
 	// write sends data elements [lo, hi) to the next rank's element off.
 	write := func(phase, s, lo, hi, off int) error {
@@ -292,26 +283,11 @@ func (g *ring) runRDMA(ctx context.Context, r *job.Rank) (any, error) {
 }
 
 func (g *ring) runTCP(ctx context.Context, r *job.Rank) (any, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	out, in, done, err := r.TCP(ctx, []int{(r.ID + 1) % g.c.Ranks}, 1, 1)
 	if err != nil {
 		return nil, err
 	}
-	defer ln.Close()
-	var addrs []string
-	if err := r.AllGather(ln.Addr().String(), &addrs); err != nil {
-		return nil, err
-	}
-	out, err := job.Dial(ctx, addrs[(r.ID+1)%g.c.Ranks], 1)
-	if err != nil {
-		return nil, err
-	}
-	defer job.CloseAll(out)
-	in, err := job.Accept(ctx, ln, 1)
-	if err != nil {
-		return nil, err
-	}
-	defer job.CloseAll(in)
-	defer job.Deadline(ctx, append(in, out...))()
+	defer done()
 	b := g.bytes()
 	// step sends data [lo, hi) while it reads n elements into element off.
 	step := func(lo, hi, off, n int) error {

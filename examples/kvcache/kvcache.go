@@ -26,7 +26,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"time"
 
 	"github.com/rxego/rxego"
@@ -139,6 +138,15 @@ func Rank(c Config) job.RankFunc {
 	}
 }
 
+// lanes joins QP i to the other side's QP i.
+func lanes(c Config, peer int) []job.Link {
+	var ls []job.Link
+	for i := range c.Lanes {
+		ls = append(ls, job.Link{Local: i, Rank: peer, QP: i})
+	}
+	return ls
+}
+
 // sent is the prefill side's result: the CPU it spent from the start to
 // its last completion.
 func sent(cpu time.Duration, err error) (any, error) {
@@ -191,21 +199,12 @@ func (d *decoder) finish() Result {
 func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
 	job.Touch(buf)
-	n, err := job.OpenNode(job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteWrite, QPs: c.Lanes,
-		RecvDepth: c.Layers/c.Lanes + 1, CQDepth: c.Layers + 1, Options: job.DeviceOptions(c.Devices, r.ID)})
+	n, _, err := job.OpenLinked(r, job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteWrite, QPs: c.Lanes,
+		RecvDepth: c.Layers/c.Lanes + 1, CQDepth: c.Layers + 1, Options: job.DeviceOptions(c.Devices, r.ID)}, lanes(c, 1))
 	if err != nil {
 		return nil, err
 	}
 	defer n.Close()
-	var eps []job.Endpoint
-	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
-		return nil, err
-	}
-	for i := range n.QPs {
-		if err := n.Connect(i, eps[1], i); err != nil {
-			return nil, err
-		}
-	}
 	// One receive per layer on the QP that carries it: the WRITE with
 	// immediate consumes it (its data went where the WRITE pointed).
 	for l := 0; l < c.Layers; l++ {
@@ -242,21 +241,12 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) (time.Duration, err
 	job.Fill(buf, seed, 0)
 	// The QPs share one window's worth in flight: the decode side's
 	// socket buffer holds that much (see job.DefaultWindow).
-	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: c.Lanes, SendDepth: sendDepth, CQDepth: c.Layers + 1,
-		Window: max(job.DefaultWindow/c.Lanes, 16), Options: job.DeviceOptions(c.Devices, r.ID)})
+	n, eps, err := job.OpenLinked(r, job.NodeConfig{Buf: buf, QPs: c.Lanes, SendDepth: sendDepth, CQDepth: c.Layers + 1,
+		Window: max(job.DefaultWindow/c.Lanes, 16), Options: job.DeviceOptions(c.Devices, r.ID)}, lanes(c, 0))
 	if err != nil {
 		return 0, err
 	}
 	defer n.Close()
-	var eps []job.Endpoint
-	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
-		return 0, err
-	}
-	for i := range n.QPs {
-		if err := n.Connect(i, eps[0], i); err != nil {
-			return 0, err
-		}
-	}
 	if err := r.Barrier(); err != nil {
 		return 0, err
 	}
@@ -316,20 +306,11 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) (time.Duration, err
 func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
 	job.Touch(buf)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	_, conns, done, err := r.TCP(ctx, nil, 0, c.Lanes)
 	if err != nil {
 		return nil, err
 	}
-	defer ln.Close()
-	if err := r.AllGather(ln.Addr().String(), nil); err != nil {
-		return nil, err
-	}
-	conns, err := job.Accept(ctx, ln, c.Lanes)
-	if err != nil {
-		return nil, err
-	}
-	defer job.CloseAll(conns)
-	defer job.Deadline(ctx, conns)()
+	defer done()
 	if err := r.Barrier(); err != nil {
 		return nil, err
 	}
@@ -383,16 +364,11 @@ func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 func prefillTCP(ctx context.Context, c Config, r *job.Rank) (time.Duration, error) {
 	buf := make([]byte, c.Bytes())
 	job.Fill(buf, seed, 0)
-	var addrs []string
-	if err := r.AllGather("", &addrs); err != nil {
-		return 0, err
-	}
-	conns, err := job.Dial(ctx, addrs[0], c.Lanes)
+	conns, _, done, err := r.TCP(ctx, []int{0}, c.Lanes, 0)
 	if err != nil {
 		return 0, err
 	}
-	defer job.CloseAll(conns)
-	defer job.Deadline(ctx, conns)()
+	defer done()
 	if err := r.Barrier(); err != nil {
 		return 0, err
 	}

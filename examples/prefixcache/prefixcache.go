@@ -134,21 +134,16 @@ func (m meter) result(c Config, transport string) Result {
 func ownRDMA(c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
 	job.Fill(buf, seed, 0)
-	n, err := job.OpenNode(job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteRead, QPs: c.Readers,
-		Options: job.DeviceOptions(c.Devices, r.ID)})
+	var links []job.Link // QP i serves reader i+1
+	for i := range c.Readers {
+		links = append(links, job.Link{Local: i, Rank: 1 + i, QP: 0})
+	}
+	n, _, err := job.OpenLinked(r, job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteRead, QPs: c.Readers,
+		Options: job.DeviceOptions(c.Devices, r.ID)}, links)
 	if err != nil {
 		return nil, err
 	}
 	defer n.Close()
-	var eps []job.Endpoint
-	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
-		return nil, err
-	}
-	for i := range n.QPs {
-		if err := n.Connect(i, eps[1+i], 0); err != nil {
-			return nil, err
-		}
-	}
 	if err := r.Barrier(); err != nil { // connected: the readers start
 		return nil, err
 	}
@@ -164,20 +159,13 @@ func ownRDMA(c Config, r *job.Rank) (any, error) {
 func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
 	job.Touch(buf)
-	n, err := job.OpenNode(job.NodeConfig{Buf: buf, QPs: 1, SendDepth: c.Depth, CQDepth: c.Depth,
-		Options: job.DeviceOptions(c.Devices, r.ID)})
+	n, eps, err := job.OpenLinked(r, job.NodeConfig{Buf: buf, QPs: 1, SendDepth: c.Depth, CQDepth: c.Depth,
+		Options: job.DeviceOptions(c.Devices, r.ID)}, []job.Link{{Local: 0, Rank: 0, QP: r.ID - 1}})
 	if err != nil {
 		return nil, err
 	}
 	defer n.Close()
-	var eps []job.Endpoint
-	if err := r.AllGather(n.Endpoint(), &eps); err != nil {
-		return nil, err
-	}
 	owner := eps[0]
-	if err := n.Connect(0, owner, r.ID-1); err != nil {
-		return nil, err
-	}
 	if err := r.Barrier(); err != nil {
 		return nil, err
 	}
@@ -219,20 +207,11 @@ func readRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 func ownTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
 	job.Fill(buf, seed, 0)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	_, conns, done, err := r.TCP(ctx, nil, 0, c.Readers)
 	if err != nil {
 		return nil, err
 	}
-	defer ln.Close()
-	if err := r.AllGather(ln.Addr().String(), nil); err != nil {
-		return nil, err
-	}
-	conns, err := job.Accept(ctx, ln, c.Readers)
-	if err != nil {
-		return nil, err
-	}
-	defer job.CloseAll(conns)
-	defer job.Deadline(ctx, conns)()
+	defer done()
 	errs := make(chan error, len(conns))
 	for _, cn := range conns {
 		go func() { errs <- serve(cn, buf) }()
@@ -274,16 +253,11 @@ func serve(cn net.Conn, buf []byte) error {
 func readTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes)
 	job.Touch(buf)
-	var addrs []string
-	if err := r.AllGather("", &addrs); err != nil {
-		return nil, err
-	}
-	conns, err := job.Dial(ctx, addrs[0], 1)
+	conns, _, done, err := r.TCP(ctx, []int{0}, 1, 0)
 	if err != nil {
 		return nil, err
 	}
-	defer job.CloseAll(conns)
-	defer job.Deadline(ctx, conns)()
+	defer done()
 	if err := r.Barrier(); err != nil {
 		return nil, err
 	}

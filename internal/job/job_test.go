@@ -2,7 +2,6 @@ package job
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -84,16 +83,12 @@ func TestPattern(t *testing.T) {
 // TestMain lets this test binary be a rank process for TestProcesses.
 func TestMain(m *testing.M) {
 	if IsRank(os.Args[1:]) {
-		os.Exit(RankMain(os.Args[1:], func(cfg []byte) (RankFunc, error) {
-			var word string
-			if err := json.Unmarshal(cfg, &word); err != nil {
-				return nil, err
-			}
+		os.Exit(RankMain(os.Args[1:], func(word string) RankFunc {
 			return func(ctx context.Context, r *Rank) (any, error) {
 				var all []int
 				err := r.AllGather(os.Getpid(), &all)
 				return fmt.Sprintf("%s %d %d", word, r.ID, len(all)), err
-			}, nil
+			}
 		}))
 	}
 	os.Exit(m.Run())

@@ -88,10 +88,10 @@ func IsRank(args []string) bool {
 }
 
 // RankMain is the main of a rank process that Processes started: it
-// parses the flags, decodes -config into the rank's work with work, and
-// serves it. It returns the process's exit status; the failure, if any,
-// went to the hub and to stderr.
-func RankMain(args []string, work func(config []byte) (RankFunc, error)) int {
+// parses the flags, decodes -config into a C, and serves rank(C). It
+// returns the process's exit status; the failure, if any, went to the
+// hub and to stderr.
+func RankMain[C any](args []string, rank func(C) RankFunc) int {
 	fs := flag.NewFlagSet("rank", flag.ContinueOnError)
 	cfg := fs.String("config", "{}", "the job's configuration, JSON")
 	hub := fs.String("hub", "", "the job's hub")
@@ -100,11 +100,12 @@ func RankMain(args []string, work func(config []byte) (RankFunc, error)) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	f, err := work([]byte(*cfg))
+	var c C
+	err := json.Unmarshal([]byte(*cfg), &c)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), RankTimeout)
 		defer cancel()
-		err = Serve(ctx, *hub, *id, *size, f)
+		err = Serve(ctx, *hub, *id, *size, rank(c))
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

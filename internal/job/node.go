@@ -202,3 +202,34 @@ func DeviceOptions(devices func(rank int) *rxego.Options, rank int) *rxego.Optio
 // far (receive-buffer overflows above all): a run with drops paid for
 // Go-back-N recovery.
 func (n *Node) Drops() uint64 { return n.Dev.Transport().Stats().Dropped() }
+
+// Link names the peer of one of a node's QPs: local QP Local joins QP
+// QP of rank Rank.
+type Link struct{ Local, Rank, QP int }
+
+// OpenLinked opens rank r's node, all-gathers every rank's Endpoint and
+// connects the node's QPs as links say: the set-up every example's
+// ranks share. It returns the node and every rank's Endpoint.
+func OpenLinked(r *Rank, c NodeConfig, links []Link) (*Node, []Endpoint, error) {
+	n, err := OpenNode(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	var eps []Endpoint
+	err = r.AllGather(n.Endpoint(), &eps)
+	for _, l := range links {
+		if err != nil {
+			break
+		}
+		if l.Rank < 0 || l.Rank >= len(eps) {
+			err = fmt.Errorf("job: no rank %d to link to", l.Rank)
+			break
+		}
+		err = n.Connect(l.Local, eps[l.Rank], l.QP)
+	}
+	if err != nil {
+		n.Close()
+		return nil, nil, err
+	}
+	return n, eps, nil
+}

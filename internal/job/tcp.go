@@ -2,6 +2,7 @@ package job
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"time"
 )
@@ -55,4 +56,41 @@ func Deadline(ctx context.Context, conns []net.Conn) (stop func() bool) {
 			c.SetDeadline(time.Now())
 		}
 	})
+}
+
+// TCP sets up a TCP baseline's connections before its measured part:
+// every rank listens on 127.0.0.1 and the addresses are all-gathered
+// (every rank must call TCP at the same point); then this rank opens n
+// connections to each rank in dial, and accepts accept connections.
+// done closes them all; until then they fail once ctx ends, so no
+// goroutine stays blocked on one.
+func (r *Rank) TCP(ctx context.Context, dial []int, n, accept int) (out, in []net.Conn, done func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer ln.Close()
+	var addrs []string
+	if err := r.AllGather(ln.Addr().String(), &addrs); err != nil {
+		return nil, nil, nil, err
+	}
+	for _, to := range dial {
+		if to < 0 || to >= len(addrs) {
+			CloseAll(out)
+			return nil, nil, nil, fmt.Errorf("job: no rank %d to dial", to)
+		}
+		cs, err := Dial(ctx, addrs[to], n)
+		out = append(out, cs...)
+		if err != nil {
+			CloseAll(out)
+			return nil, nil, nil, err
+		}
+	}
+	if in, err = Accept(ctx, ln, accept); err != nil {
+		CloseAll(out)
+		return nil, nil, nil, err
+	}
+	all := append(append([]net.Conn(nil), out...), in...)
+	stop := Deadline(ctx, all)
+	return out, in, func() { stop(); CloseAll(all) }, nil
 }

@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -21,11 +20,7 @@ import (
 
 func main() {
 	if job.IsRank(os.Args[1:]) {
-		os.Exit(job.RankMain(os.Args[1:], func(js []byte) (job.RankFunc, error) {
-			var c allreduce.Config
-			err := json.Unmarshal(js, &c)
-			return allreduce.Rank(c), err
-		}))
+		os.Exit(job.RankMain(os.Args[1:], allreduce.Rank))
 	}
 	var c allreduce.Config
 	flag.IntVar(&c.Ranks, "ranks", 4, "processes in the ring")

@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -23,11 +22,7 @@ import (
 
 func main() {
 	if job.IsRank(os.Args[1:]) {
-		os.Exit(job.RankMain(os.Args[1:], func(js []byte) (job.RankFunc, error) {
-			var c kvcache.Config
-			err := json.Unmarshal(js, &c)
-			return kvcache.Rank(c), err
-		}))
+		os.Exit(job.RankMain(os.Args[1:], kvcache.Rank))
 	}
 	s := kvcache.DeepSeekV3
 	flag.IntVar(&s.Layers, "layers", s.Layers, "transformer layers")

@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -21,11 +20,7 @@ import (
 
 func main() {
 	if job.IsRank(os.Args[1:]) {
-		os.Exit(job.RankMain(os.Args[1:], func(js []byte) (job.RankFunc, error) {
-			var c prefixcache.Config
-			err := json.Unmarshal(js, &c)
-			return prefixcache.Rank(c), err
-		}))
+		os.Exit(job.RankMain(os.Args[1:], prefixcache.Rank))
 	}
 	layers := flag.Int("layers", 61, "transformer layers")
 	tokens := flag.Int("tokens", 2048, "tokens in the shared prefix")
