@@ -408,15 +408,10 @@ func Compare(ctx context.Context, s Shape, qps, conns int, verify bool, start fu
 	if conns > 1 {
 		cs = append(cs, Config{Shape: s, TCP: true, Lanes: conns, Verify: verify})
 	}
-	var out []Result
-	for _, c := range cs {
-		r, err := Run(ctx, c, start(c))
-		if err != nil {
-			return out, fmt.Errorf("%s over %d: %w", map[bool]string{false: "rdma", true: "tcp"}[c.TCP], c.Lanes, err)
-		}
-		out = append(out, r)
-	}
-	return out, nil
+	return job.Each(cs, func(c Config) string {
+		return fmt.Sprintf("%s over %d", map[bool]string{false: "rdma", true: "tcp"}[c.TCP], c.Lanes)
+	},
+		func(c Config) (Result, error) { return Run(ctx, c, start(c)) })
 }
 
 // Table writes results as a markdown table.

@@ -285,17 +285,10 @@ func readTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 // Compare runs the RDMA owner and then the TCP server with the same
 // configuration.
 func Compare(ctx context.Context, c Config, start func(Config) job.Starter) ([]Result, error) {
-	var out []Result
-	for _, tcp := range []bool{false, true} {
-		c.TCP = tcp
-		r, err := Run(ctx, c, start(c))
-		if err != nil {
-			return out, fmt.Errorf("tcp=%v: %w", tcp, err)
-		}
-		out = append(out, r)
-	}
-	return out, nil
+	return job.BothWays(c, Config.withTCP, func(c Config) (Result, error) { return Run(ctx, c, start(c)) })
 }
+
+func (c Config) withTCP(tcp bool) Config { c.TCP = tcp; return c }
 
 // Table writes results as a markdown table.
 func Table(w io.Writer, c Config, rs []Result) {

@@ -161,3 +161,26 @@ func waitAll(waits []func() error) error {
 	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// Each runs run on each configuration in turn (an example over RDMA,
+// then its TCP baselines) and collects the results; the first failure
+// stops it, named by label.
+func Each[C, R any](cs []C, label func(C) string, run func(C) (R, error)) ([]R, error) {
+	var out []R
+	for _, c := range cs {
+		r, err := run(c)
+		if err != nil {
+			return out, fmt.Errorf("%s: %w", label(c), err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// BothWays runs c over RDMA and then over TCP: with(c, tcp) is c set to
+// run over TCP or not.
+func BothWays[C, R any](c C, with func(C, bool) C, run func(C) (R, error)) ([]R, error) {
+	names := []string{"rdma", "tcp"}
+	i := 0
+	return Each([]C{with(c, false), with(c, true)}, func(C) string { i++; return names[i-1] }, run)
+}
