@@ -182,6 +182,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 			for _, r := range rs {
 				ar.add(r.Transport+" algbw", "Gbit/s", r.AlgGbps(), "tcp algbw", false)
 				ar.add(r.Transport+" time", "ms", r.Median()*1e3, "tcp time", true)
+				ar.add(r.Transport+" CPU per all-reduce, all ranks", "s", r.CPU, "tcp CPU per all-reduce, all ranks", true)
 			}
 		}
 	}
