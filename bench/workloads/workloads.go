@@ -32,7 +32,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("rxego-bench workloads", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	rounds := fs.Int("repeat", 3, "rounds; each row reports its median and range")
+	rounds := fs.Int("repeat", 5, "rounds; each row reports its median and range")
 	quick := fs.Bool("quick", false, "small sizes (a smoke run)")
 	only := fs.String("run", "kvcache,prefix,allreduce", "workloads to run, comma-separated")
 	if err := fs.Parse(args); err != nil {
