@@ -23,8 +23,12 @@ func word(seed uint64, off int) uint64 { return mix(seed ^ uint64(off/8)) }
 // Fill writes the pattern of seed into buf, buf[0] being the byte at
 // offset off of the pattern (off a multiple of 8).
 func Fill(buf []byte, seed uint64, off int) {
-	var w [8]byte
-	for i := 0; i < len(buf); i += 8 {
+	i := 0
+	for ; i+8 <= len(buf); i += 8 {
+		binary.LittleEndian.PutUint64(buf[i:], word(seed, off+i))
+	}
+	if i < len(buf) {
+		var w [8]byte
 		binary.LittleEndian.PutUint64(w[:], word(seed, off+i))
 		copy(buf[i:], w[:])
 	}
