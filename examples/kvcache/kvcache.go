@@ -400,11 +400,16 @@ func prefillTCP(ctx context.Context, c Config, r *job.Rank) (time.Duration, erro
 	return job.CPU() - cpu0, all
 }
 
-// Compare runs the transfer over RDMA with qps QPs, then over one TCP
-// connection, then over conns TCP connections (when conns > 1), each
-// job's ranks started by start.
+// Compare runs the transfer over RDMA with qps QPs and (when qps > 1)
+// with one, then over one TCP connection and (when conns > 1) over
+// conns, each job's ranks started by start.
 func Compare(ctx context.Context, s Shape, qps, conns int, verify bool, start func(Config) job.Starter) ([]Result, error) {
-	cs := []Config{{Shape: s, Lanes: qps, Verify: verify}, {Shape: s, TCP: true, Lanes: 1, Verify: verify}}
+	cs := []Config{{Shape: s, Lanes: qps, Verify: verify}}
+	if qps > 1 {
+		// One QP delivers the layers in order: the first is usable soonest.
+		cs = append(cs, Config{Shape: s, Lanes: 1, Verify: verify})
+	}
+	cs = append(cs, Config{Shape: s, TCP: true, Lanes: 1, Verify: verify})
 	if conns > 1 {
 		cs = append(cs, Config{Shape: s, TCP: true, Lanes: conns, Verify: verify})
 	}
