@@ -192,10 +192,12 @@ func (g *ring) iterate(r *job.Rank, prepare func() error, allreduce func() error
 		if err := prepare(); err != nil {
 			return res, err
 		}
+		// The clock starts before the barrier: a rank descheduled just
+		// after it must not start late and time less than the ring took.
+		t0, cpu0 := time.Now(), job.CPU()
 		if err := r.Barrier(); err != nil {
 			return res, err
 		}
-		t0, cpu0 := time.Now(), job.CPU()
 		if err := allreduce(); err != nil {
 			return res, err
 		}

@@ -212,11 +212,14 @@ func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 			return nil, err
 		}
 	}
+	// The clock starts before the barrier that lets prefill go, so the
+	// decode side never starts it late (a descheduled decode process
+	// would otherwise see layers that came before its start).
+	d := newDecoder(c, buf, "rdma")
+	d.start()
 	if err := r.Barrier(); err != nil {
 		return nil, err
 	}
-	d := newDecoder(c, buf, "rdma")
-	d.start()
 	wcs := make([]rxego.WC, 64)
 	for got := 0; got < c.Layers; {
 		k, err := job.Poll(ctx, n.RecvCQ, wcs)
@@ -311,11 +314,11 @@ func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 		return nil, err
 	}
 	defer done()
+	d := newDecoder(c, buf, "tcp")
+	d.start() // before the barrier, as decodeRDMA
 	if err := r.Barrier(); err != nil {
 		return nil, err
 	}
-	d := newDecoder(c, buf, "tcp")
-	d.start()
 	type arrival struct {
 		layer int
 		at    time.Time
