@@ -224,7 +224,7 @@ func ownTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 		return nil, err
 	}
 	res := m.result(c, "tcp")
-	job.CloseAll(conns)
+	done() // the readers are done: end the serving goroutines
 	for range conns {
 		if err := <-errs; err != nil && !errors.Is(err, net.ErrClosed) {
 			return nil, err
