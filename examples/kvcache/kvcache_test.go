@@ -2,6 +2,8 @@ package kvcache
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,5 +59,38 @@ func TestBadConfig(t *testing.T) {
 		if err == nil {
 			t.Errorf("%+v: no error", c)
 		}
+	}
+}
+
+// TestMain lets this test binary be a rank process for TestProcesses.
+func TestMain(m *testing.M) {
+	if job.IsRank(os.Args[1:]) {
+		os.Exit(job.RankMain(os.Args[1:], Rank))
+	}
+	os.Exit(m.Run())
+}
+
+// TestProcesses runs Compare as the program does: prefill and decode in
+// processes of their own, over RDMA (3 QPs and 1) and TCP (1 and 2
+// connections), every layer checked byte for byte.
+func TestProcesses(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rs, err := Compare(ctx, small, 3, 2, true, func(c Config) job.Starter { return job.Processes(nil, c) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 4 {
+		t.Fatalf("%d results", len(rs))
+	}
+	for _, r := range rs {
+		if !r.Verified || len(r.Order) != small.Layers || r.SendCPU <= 0 && r.CPU <= 0 {
+			t.Errorf("%+v", r)
+		}
+	}
+	var b strings.Builder
+	Table(&b, small, rs)
+	if !strings.Contains(b.String(), "RDMA WRITE + WRITE_IMM, 3 QPs") || !strings.Contains(b.String(), "TCP, 2 connection(s)") {
+		t.Errorf("table:\n%s", b.String())
 	}
 }
