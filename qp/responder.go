@@ -310,8 +310,9 @@ func (e *Engine) flushAcksBut(keep *QP) {
 }
 
 // classCError NAKs a request the responder cannot execute and moves the
-// QP to ERR, as rxe does for invalid requests and access violations; the
-// request is counted as dropped for reason.
+// QP to ERR, as rxe does for invalid requests and access violations (class
+// C) and for a receive WQE it cannot use (class A, NAK remote operational
+// error); the request is counted as dropped for reason.
 func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) {
 	switch code {
 	case reth.NAKRemoteAccess:
@@ -326,8 +327,11 @@ func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) 
 		// The WQE a failed SEND or WRITE with immediate had taken
 		// completes with the error, as in rxe.
 		st := WCRemInvReqErr
-		if code == reth.NAKRemoteAccess {
+		switch code {
+		case reth.NAKRemoteAccess:
 			st = WCRemAccessErr
+		case reth.NAKRemoteOp:
+			st = WCLocQPOpErr // rxe's class A: the receive was at fault
 		}
 		q.resp.haveRecv = false
 		q.pushWC(q.recvCQ, WC{ID: q.resp.recv.id, Status: st, Opcode: WCRecv, QPN: q.num})
@@ -474,17 +478,16 @@ func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
 	}
 	payload := p.Payload()
 	if err := e.scatter(q.pd, rs.recv.sgl(), rs.recvOff, payload); err != nil {
-		st := WCLocProtErr
+		// A message longer than the receive, or a receive buffer that
+		// fails its lkey check: rxe's copy_data fails with -EINVAL for
+		// both, which send_data_in reports as a malformed WQE (class A):
+		// NAK remote operational error, the receive completes
+		// LOC_QP_OP_ERR (6.1 and 6.12 alike).
+		reason := DropOther
 		if errors.Is(err, errLength) {
-			st = WCLocLenErr
-		}
-		rs.haveRecv = false
-		q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Status: st, Opcode: WCRecv, QPN: q.num})
-		reason := DropOther // the local receive buffer is bad
-		if st == WCLocLenErr {
 			reason = DropBadLength
 		}
-		e.classCError(q, reth.NAKInvalidRequest, reason, psn)
+		e.classCError(q, reth.NAKRemoteOp, reason, psn)
 		return
 	}
 	rs.recvOff += uint32(len(payload))

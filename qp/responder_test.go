@@ -476,8 +476,9 @@ func TestMisalignedAtomicMemory(t *testing.T) {
 	runAccessError(t, defaultConn(), c, WCRemInvReqErr)
 }
 
-// TestRecvTooShort: a SEND longer than the posted receive completes that
-// receive with LOC_LEN_ERR and the requester with REM_INV_REQ_ERR.
+// TestRecvTooShort: a SEND longer than the posted receive is refused as
+// rxe refuses it (6.1, 6.12): a NAK remote operational error, the receive
+// completes LOC_QP_OP_ERR and the requester REM_OP_ERR.
 func TestRecvTooShort(t *testing.T) {
 	for _, sizes := range [][2]int{{100, 50}, {3000, 2000}, {1, 0}} {
 		f, a, b := pair(t, RC, defaultConn())
@@ -487,8 +488,11 @@ func TestRecvTooShort(t *testing.T) {
 		b.recv(t, 2, rmr, 0, 4096)
 		a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, sizes[0])})
 		f.run(time.Second)
-		check(t, "requester", pollAll(a.scq), want{1, WCRemInvReqErr, WCSend})
-		check(t, "receiver", pollAll(b.rcq), want{1, WCLocLenErr, WCRecv}, want{2, WCWRFlushErr, WCRecv})
+		check(t, "requester", pollAll(a.scq), want{1, WCRemOpErr, WCSend})
+		check(t, "receiver", pollAll(b.rcq), want{1, WCLocQPOpErr, WCRecv}, want{2, WCWRFlushErr, WCRecv})
+		if got := b.n.e.Stats.Drops[DropBadLength].Load(); got != 1 {
+			t.Fatalf("drop_bad_length %d, want 1", got)
+		}
 		if b.qp.State() != Err {
 			t.Fatalf("responder %v, want ERR", b.qp.State())
 		}
