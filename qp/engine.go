@@ -86,6 +86,9 @@ type Config struct {
 	AckEvery int
 	// Congestion configures DCQCN; nil means on, with NVIDIA's defaults.
 	Congestion *CongestionConfig
+	// RNRTick is the grain the RNR wait is rounded up to, as rxe rounds
+	// it to jiffies (0: DefaultRNRTick; negative: the IBTA time exactly).
+	RNRTick time.Duration
 }
 
 // DefaultWindow is the default number of unacknowledged PSNs per QP.
@@ -178,6 +181,9 @@ func NewEngine(cfg Config) (*Engine, error) {
 	}
 	if cfg.AckEvery <= 0 {
 		cfg.AckEvery = 64
+	}
+	if cfg.RNRTick == 0 {
+		cfg.RNRTick = DefaultRNRTick
 	}
 	cc, err := cfg.Congestion.withDefaults()
 	if err != nil {

@@ -269,7 +269,7 @@ func TestRNRThenSuccess(t *testing.T) {
 			}
 			a.post(t, SendWR{ID: 1, Opcode: c.op, Imm: 0xabcd, Flags: SendSignaled, SGL: sge(smr, 0, c.size),
 				RemoteAddr: rmr.IOVA() + 100, RKey: rmr.RKey()})
-			f.run(5 * time.Duration(RNRTimerMicros(o.minRN)) * time.Microsecond)
+			f.run(5 * RNRWait(o.minRN, DefaultRNRTick))
 			if rnrs < 3 || len(pollAll(a.scq)) != 0 {
 				t.Fatalf("%d RNR NAKs before a receive was posted", rnrs)
 			}
