@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/congestion"
 	"github.com/rxego/rxego/mr"
 	"github.com/rxego/rxego/reth"
 )
@@ -34,6 +35,75 @@ type responder struct {
 	ackPSN     bth.PSN
 
 	rd readStream // a long READ response going out
+	rp readPace   // the pace of READ responses, once a requester lost some
+}
+
+// readPace paces a QP's READ responses. READ responses are not
+// acknowledged, so a responder learns that they overran the requester
+// only when it asks again (the re-issued READ names the first response it
+// lacks). Unpaced, a long READ response leaves as fast as the engine runs
+// (readBurst packets a turn); a slow peer (rxe in a TCG guest: about 40%
+// of the packets of ib_read_bw -a arrived) drops most of it and asks
+// again and again. So each re-issued READ sets a rate: what arrived since
+// the stream (re)started over the time it took, less a quarter, and at
+// most half the rate before; each new READ request adds an eighth, and
+// past DefaultLineRate the responses go unpaced again. rxe's responder
+// has the same need met by its own slowness (one packet per state-machine
+// pass, its transmit queue pushing back).
+type readPace struct {
+	pacer congestion.Pacer
+	rate  uint64        // bits/s; 0: unpaced
+	t0    time.Duration // when the responses from psn0 began
+	psn0  bth.PSN
+}
+
+// minReadRate is the slowest a READ response is paced.
+const minReadRate = 10 * congestion.Mbps
+
+// start notes that responses from psn begin now.
+func (rp *readPace) start(psn bth.PSN, now time.Duration) { rp.t0, rp.psn0 = now, psn }
+
+// wake returns when a paced stream should next send: once half a burst
+// may leave, so that packets go out several to a system call.
+func (rp *readPace) wake(now time.Duration) time.Duration {
+	return now + rp.pacer.Delay(now) + time.Duration(uint64(congestion.DefaultBurst/2)*8e9/rp.rate) + 1
+}
+
+// lost adjusts the pace to a requester that asks again from psn, having
+// received the responses before it.
+func (rp *readPace) lost(psn bth.PSN, now time.Duration, mtu int) {
+	var est uint64
+	if got, dt := psn.Diff(rp.psn0), now-rp.t0; got > 0 && dt > 0 {
+		est = uint64(got) * uint64(mtu+wireOverhead) * 8 * uint64(time.Second) / uint64(dt) * 3 / 4
+	}
+	r := est
+	switch {
+	case rp.rate != 0 && (est == 0 || est > rp.rate/2):
+		r = rp.rate / 2
+	case rp.rate == 0 && est == 0:
+		r = congestion.Gbps
+	}
+	rp.setRate(max(r, minReadRate), now)
+}
+
+// more speeds the pace up by an eighth, for a READ that came without a
+// retry.
+func (rp *readPace) more(now time.Duration) {
+	if rp.rate != 0 {
+		rp.setRate(rp.rate+rp.rate/8, now)
+	}
+}
+
+func (rp *readPace) setRate(r uint64, now time.Duration) {
+	if r >= DefaultLineRate {
+		rp.rate = 0
+		return
+	}
+	if rp.rate == 0 {
+		rp.pacer = congestion.NewPacer(DefaultLineRate, congestion.DefaultBurst)
+	}
+	rp.rate = r
+	rp.pacer.SetRate(now, r)
 }
 
 // readBurst is the most READ response packets a QP sends per engine turn.
@@ -363,6 +433,7 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 		// behind it; anything else would have to wait behind it, and the
 		// requester resends it after the NAK.
 		if d == 0 && e.queueRead(q, p, psn) {
+			rs.rp.more(now)
 			return
 		}
 		rs.rd.nakAfter = true
@@ -577,6 +648,7 @@ func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) {
 		return
 	}
 	r := e.takeRead(q, p, psn)
+	q.resp.rp.more(now)
 	e.sendReadResponses(q, r.psn, r.va, r.rkey, r.n, now)
 }
 
@@ -587,6 +659,7 @@ func (e *Engine) sendReadResponses(q *QP, psn bth.PSN, va uint64, rkey uint32, n
 	rs := &q.resp
 	rs.rd = readStream{active: true, psn: psn, va: va, rkey: rkey, n: n, npk: packetsFor(n, q.mtu), msn: rs.msn,
 		nakAfter: rs.rd.nakAfter, pending: rs.rd.pending[:0]}
+	rs.rp.start(psn, now)
 	e.continueRead(q, now)
 }
 
@@ -610,6 +683,22 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	mtu := uint32(q.mtu)
 	from := uint32(rd.next) * mtu
 	end := min(rd.next+readBurst, rd.npk)
+	if rp := &rs.rp; rp.rate != 0 {
+		// Paced: as many packets as the pacer lets go now.
+		lim := rd.next
+		for lim < end {
+			k := int(min(mtu, rd.n-min(uint32(lim)*mtu, rd.n)))
+			if ok, _ := rp.pacer.Admit(now, k+wireOverhead); !ok {
+				break
+			}
+			lim++
+		}
+		if lim == rd.next {
+			e.schedule(q, timerRead, rp.wake(now))
+			return
+		}
+		end = lim
+	}
 	var src []byte
 	if rd.n > 0 {
 		// Checked at every burst: the MR may have gone since the last one.
@@ -644,7 +733,11 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	}
 	rd.next = end
 	if rd.next < rd.npk {
-		e.schedule(q, timerRead, now+1)
+		at := now + 1
+		if rs.rp.rate != 0 {
+			at = rs.rp.wake(now)
+		}
+		e.schedule(q, timerRead, at)
 		return
 	}
 	if len(rd.pending) > 0 {
@@ -760,6 +853,8 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) 
 			rd.pending = append(rd.pending, readReq{psn: psn, va: va, rkey: r.rkey, n: n, npk: packetsFor(n, q.mtu), msn: rs.msn})
 			return
 		}
+		// The requester asks again: responses from psn on were lost.
+		rs.rp.lost(psn, now, q.mtu)
 		e.sendReadResponses(q, psn, va, r.rkey, n, now)
 	case bth.OpCompareSwap, bth.OpFetchAdd:
 		r := rs.findResource(psn)
