@@ -46,19 +46,26 @@ type responder struct {
 // of the packets of ib_read_bw -a arrived) drops most of it and asks
 // again and again. So each re-issued READ sets a rate: what arrived since
 // the stream (re)started over the time it took, less a quarter, and at
-// most half the rate before; each new READ request adds an eighth, and
-// past DefaultLineRate the responses go unpaced again. rxe's responder
-// has the same need met by its own slowness (one packet per state-machine
-// pass, its transmit queue pushing back).
+// most half the rate before (at least minReadRate); every readPaceStep of
+// paced sending adds a quarter, and past DefaultLineRate the responses go
+// unpaced again. rxe's responder has the same need met by its own
+// slowness (one packet per state-machine pass, its transmit queue pushing
+// back).
 type readPace struct {
 	pacer congestion.Pacer
 	rate  uint64        // bits/s; 0: unpaced
 	t0    time.Duration // when the responses from psn0 began
 	psn0  bth.PSN
+	step  time.Duration // when the rate last changed
 }
 
-// minReadRate is the slowest a READ response is paced.
-const minReadRate = 10 * congestion.Mbps
+// minReadRate is the slowest a READ response is paced; readPaceStep is
+// how often a paced rate grows by a quarter without a loss (it doubles in
+// about 3 ms, so an estimate that came out low costs little).
+const (
+	minReadRate  = 10 * congestion.Mbps
+	readPaceStep = time.Millisecond
+)
 
 // start notes that responses from psn begin now.
 func (rp *readPace) start(psn bth.PSN, now time.Duration) { rp.t0, rp.psn0 = now, psn }
@@ -86,11 +93,10 @@ func (rp *readPace) lost(psn bth.PSN, now time.Duration, mtu int) {
 	rp.setRate(max(r, minReadRate), now)
 }
 
-// more speeds the pace up by an eighth, for a READ that came without a
-// retry.
-func (rp *readPace) more(now time.Duration) {
-	if rp.rate != 0 {
-		rp.setRate(rp.rate+rp.rate/8, now)
+// grow speeds a paced stream up by a quarter every readPaceStep.
+func (rp *readPace) grow(now time.Duration) {
+	if rp.rate != 0 && now-rp.step >= readPaceStep {
+		rp.setRate(rp.rate+rp.rate/4, now)
 	}
 }
 
@@ -102,7 +108,7 @@ func (rp *readPace) setRate(r uint64, now time.Duration) {
 	if rp.rate == 0 {
 		rp.pacer = congestion.NewPacer(DefaultLineRate, congestion.DefaultBurst)
 	}
-	rp.rate = r
+	rp.rate, rp.step = r, now
 	rp.pacer.SetRate(now, r)
 }
 
@@ -433,7 +439,6 @@ func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 		// behind it; anything else would have to wait behind it, and the
 		// requester resends it after the NAK.
 		if d == 0 && e.queueRead(q, p, psn) {
-			rs.rp.more(now)
 			return
 		}
 		rs.rd.nakAfter = true
@@ -648,7 +653,6 @@ func (e *Engine) recvRead(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) {
 		return
 	}
 	r := e.takeRead(q, p, psn)
-	q.resp.rp.more(now)
 	e.sendReadResponses(q, r.psn, r.va, r.rkey, r.n, now)
 }
 
@@ -685,6 +689,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	end := min(rd.next+readBurst, rd.npk)
 	if rp := &rs.rp; rp.rate != 0 {
 		// Paced: as many packets as the pacer lets go now.
+		rp.grow(now)
 		lim := rd.next
 		for lim < end {
 			k := int(min(mtu, rd.n-min(uint32(lim)*mtu, rd.n)))
