@@ -46,9 +46,10 @@ type responder struct {
 // of the packets of ib_read_bw -a arrived) drops most of it and asks
 // again and again. So each re-issued READ sets a rate: what arrived since
 // the stream (re)started over the time it took, less a quarter, and at
-// most half the rate before (at least minReadRate); every readPaceStep of
-// paced sending adds a quarter, and past DefaultLineRate the responses go
-// unpaced again. rxe's responder has the same need met by its own
+// most half the rate before (at least minReadRate). Every readPaceStep of
+// paced sending the rate grows: by a quarter up to the rate that last
+// lost packets, by 1/32 beyond it (probing gently where loss came
+// before); past DefaultLineRate the responses go unpaced again. rxe's responder has the same need met by its own
 // slowness (one packet per state-machine pass, its transmit queue pushing
 // back).
 type readPace struct {
@@ -57,10 +58,11 @@ type readPace struct {
 	t0    time.Duration // when the responses from psn0 began
 	psn0  bth.PSN
 	step  time.Duration // when the rate last changed
+	ceil  uint64        // the rate that last lost packets
 }
 
 // minReadRate is the slowest a READ response is paced; readPaceStep is
-// how often a paced rate grows by a quarter without a loss (it doubles in
+// how often a paced rate grows without a loss (by a quarter it doubles in
 // about 3 ms, so an estimate that came out low costs little).
 const (
 	minReadRate  = 10 * congestion.Mbps
@@ -90,13 +92,22 @@ func (rp *readPace) lost(psn bth.PSN, now time.Duration, mtu int) {
 	case rp.rate == 0 && est == 0:
 		r = congestion.Gbps
 	}
+	rp.ceil = max(rp.rate, est*4/3)
+	if rp.ceil == 0 {
+		rp.ceil = 2 * congestion.Gbps
+	}
 	rp.setRate(max(r, minReadRate), now)
 }
 
-// grow speeds a paced stream up by a quarter every readPaceStep.
+// grow speeds a paced stream up every readPaceStep.
 func (rp *readPace) grow(now time.Duration) {
-	if rp.rate != 0 && now-rp.step >= readPaceStep {
-		rp.setRate(rp.rate+rp.rate/4, now)
+	if rp.rate == 0 || now-rp.step < readPaceStep {
+		return
+	}
+	if rp.rate < rp.ceil*7/8 {
+		rp.setRate(min(rp.rate+rp.rate/4, rp.ceil*7/8), now)
+	} else {
+		rp.setRate(rp.rate+rp.rate/32, now)
 	}
 }
 
