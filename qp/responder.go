@@ -48,8 +48,10 @@ type responder struct {
 // the stream (re)started over the time it took, less a quarter, and at
 // most half the rate before (at least minReadRate). Every readPaceStep of
 // paced sending the rate grows: by a quarter up to the rate that last
-// lost packets, by 1/32 beyond it (probing gently where loss came
-// before); past DefaultLineRate the responses go unpaced again. rxe's responder has the same need met by its own
+// lost packets, by 1/128 beyond it (doubling in about 90 ms: a requester
+// learns of a loss only a round trip and a queue later, and every
+// response sent meanwhile is sent again); past DefaultLineRate the
+// responses go unpaced again. rxe's responder has the same need met by its own
 // slowness (one packet per state-machine pass, its transmit queue pushing
 // back).
 type readPace struct {
@@ -107,7 +109,7 @@ func (rp *readPace) grow(now time.Duration) {
 	if rp.rate < rp.ceil*7/8 {
 		rp.setRate(min(rp.rate+rp.rate/4, rp.ceil*7/8), now)
 	} else {
-		rp.setRate(rp.rate+rp.rate/32, now)
+		rp.setRate(rp.rate+rp.rate/128, now)
 	}
 }
 
