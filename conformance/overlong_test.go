@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -72,42 +69,11 @@ func (p *Peer) overlongRxegoReceives(t *testing.T) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	x := p.openInproc(t, 4)
-	ln, err := p.Lab.Listen("tcp4", net.JoinHostPort(p.HostIP, strconv.Itoa(p.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port),
-		"-s", strconv.Itoa(overlongLen), "-n", "1", p.HostIP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proc.Kill()
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(30 * time.Second))
-	conn, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	remote, err := readPPDest(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
 	x.postRecv(t)
-	x.connect(t, p, remote)
-	if _, err := conn.Write(ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)}.encode()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(conn, make([]byte, len("done\x00"))); err != nil {
-		t.Fatal(err)
-	}
-	if wc := x.firstWC(t, ctx); wc.Status != qp.WCLocQPOpErr {
-		t.Fatalf("rxego's receive completed %s, want %s as rxe's", wc.Status, qp.WCLocQPOpErr)
-	}
-	tool := toolFailed(t, ctx, proc, "remote operation error")
-	return Outcome{Note: fmt.Sprintf("%d bytes into a %d-byte receive: rxego's receive LOC_QP_OP_ERR, the tool's send %q", overlongLen, rnrMsgSize, tool),
-		Rxego: x.stats()}
+	proc := p.ppServe(t, x, "-s", strconv.Itoa(overlongLen), "-n", "1")
+	defer proc.Kill()
+	return p.overlongOutcome(t, ctx, x, proc, qp.WCLocQPOpErr, "remote operation error",
+		"64 bytes into a 16-byte receive: rxego's receive %s as rxe's, the tool's send %q")
 }
 
 // overlongRxeReceives: rxego sends overlongLen bytes into the tool's
@@ -116,41 +82,24 @@ func (p *Peer) overlongRxeReceives(t *testing.T) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	x := p.openInproc(t, 4)
-	proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port),
-		"-s", strconv.Itoa(rnrMsgSize), "-n", "1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	proc := p.ppDial(t, ctx, x, "-s", strconv.Itoa(rnrMsgSize), "-n", "1")
 	defer proc.Kill()
-	if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := p.Lab.Dial(ctx, "tcp4", net.JoinHostPort(p.Guest.IP(), strconv.Itoa(p.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := conn.Write(ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)}.encode()); err != nil {
-		t.Fatal(err)
-	}
-	remote, err := readPPDest(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x.connect(t, p, remote)
-	if _, err := conn.Write([]byte("done\x00")); err != nil {
-		t.Fatal(err)
-	}
 	// overlongLen bytes from the send half of the buffer.
 	sge := rxego.SGE{Addr: x.mr.IOVA() + uint64(len(x.buf)/2), Length: overlongLen, LKey: x.mr.LKey()}
 	if err := x.qp.PostSend(rxego.SendWR{ID: 1 << 32, Opcode: rxego.WRSend, Flags: rxego.SendSignaled, SGL: []rxego.SGE{sge}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := x.firstWC(t, ctx); wc.Status != qp.WCRemOpErr {
-		t.Fatalf("rxego's SEND completed %s, want %s", wc.Status, qp.WCRemOpErr)
+	return p.overlongOutcome(t, ctx, x, proc, qp.WCRemOpErr, "local QP operation error",
+		"64 bytes into the tool's 16-byte receive: rxego's SEND %s, the tool's receive %q")
+}
+
+// overlongOutcome checks that rxego's first completion has status want
+// and that the tool failed naming toolWant.
+func (p *Peer) overlongOutcome(t *testing.T, ctx context.Context, x *inproc, proc *lab.Proc, want qp.WCStatus, toolWant, note string) Outcome {
+	t.Helper()
+	if wc := x.firstWC(t, ctx); wc.Status != want {
+		t.Fatalf("rxego's completion %s, want %s", wc.Status, want)
 	}
-	tool := toolFailed(t, ctx, proc, "local QP operation error")
-	return Outcome{Note: fmt.Sprintf("%d bytes into the tool's %d-byte receive: rxego's SEND REM_OP_ERR, the tool's receive %q", overlongLen, rnrMsgSize, tool),
-		Rxego: x.stats()}
+	tool := toolFailed(t, ctx, proc, toolWant)
+	return Outcome{Note: fmt.Sprintf(note, want, tool), Rxego: x.stats()}
 }
