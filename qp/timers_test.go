@@ -282,3 +282,35 @@ func TestRNRWait(t *testing.T) {
 		}
 	}
 }
+
+// TestRNRPace: against a responder that never posts a receive and asks
+// for 0.64 ms (min_rnr_timer 12, perftest's and ibv_rc_pingpong's), a
+// requester with rnr_retry 7 tries once per 4 ms tick as rxe at HZ=250
+// does: 375 RNR NAKs in 1.5 s (plus the first), where the bare IBTA wait
+// gave 2,343. None counts in completer_retry_err.
+func TestRNRPace(t *testing.T) {
+	for _, c := range []struct {
+		tick time.Duration
+		want int
+	}{{DefaultRNRTick, 376}, {-1, 2344}} {
+		o := defaultConn()
+		o.rnr, o.minRN = 7, 12
+		f, a, _ := pair(t, RC, o)
+		a.n.e.cfg.RNRTick = c.tick
+		lmr, _ := a.n.reg(t, 64, allAccess)
+		naks := 0
+		f.tap = func(p wirePkt, pkt bth.Packet) {
+			if isRNR(pkt) {
+				naks++
+			}
+		}
+		a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 64)})
+		f.run(1500 * time.Millisecond)
+		if naks != c.want {
+			t.Errorf("tick %v: %d RNR NAKs in 1.5 s, want %d", c.tick, naks, c.want)
+		}
+		if got := a.n.e.Stats.CompleterRetryErr.Load(); got != 0 {
+			t.Errorf("tick %v: completer_retry_err %d, want 0", c.tick, got)
+		}
+	}
+}
