@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"time"
 
 	"github.com/rxego/rxego/mr"
 )
@@ -349,3 +350,20 @@ var rnrTimerTable = [32]uint32{
 
 // RNRTimerMicros returns the RNR wait of an RNR timer field value.
 func RNRTimerMicros(v uint8) uint32 { return rnrTimerTable[v&31] }
+
+// DefaultRNRTick is the grain of a requester's RNR wait. rxe arms its
+// rnr_nak_timer max(usecs_to_jiffies(t), 1) jiffies ahead, and the
+// kernels it runs on in the lab (Debian's 6.1 and 6.12) tick at HZ=250.
+const DefaultRNRTick = 4 * time.Millisecond
+
+// RNRWait returns how long a requester waits after an RNR NAK carrying
+// timer field v: the IBTA time rounded up to whole ticks, at least one,
+// as rxe's jiffies round it (rxe's timer fires between n-1 and n ticks
+// later; this waits n). A tick <= 0 gives the IBTA time exactly.
+func RNRWait(v uint8, tick time.Duration) time.Duration {
+	d := time.Duration(RNRTimerMicros(v)) * time.Microsecond
+	if tick <= 0 {
+		return d
+	}
+	return max((d+tick-1)/tick, 1) * tick
+}

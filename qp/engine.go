@@ -91,6 +91,9 @@ type Config struct {
 	AckEvery int
 	// Congestion configures DCQCN; nil means on, with NVIDIA's defaults.
 	Congestion *CongestionConfig
+	// RNRTick is the grain the RNR wait is rounded up to, as rxe rounds
+	// it to jiffies (0: DefaultRNRTick; negative: the IBTA time exactly).
+	RNRTick time.Duration
 }
 
 // DefaultWindow is the default number of unacknowledged PSNs per QP.
@@ -189,6 +192,9 @@ func NewEngine(cfg Config) (*Engine, error) {
 		cfg.MaxMTU = MTU4096
 	case cfg.MaxMTU.Bytes() == 0:
 		return nil, fmt.Errorf("qp: MaxMTU %d is not 1..5 (256..4096 bytes)", cfg.MaxMTU)
+	}
+	if cfg.RNRTick == 0 {
+		cfg.RNRTick = DefaultRNRTick
 	}
 	cc, err := cfg.Congestion.withDefaults()
 	if err != nil {
