@@ -56,7 +56,8 @@ func TestRecvGRHFlag(t *testing.T) {
 func TestNotifySelect(t *testing.T) {
 	for _, m := range lifecycleModes {
 		t.Run(m.name, func(t *testing.T) {
-			a, b := openSide(t, m.opts), openSide(t, m.opts)
+			opts := m.opts()
+			a, b := openSide(t, opts()), openSide(t, opts())
 			connectPair(t, a, b, &rxego.ConnectOptions{})
 			select {
 			case <-a.cq.Notify():

@@ -91,7 +91,7 @@ func (o *ConnectOptions) withDefaults() ConnectOptions {
 // the remote QP, with the attribute masks ibv_rc_pingpong uses.
 func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 	o := opts.withDefaults()
-	remote.Addr = Unmap(remote.Addr)
+	remote.Addr = peerAddr(remote.Addr)
 	rc := q.Type() == qp.RC
 	steps := []struct {
 		attr qp.Attr

@@ -13,19 +13,38 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/testaddr"
 	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
 )
 
-// lifecycleModes are the device's receive modes: Close must work in each.
+// lifecycleModes are the device's receive modes: Close and Notify must
+// work in each. opts gives the options for one device of a pair.
 var lifecycleModes = []struct {
 	name string
-	opts *rxego.Options
+	opts func() func() *rxego.Options
 }{
-	{"blocking", nil},
-	{"busy-poll", &rxego.Options{BusyPoll: 50 * time.Microsecond}},
+	{"blocking", func() func() *rxego.Options { return func() *rxego.Options { return nil } }},
+	{"busy-poll", func() func() *rxego.Options {
+		return func() *rxego.Options { return &rxego.Options{BusyPoll: 50 * time.Microsecond} }
+	}},
+	{"pipe", func() func() *rxego.Options { // a Conn with neither Waker nor Poller
+		net, n := transport.NewPipeNetwork(), byte(0)
+		return func() *rxego.Options {
+			n++
+			c, err := net.Listen(netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, n}), rxego.DefaultPort), transport.Options{})
+			if err != nil {
+				panic(err)
+			}
+			return &rxego.Options{Conn: c}
+		}
+	}},
 }
 
-// openSide is open with device options.
-func openSide(t *testing.T, opts *rxego.Options) *side {
+// openSide opens an RC side with device options.
+func openSide(t *testing.T, opts *rxego.Options) *side { return openWith(t, opts, rxego.RC, 1<<16) }
+
+// openWith opens a device with opts and one QP of type typ, its CQ and
+// an MR of size bytes open to every access.
+func openWith(t *testing.T, opts *rxego.Options, typ rxego.QPType, size int) *side {
 	t.Helper()
 	dev := testaddr.Open(t, opts)
 	pd, err := dev.AllocPD()
@@ -36,12 +55,12 @@ func openSide(t *testing.T, opts *rxego.Options) *side {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cq, RecvCQ: cq, Caps: rxego.Caps{MaxSendWR: 64, MaxRecvWR: 64}})
+	q, err := pd.CreateQP(rxego.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Caps: rxego.Caps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 1<<16)
-	m, err := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead)
+	buf := make([]byte, size)
+	m, err := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead|rxego.AccessRemoteAtomic)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +91,8 @@ func TestDeviceCloseFlushes(t *testing.T) {
 	for _, m := range lifecycleModes {
 		t.Run(m.name, func(t *testing.T) {
 			const sends, recvs = 32, 8
-			a, b := openSide(t, m.opts), openSide(t, m.opts)
+			opts := m.opts()
+			a, b := openSide(t, opts()), openSide(t, opts())
 			connectPair(t, a, b, &rxego.ConnectOptions{})
 			// b posts no receive: with rnr_retry 7 (infinite) a's SENDs
 			// stay outstanding for as long as the test wants.

@@ -253,17 +253,21 @@ func ParseAddr(s string) (netip.AddrPort, error) {
 }
 
 // Unmap returns ap with an IPv4-mapped address (::ffff:a.b.c.d) turned
-// into the IPv4 address and the port 4791 when 0. RoCE names an IPv4
-// peer by such a GID (Device.GID returns one), but packets from it
-// arrive from the IPv4 address: rxego normalises every address where it
-// enters (Open, ConnectRC, CreateAH, QP.Modify), so one peer never looks
-// like two.
+// into the IPv4 address. RoCE names an IPv4 peer by such a GID
+// (Device.GID returns one), but packets from it arrive from the IPv4
+// address: rxego normalises every address where it enters (Open,
+// ConnectRC, CreateAH, QP.Modify), so one peer never looks like two.
 func Unmap(ap netip.AddrPort) netip.AddrPort {
-	port := ap.Port()
-	if port == 0 {
-		port = DefaultPort
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// peerAddr is a peer's address as the API takes it in: unmapped, with
+// port 4791 when none is given.
+func peerAddr(ap netip.AddrPort) netip.AddrPort {
+	if ap.Port() == 0 {
+		ap = netip.AddrPortFrom(ap.Addr(), DefaultPort)
 	}
-	return netip.AddrPortFrom(ap.Addr().Unmap(), port)
+	return Unmap(ap)
 }
 
 // shardCount is how many shards o asks for.
@@ -318,6 +322,13 @@ func Open(addr string, opts *Options) (*Device, error) {
 	} else {
 		local = Unmap(o.Conn.LocalAddr())
 	}
+	maxMTU, err := activeMTU(local, o.Conn == nil)
+	if err != nil {
+		for _, c := range conns {
+			c.Close()
+		}
+		return nil, err
+	}
 	d := &Device{conns: conns, mrs: mr.NewTable(), local: local, stop: make(chan struct{}), nextQPN: firstQPN}
 	if o.Tap != nil {
 		d.SetTap(o.Tap)
@@ -333,7 +344,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 		}
 		s.eng, err = qp.NewEngine(qp.Config{
 			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
-			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
+			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
 		})
 		if err != nil {
 			for _, c := range conns {
@@ -366,6 +377,36 @@ func Open(addr string, opts *Options) (*Device, error) {
 // firstQPN is the first QP number CreateQP hands out: 0 and 1 are the
 // special QPs, and rxe starts its own at 17.
 const firstQPN = 17
+
+// activeMTU is the port's active MTU: the largest path MTU whose packets
+// fit the MTU of the interface holding the device's address, as rxe takes
+// it from its netdev (1500 gives 1024, loopback's 65536 gives 4096). A
+// device on the unspecified address, or on a Conn it was given, has no one
+// interface: 0, which the engine reads as 4096.
+func activeMTU(local netip.AddrPort, own bool) (qp.MTU, error) {
+	if !own || local.Addr().IsUnspecified() {
+		return 0, nil
+	}
+	n, err := transport.InterfaceMTU(local.Addr())
+	if err != nil {
+		return 0, fmt.Errorf("rxego: open %v: %w", local, err)
+	}
+	m := qp.ActiveMTU(n)
+	if m == 0 {
+		return 0, fmt.Errorf("rxego: open %v: interface MTU %d is below the smallest RoCE MTU (256 + 80 bytes)", local, n)
+	}
+	return m, nil
+}
+
+// ActiveMTU returns the port's active MTU (ibv_port_attr.active_mtu): the
+// largest path MTU the interface the device sends on carries. Modifying a
+// QP to a larger path MTU fails, as packets that long would never leave.
+func (d *Device) ActiveMTU() MTU {
+	if len(d.shards) == 0 {
+		return 0
+	}
+	return d.shards[0].eng.MaxMTU()
+}
 
 // Close stops the device, as closing an RDMA device context tears down
 // what was made on it. Every QP moves to the error state: its outstanding
@@ -657,5 +698,5 @@ func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
 	if !dest.Addr().IsValid() {
 		return nil, errors.New("rxego: address handle needs a destination address")
 	}
-	return &AH{Dest: Unmap(dest)}, nil
+	return &AH{Dest: peerAddr(dest)}, nil
 }

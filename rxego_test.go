@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
 )
 
 // side is one end of a loopback test connection.
@@ -20,22 +19,7 @@ type side struct {
 	buf []byte
 }
 
-func open(t *testing.T, typ rxego.QPType, size int) *side {
-	t.Helper()
-	dev := testaddr.Open(t, nil)
-	pd, _ := dev.AllocPD()
-	cq, _ := dev.CreateCQ(256)
-	q, err := pd.CreateQP(rxego.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Caps: rxego.Caps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, size)
-	m, err := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead|rxego.AccessRemoteAtomic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &side{dev, pd, cq, q, m, buf}
-}
+func open(t *testing.T, typ rxego.QPType, size int) *side { return openWith(t, nil, typ, size) }
 
 func connectPair(t *testing.T, a, b *side, opts *rxego.ConnectOptions) {
 	t.Helper()

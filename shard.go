@@ -44,14 +44,34 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 	for len(msgs) > 0 {
 		n, err := s.conn.Send(msgs)
 		if err != nil {
-			// The packet is lost as if the network dropped it; the
-			// transport's retransmission recovers, as on a real link.
 			s.eng.Stats.SendErr.Add(1)
+			if n < len(msgs) && transport.Unsendable(err) {
+				// Longer than the interface carries: resending cannot
+				// help, so the work request fails (qp.Engine.SendFailed).
+				if p := firstPacket(pkts, msgs[n].Buf); p != nil {
+					s.eng.SendFailed(p)
+				}
+			}
+			// Otherwise the packet is lost as if the network dropped it;
+			// the transport's retransmission recovers, as on a real link.
 			n++
 		}
 		msgs = msgs[min(n, len(msgs)):]
 	}
 	clear(s.msgs[:cap(s.msgs)]) // do not keep the engine's buffers alive
+}
+
+// firstPacket returns the packet of pkts whose buffer starts b: a
+// message's first packet, found by address since the transport may have
+// merged (Coalesce) and regrouped (source ports) the messages. Only a
+// failed send looks.
+func firstPacket(pkts []qp.OutPacket, b []byte) *qp.OutPacket {
+	for i := range pkts {
+		if len(pkts[i].Buf) > 0 && len(b) > 0 && &pkts[i].Buf[0] == &b[0] {
+			return &pkts[i]
+		}
+	}
+	return nil
 }
 
 // demux is the sched.Input of a Conn of a sharded device: it hands each

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/qp"
@@ -19,6 +20,10 @@ const (
 	DefaultPacketLifeTime  = 16 // CMA_IBOE_PACKET_LIFETIME
 	DefaultMaxRetries      = 15 // CMA_MAX_CM_RETRIES
 	DefaultBacklog         = 16
+	// DefaultHalfOpenTimeout bounds the wait for the RTU after a REP: a
+	// live initiator answers within a round trip (REP retransmissions
+	// included), one behind a forged source address never does.
+	DefaultHalfOpenTimeout = time.Second
 	// ACKDelay is the Target ACK Delay rxego puts in its REPs: rdma_rxe's
 	// local_ca_ack_delay.
 	ACKDelay = 15
@@ -56,9 +61,17 @@ type Config struct {
 	// DefaultMaxRetries.
 	MaxRetries uint8
 	// Backlog is how many requests a Listener holds before Accept takes
-	// them; more are rejected (reason 3, no resources). 0 means
+	// them. A REQ that finds it full is dropped without an answer and
+	// remembered; its retransmission (which only a live initiator sends)
+	// goes to a lane of its own that Accept serves first. 0 means
 	// DefaultBacklog.
 	Backlog int
+	// HalfOpenTimeout bounds how long an accepted request waits for the
+	// initiator's RTU after the REP, whatever the REQ's timers allow
+	// (rdma_cm's: about a minute); then Accept fails with ErrHalfOpen
+	// and the application's QP is free for the next request. 0 means
+	// DefaultHalfOpenTimeout.
+	HalfOpenTimeout time.Duration
 	// DropMAD, when set, is asked about every CM MAD sent (out) and
 	// received; true drops it, as a lossy network would. For fault
 	// injection in tests.
@@ -83,6 +96,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if o.Backlog <= 0 {
 		o.Backlog = DefaultBacklog
+	}
+	if o.HalfOpenTimeout <= 0 {
+		o.HalfOpenTimeout = DefaultHalfOpenTimeout
 	}
 	for o.NodeGUID == 0 {
 		o.NodeGUID = rand.Uint64()
@@ -122,8 +138,44 @@ type Manager struct {
 	conns     map[uint32]*Conn    // by local communication ID
 	byRemote  map[remoteKey]*Conn // passive side: by the initiator's GUID and ID
 	ports     map[uint16]bool     // rdma_cm source ports in use by Dial
+	// shed remembers the REQs dropped for a full backlog (a ring of
+	// shedRing keys, so memory stays bounded under a flood): a REQ found
+	// here is a retransmission, from an initiator that is alive.
+	shed     map[remoteKey]struct{}
+	shedRing [shedRing]remoteKey
+	shedNext int
 
 	stats counters
+}
+
+// shedRing is how many shed REQs a Manager remembers: enough for a
+// live initiator's retransmission (rdma_cm: 4.3 s later) to be recognised
+// while thousands of forged REQs a second pass.
+const shedRing = 1 << 16
+
+// shedREQ remembers a REQ dropped for a full backlog; m.mu must be held.
+func (m *Manager) shedREQ(k remoteKey) {
+	m.stats.shed.Add(1)
+	if _, ok := m.shed[k]; ok {
+		return
+	}
+	old := m.shedRing[m.shedNext]
+	if old != (remoteKey{}) {
+		delete(m.shed, old)
+	}
+	m.shedRing[m.shedNext] = k
+	m.shedNext = (m.shedNext + 1) % shedRing
+	m.shed[k] = struct{}{}
+}
+
+// wasShed reports whether k's REQ was dropped for a full backlog before,
+// and forgets it; m.mu must be held.
+func (m *Manager) wasShed(k remoteKey) bool {
+	if _, ok := m.shed[k]; !ok {
+		return false
+	}
+	delete(m.shed, k)
+	return true
 }
 
 // remoteKey identifies a connection by the peer's CA GUID and its
@@ -145,7 +197,7 @@ func New(dev *rxego.Device, cfg *Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{dev: dev, cfg: c, local: dev.Addr().Addr().Unmap(), hiTID: uint64(rand.Uint32()) << 32,
-		listeners: map[uint64]*Listener{}, conns: map[uint32]*Conn{}, byRemote: map[remoteKey]*Conn{},
+		listeners: map[uint64]*Listener{}, conns: map[uint32]*Conn{}, byRemote: map[remoteKey]*Conn{}, shed: map[remoteKey]struct{}{},
 		ports: map[uint16]bool{}}
 	if err := m.setupQP1(); err != nil {
 		m.teardown()
@@ -383,6 +435,8 @@ type counters struct {
 	sendErrors  atomic.Uint64
 	dropped     atomic.Uint64
 	timeouts    atomic.Uint64
+	shed        atomic.Uint64 // REQs dropped for a full backlog
+	halfOpen    atomic.Uint64 // accepted requests whose RTU never came
 }
 
 const numAttrs = int(AttrDREP-AttrREQ) + 1
@@ -397,8 +451,9 @@ func (c *counters) count(a *[numAttrs]atomic.Uint64, attr uint16) {
 // cm_rcvd_rep, ... per message, and cm_retransmits, cm_duplicates (a
 // duplicate answered or ignored), cm_timeouts (retries exhausted),
 // cm_malformed, cm_unsupported (other CM attributes: SIDR, LAP),
-// cm_unmatched (for no known connection), cm_send_errors and cm_dropped
-// (by Config.DropMAD).
+// cm_unmatched (for no known connection), cm_send_errors, cm_dropped
+// (by Config.DropMAD), cm_backlog_shed (REQs dropped for a full backlog)
+// and cm_half_open (accepted requests whose RTU never came).
 func (m *Manager) Counters() map[string]uint64 {
 	s := &m.stats
 	out := map[string]uint64{
@@ -406,6 +461,7 @@ func (m *Manager) Counters() map[string]uint64 {
 		"cm_malformed": s.malformed.Load(), "cm_unsupported": s.unsupported.Load(),
 		"cm_unmatched": s.unmatched.Load(), "cm_send_errors": s.sendErrors.Load(),
 		"cm_dropped": s.dropped.Load(), "cm_timeouts": s.timeouts.Load(),
+		"cm_backlog_shed": s.shed.Load(), "cm_half_open": s.halfOpen.Load(),
 	}
 	for i := range numAttrs {
 		name := lower(AttrName(AttrREQ + uint16(i)))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/qp"
@@ -17,9 +18,19 @@ type Listener struct {
 	port    uint16
 	sid     uint64
 	backlog chan *Request
+	// retried holds requests whose REQ came again after being dropped
+	// for a full backlog: their initiators are alive, and Accept serves
+	// them first, so a flood of one-shot forged REQs cannot starve them.
+	retried chan *Request
 	done    chan struct{}
 	closed  bool // guarded by m.mu
 }
+
+// ErrHalfOpen is returned by Request.Accept when the initiator sent no RTU
+// within Config.HalfOpenTimeout: its REQ came from an address that does not
+// answer (forged, or gone). The QP is in ERR and may be reset and used for
+// the next request.
+var ErrHalfOpen = errors.New("cm: no RTU from the initiator (half-open connection expired)")
 
 // ErrInUse is returned by Listen for a port already listened on.
 var ErrInUse = errors.New("cm: port already has a listener")
@@ -37,7 +48,8 @@ func (m *Manager) Listen(port uint16) (*Listener, error) {
 	if m.listeners[sid] != nil {
 		return nil, fmt.Errorf("%w: %d", ErrInUse, port)
 	}
-	l := &Listener{m: m, port: port, sid: sid, backlog: make(chan *Request, m.cfg.Backlog), done: make(chan struct{})}
+	l := &Listener{m: m, port: port, sid: sid, backlog: make(chan *Request, m.cfg.Backlog),
+		retried: make(chan *Request, max(m.cfg.Backlog/4, 1)), done: make(chan struct{})}
 	m.listeners[sid] = l
 	return l, nil
 }
@@ -45,16 +57,30 @@ func (m *Manager) Listen(port uint16) (*Listener, error) {
 // Port returns the rdma_cm port the listener serves.
 func (l *Listener) Port() uint16 { return l.port }
 
-// Accept returns the next connection request; the caller answers it with
-// Request.Accept or Request.Reject.
+// Accept returns the next connection request, a retransmitted one first
+// (see Config.Backlog); the caller answers it with Request.Accept or
+// Request.Reject.
 func (l *Listener) Accept(ctx context.Context) (*Request, error) {
-	select {
-	case r := <-l.backlog:
-		return r, nil
-	case <-l.done:
-		return nil, ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	for {
+		var r *Request
+		select {
+		case r = <-l.retried:
+		default:
+			select {
+			case r = <-l.retried:
+			case r = <-l.backlog:
+			case <-l.done:
+				return nil, ErrClosed
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		l.m.mu.Lock()
+		live := r.c.st == stREQRcvd // not evicted or timed out meanwhile
+		l.m.mu.Unlock()
+		if live {
+			return r, nil
+		}
 	}
 }
 
@@ -77,14 +103,16 @@ func (l *Listener) closeLocked() {
 		delete(l.m.listeners, l.sid)
 	}
 	for {
+		var r *Request
 		select {
-		case r := <-l.backlog:
-			if r.c.st == stREQRcvd {
-				r.c.reject(RejConsumerDefined, nil, nil)
-				r.c.failLocked(ErrClosed)
-			}
+		case r = <-l.backlog:
+		case r = <-l.retried:
 		default:
 			return
+		}
+		if r.c.st == stREQRcvd {
+			r.c.reject(RejConsumerDefined, nil, nil)
+			r.c.failLocked(ErrClosed)
 		}
 	}
 }
@@ -153,7 +181,19 @@ func (r *Request) Accept(ctx context.Context, q *rxego.QP, p *Params) (*Conn, er
 		ResponderResources: s.respRes, InitiatorDepth: s.initDepth, TargetACKDelay: ACKDelay,
 		RNRRetryCount: o.rnrRetry(), LocalCAGUID: m.cfg.NodeGUID, PrivateData: o.PrivateData}
 	c.st = stREPSent
-	c.sendRetry(&rep, c.timeout, c.maxRetries)
+	// The REP goes again at least four times within the half-open
+	// timeout, so one lost REP or RTU does not fail a live initiator.
+	c.sendRetry(&rep, min(c.timeout, m.cfg.HalfOpenTimeout/4), c.maxRetries)
+	halfOpen := time.AfterFunc(m.cfg.HalfOpenTimeout, func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if c.st == stREPSent {
+			m.stats.halfOpen.Add(1)
+			c.reject(RejTimeout, nil, nil)
+			c.setQPError()
+			c.failLocked(ErrHalfOpen)
+		}
+	})
 	m.mu.Unlock()
 
 	err := c.waitReady(ctx, func() {
@@ -161,6 +201,7 @@ func (r *Request) Accept(ctx context.Context, q *rxego.QP, p *Params) (*Conn, er
 		c.setQPError()
 		c.failLocked(ctx.Err())
 	})
+	halfOpen.Stop()
 	if err != nil {
 		return nil, err
 	}
@@ -225,6 +266,26 @@ func (m *Manager) onREQ(from netip.Addr, h Header, r *REQ) {
 		m.issueREJ(from, h.TID, r.LocalCommID, 0, MsgREQ, RejConsumerDefined)
 		return
 	}
+	// A full backlog drops the REQ without an answer (a REJ would end a
+	// live initiator's attempt; silence makes it retransmit) and
+	// remembers it; a REQ seen before goes to the retried lane, evicting
+	// the oldest there when that is full. So a flood of forged REQs,
+	// which are never retransmitted, cannot keep a live client out.
+	queue := l.backlog
+	if m.wasShed(remoteKey{r.LocalCAGUID, r.LocalCommID}) {
+		queue = l.retried
+		if len(queue) == cap(queue) {
+			select {
+			case old := <-queue:
+				old.c.reject(RejNoResources, nil, nil)
+				old.c.failLocked(ErrClosed)
+			default:
+			}
+		}
+	} else if len(queue) == cap(queue) {
+		m.shedREQ(remoteKey{r.LocalCAGUID, r.LocalCommID})
+		return
+	}
 	c := m.newConn(false, from)
 	c.remoteID, c.remoteGUID, c.remoteQPN = r.LocalCommID, r.LocalCAGUID, r.LocalQPN
 	c.tid = h.TID
@@ -241,7 +302,7 @@ func (m *Manager) onREQ(from netip.Addr, h Header, r *REQ) {
 		PrivateData: append([]byte(nil), c.priv...), RemoteQPN: r.LocalQPN,
 		ResponderResources: r.InitiatorDepth, InitiatorDepth: r.ResponderResources, MTU: mtu}
 	select {
-	case l.backlog <- req:
+	case queue <- req:
 	default:
 		c.reject(RejNoResources, nil, nil)
 		c.failLocked(ErrClosed)

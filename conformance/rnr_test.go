@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/conformance/lab"
 	"github.com/rxego/rxego/internal/devstats"
 )
 
@@ -150,6 +151,86 @@ func (x *inproc) stats() map[string]uint64 {
 	return devstats.Map(x.dev)
 }
 
+// ppServe starts ibv_rc_pingpong in the guest as a client of x with the
+// tool's extra args, answers its TCP exchange, connects x to the tool's
+// QP and returns once the tool has connected too (it sent "done").
+func (p *Peer) ppServe(t *testing.T, x *inproc, args ...string) *lab.Proc {
+	t.Helper()
+	ln, err := p.Lab.Listen("tcp4", net.JoinHostPort(p.HostIP, strconv.Itoa(p.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	proc, err := p.Guest.Start(append(append([]string{"ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port)},
+		args...), p.HostIP)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(30 * time.Second))
+	conn, err := ln.Accept()
+	if err != nil {
+		proc.Kill()
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	remote, err := readPPDest(conn)
+	if err == nil {
+		x.connect(t, p, remote)
+		_, err = conn.Write(ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)}.encode())
+	}
+	if err == nil {
+		_, err = io.ReadFull(conn, make([]byte, len("done\x00")))
+	}
+	if err != nil {
+		proc.Kill()
+		t.Fatal(err)
+	}
+	return proc
+}
+
+// ppDial starts ibv_rc_pingpong in the guest as a server with the tool's
+// extra args, dials its TCP exchange and connects x to the tool's QP.
+func (p *Peer) ppDial(t *testing.T, ctx context.Context, x *inproc, args ...string) *lab.Proc {
+	t.Helper()
+	proc, conn, remote := p.pingpongServer(t, ctx, ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)}, args...)
+	x.connect(t, p, remote)
+	if _, err := conn.Write([]byte("done\x00")); err != nil {
+		t.Fatal(err)
+	}
+	return proc
+}
+
+// pingpongServer starts ibv_rc_pingpong in the guest as the server with
+// args (after -d rxe0 -g 1 -p PORT), connects to its exchange, sends
+// local's record and returns the tool, the exchange's connection (30 s
+// deadline) and the tool's record. Both are closed at the test's end.
+func (p *Peer) pingpongServer(t *testing.T, ctx context.Context, local ppDest, args ...string) (*lab.Proc, net.Conn, ppDest) {
+	t.Helper()
+	proc, err := p.Guest.Start(append([]string{"ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port)}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proc.Kill() })
+	if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := p.Lab.Dial(ctx, "tcp4", net.JoinHostPort(p.Guest.IP(), strconv.Itoa(p.Port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := conn.Write(local.encode()); err != nil {
+		t.Fatal(err)
+	}
+	remote, err := readPPDest(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proc, conn, remote
+}
+
 // ppDest is one record of the ibv_*_pingpong TCP exchange.
 type ppDest struct {
 	qpn, psn uint32
@@ -246,35 +327,8 @@ func (p *Peer) rnrRxeWaits(t *testing.T) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	x := p.openInproc(t, rnrIters)
-	ln, err := p.Lab.Listen("tcp4", net.JoinHostPort(p.HostIP, strconv.Itoa(p.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-e", "-p", strconv.Itoa(p.Port),
-		"-s", strconv.Itoa(rnrMsgSize), "-n", strconv.Itoa(rnrIters), p.HostIP)
-	if err != nil {
-		t.Fatal(err)
-	}
+	proc := p.ppServe(t, x, "-e", "-s", strconv.Itoa(rnrMsgSize), "-n", strconv.Itoa(rnrIters))
 	defer proc.Kill()
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(30 * time.Second))
-	conn, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	remote, err := readPPDest(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x.connect(t, p, remote)
-	if _, err := conn.Write(ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)}.encode()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.ReadFull(conn, make([]byte, len("done\x00"))); err != nil {
-		t.Fatal(err)
-	}
 
 	rnr := func() uint64 { return x.dev.Stats().SendRNRErr.Load() }
 	var recvs, sends int
@@ -314,35 +368,11 @@ func (p *Peer) rnrRxegoWaits(t *testing.T) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	x := p.openInproc(t, rnrIters)
-	proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-e", "-p", strconv.Itoa(p.Port),
-		"-s", strconv.Itoa(rnrMsgSize), "-n", strconv.Itoa(rnrIters), "-r", "1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer proc.Kill()
-	if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := p.Lab.Dial(ctx, "tcp4", net.JoinHostPort(p.Guest.IP(), strconv.Itoa(p.Port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := conn.Write(ppDest{qpn: x.qp.Num(), psn: x.psn, gid: netip.MustParseAddr(p.HostIP)}.encode()); err != nil {
-		t.Fatal(err)
-	}
-	remote, err := readPPDest(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for range rnrIters {
 		x.postRecv(t)
 	}
-	x.connect(t, p, remote)
-	if _, err := conn.Write([]byte("done\x00")); err != nil {
-		t.Fatal(err)
-	}
+	proc := p.ppDial(t, ctx, x, "-e", "-s", strconv.Itoa(rnrMsgSize), "-n", strconv.Itoa(rnrIters), "-r", "1")
+	defer proc.Kill()
 
 	// Pairs: the tool has one receive posted, so the second message of
 	// each pair arrives before it can repost.

@@ -68,8 +68,10 @@ func FuzzFromHeaders(f *testing.F) {
 		if int(binary.BigEndian.Uint16(udp[4:])) != 8+len(pkt) {
 			return
 		}
-		switch {
-		case len(hdr) == 20 && hdr[9] == 17 && int(binary.BigEndian.Uint16(hdr[2:])) == 28+len(pkt) &&
+		// Branch on the version, not the length: an IPv4 header with
+		// options (IHL 10) is 40 bytes long too.
+		switch v4 := hdr[0]>>4 == 4; {
+		case v4 && len(hdr) == 20 && hdr[9] == 17 && int(binary.BigEndian.Uint16(hdr[2:])) == 28+len(pkt) &&
 			hdr[6]&^0x40 == 0 && hdr[7] == 0:
 			v := icrc.V4{SrcPort: sport, DstPort: dport, DF: hdr[6] == 0x40}
 			copy(v.Src[:], hdr[12:16])
@@ -77,7 +79,7 @@ func FuzzFromHeaders(f *testing.F) {
 			if got := v.Sum(binary.BigEndian.Uint16(hdr[4:]), pkt); got != crc {
 				t.Fatalf("V4.Sum %08x, FromHeaders %08x", got, crc)
 			}
-		case len(hdr) == 40 && hdr[6] == 17 && int(binary.BigEndian.Uint16(hdr[4:])) == 8+len(pkt):
+		case !v4 && hdr[6] == 17 && int(binary.BigEndian.Uint16(hdr[4:])) == 8+len(pkt):
 			v := icrc.V6{SrcPort: sport, DstPort: dport}
 			copy(v.Src[:], hdr[8:24])
 			copy(v.Dst[:], hdr[24:40])

@@ -216,6 +216,11 @@ func valid(pkt []byte) bool { return len(pkt) >= bthLen+Len }
 // from a capture or a raw socket. ip is an IPv4 header (options included)
 // or an IPv6 header; udpHdr is the 8-byte UDP header. ok is false when the
 // headers are not well formed.
+//
+// IPv4 options are covered as they stand, as the RoCEv2 annex defines the
+// ICRC over the whole IP header with only TOS, TTL and checksum masked.
+// rxe's rxe_icrc_hdr assumes a 20-byte header (it masks 28 bytes from the
+// IP header on), so it rejects such packets; no RoCE sender adds options.
 func FromHeaders(ip, udpHdr, pkt []byte) (crc uint32, ok bool) {
 	if len(udpHdr) < 8 || !valid(pkt) || len(ip) < 1 {
 		return 0, false

@@ -116,9 +116,9 @@ func TestConcurrentLookupsAndRegistration(t *testing.T) {
 				dead := r.dead.Load()
 				b, err := tab.Remote(r.key, pd, addr(r.buf), 8, RemoteRead)
 				switch {
-				// A stale key two or more generations old can carry the key
-				// byte of the MR now at its index (8 bits of key, as on an
-				// RNIC): then the bounds check refuses it.
+				// A stale key can name the MR now at its index once that
+				// index has cycled through all 256 key bytes (8 bits of
+				// key, as on an RNIC): then the bounds check refuses it.
 				case err != nil && err != ErrInvalidKey && err != ErrOutOfBounds:
 					fail <- "unexpected error: " + err.Error()
 					return

@@ -155,14 +155,15 @@ func TestTableFull(t *testing.T) {
 	}
 }
 
-// Re-registering at an index must change the key byte, so the previous
-// key fails; over many cycles the bytes must look random.
-func TestKeyByteChangesOnReuse(t *testing.T) {
+// Re-registering must give a key that differs from the stale one, and
+// the stale key must fail; the index is drawn at random, so a stream of
+// re-registrations of one MR spreads over the table.
+func TestReRegisterSpreadsIndices(t *testing.T) {
 	tab := NewTable()
 	pd := tab.AllocPD()
 	buf := make([]byte, 8)
 	prev := mustRegister(t, pd, buf, RemoteRead)
-	seen := map[uint8]bool{uint8(prev.LKey()): true}
+	idxs := map[uint32]bool{prev.LKey() >> 8: true}
 	const cycles = 1000
 	for range cycles {
 		old := prev.RKey()
@@ -170,39 +171,89 @@ func TestKeyByteChangesOnReuse(t *testing.T) {
 			t.Fatal(err)
 		}
 		m := mustRegister(t, pd, buf, RemoteRead)
-		if m.RKey()>>8 != old>>8 {
-			t.Fatalf("index %d, want reuse of %d", m.RKey()>>8, old>>8)
-		}
-		if uint8(m.RKey()) == uint8(old) {
-			t.Fatalf("key byte %#x repeated at index %d", uint8(old), old>>8)
+		if m.RKey() == old {
+			t.Fatalf("key %#x given again at once", old)
 		}
 		if _, err := tab.Remote(old, pd, m.IOVA(), 1, RemoteRead); err != ErrInvalidKey {
 			t.Fatalf("stale key %#x: err %v, want ErrInvalidKey", old, err)
 		}
-		seen[uint8(m.RKey())] = true
+		idxs[m.RKey()>>8] = true
 		prev = m
 	}
-	// 1001 draws from 255-256 values cover about 250 of them; fewer than
-	// 200 would mean the bytes are not random (probability < 1e-30).
-	if len(seen) < 200 {
-		t.Errorf("only %d distinct key bytes in %d registrations", len(seen), cycles+1)
+	// 1001 draws from 4095 indices give about 890 distinct ones; fewer
+	// than 800 would mean the draw is not random (far below 1e-9).
+	if len(idxs) < 800 {
+		t.Errorf("only %d distinct indices in %d registrations", len(idxs), cycles+1)
 	}
 }
 
-func TestFreedIndicesReusedOldestFirst(t *testing.T) {
+// At one index the key byte walks a permutation of all 256 bytes: every
+// window of 256 registrations there uses each byte once, so a stale key
+// comes back only after 256 registrations at its index, and the order is
+// not simply counting.
+func TestKeyByteCyclesAtOneIndex(t *testing.T) {
 	tab := NewTable()
+	tab.limit = 1 // one usable index
 	pd := tab.AllocPD()
-	a := mustRegister(t, pd, nil, 0)
-	b := mustRegister(t, pd, nil, 0)
-	mustRegister(t, pd, nil, 0)
-	for _, m := range []*MR{b, a} {
+	var keys []uint8
+	for range 3 * 256 {
+		m := mustRegister(t, pd, nil, 0)
+		if m.LKey()>>8 != 1 {
+			t.Fatalf("index %d, want 1", m.LKey()>>8)
+		}
+		keys = append(keys, uint8(m.LKey()))
 		if err := m.Deregister(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, want := range []uint32{b.LKey() >> 8, a.LKey() >> 8} {
-		if got := mustRegister(t, pd, nil, 0).LKey() >> 8; got != want {
-			t.Errorf("reused index %d, want %d", got, want)
+	steps := map[uint8]int{}
+	for i := range keys {
+		if i >= 256 && keys[i] != keys[i-256] {
+			t.Fatalf("registration %d: key byte %#x, 256 earlier %#x: not one cycle", i, keys[i], keys[i-256])
+		}
+		if i > 0 {
+			steps[keys[i]-keys[i-1]]++
+		}
+	}
+	var seen [256]bool
+	for _, k := range keys[:256] {
+		if seen[k] {
+			t.Fatalf("key byte %#x twice in one cycle", k)
+		}
+		seen[k] = true
+	}
+	// A shuffled cycle has many different steps; a counter has one.
+	if len(steps) < 64 {
+		t.Errorf("key byte steps take only %d values: the sequence is guessable", len(steps))
+	}
+}
+
+// A key byte chosen by Revalidate is not the next one handed out at its
+// index once the MR is deregistered.
+func TestRevalidatedKeyNotReissued(t *testing.T) {
+	tab := NewTable()
+	tab.limit = 1
+	pd := tab.AllocPD()
+	for range 512 {
+		m := mustRegister(t, pd, nil, 0, WithInvalidate())
+		next := uint8(m.LKey()) + 1 // any byte will do; walk them all
+		if next == uint8(m.LKey()) {
+			next++
+		}
+		if err := tab.Invalidate(m.LKey(), pd); err != nil {
+			t.Fatal(err)
+		}
+		k, err := m.Revalidate(next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Deregister(); err != nil {
+			t.Fatal(err)
+		}
+		if n := mustRegister(t, pd, nil, 0); n.LKey() == k {
+			t.Fatalf("revalidated key %#x reissued at once", k)
+		} else if err := n.Deregister(); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -28,25 +28,32 @@ type Table struct {
 	pds atomic.Int64 // allocated PDs
 	mrs atomic.Int64 // registered MRs
 
-	mu      sync.Mutex // serialises every change below and all publishing
-	rng     *rand.Rand
-	next    uint32   // lowest never-used index
-	limit   uint32   // highest usable index (lowered by tests)
-	free    []uint32 // freed indices, oldest first
-	lastKey []uint8  // last key byte used at each index below next
+	mu     sync.Mutex // serialises every change below and all publishing
+	rng    *rand.Rand
+	limit  uint32   // highest usable index (lowered by tests)
+	chunks []uint32 // chunk numbers in use, in the order they were added
+	live   int      // indices holding a registered MR
+	// gen[c][i] counts the registrations at index c<<chunkBits|i (from a
+	// random start); perm turns the count into the key byte.
+	gen  map[uint32]*[chunkSize]uint8
+	perm [256]uint8
 }
 
-// NewTable returns an empty table. Its key bytes come from a ChaCha8
-// generator seeded from crypto/rand.
+// NewTable returns an empty table. Its indices, key sequence and key bytes
+// come from a ChaCha8 generator seeded from crypto/rand.
 func NewTable() *Table {
 	var seed [32]byte
 	crand.Read(seed[:]) // never fails since Go 1.24
-	return &Table{
-		rng:     rand.New(rand.NewChaCha8(seed)),
-		next:    1, // index 0 is reserved so key 0 is never valid
-		limit:   maxIndex,
-		lastKey: make([]uint8, 1),
+	t := &Table{
+		rng:   rand.New(rand.NewChaCha8(seed)),
+		limit: maxIndex,
+		gen:   make(map[uint32]*[chunkSize]uint8),
 	}
+	for i := range t.perm {
+		t.perm[i] = uint8(i)
+	}
+	t.rng.Shuffle(len(t.perm), func(i, j int) { t.perm[i], t.perm[j] = t.perm[j], t.perm[i] })
+	return t
 }
 
 // Stats is a snapshot of a table's object counts, for metrics.
@@ -106,29 +113,95 @@ func (t *Table) slot(i uint32) *atomic.Pointer[entry] {
 	return &c[i&(chunkSize-1)]
 }
 
+// Index allocation (see "Keys" in the package comment). An MR gets a
+// free index drawn at random from the chunks in use, and the table adds a
+// chunk, at a random place in the index space, whenever more than
+// 1/maxFill of its indices would be live, so a draw lands on a free index
+// in a few tries and a guessed index is live with probability at most
+// 1/maxFill (1/4096 for one MR). The key byte at an index walks a secret
+// permutation of the 256 bytes from a random start: a key byte comes back
+// at an index only after 256 registrations there, and a stale key only
+// once its index has been drawn that often again.
+const (
+	maxFill   = 4
+	drawTries = 64 // random draws before a linear search
+)
+
 // allocIndex picks an index and a fresh key byte for it. Caller holds t.mu.
 func (t *Table) allocIndex() (idx uint32, keyByte uint8, err error) {
-	if len(t.free) > 0 {
-		idx = t.free[0]
-		t.free = t.free[1:]
-		// Any byte but the last one used here: last+1+[0,255) mod 256.
-		return idx, t.lastKey[idx] + 1 + uint8(t.rng.IntN(255)), nil
+	if (t.live+1)*maxFill > len(t.chunks)*chunkSize {
+		t.addChunk() // may find no room; the chunks in use may still have some
 	}
-	if t.next > t.limit {
+	idx, ok := t.drawIndex()
+	if !ok && t.addChunk() {
+		idx, ok = t.drawIndex()
+	}
+	if !ok {
 		return 0, 0, ErrTableFull
 	}
-	idx = t.next
-	t.next++
-	if t.dir[idx>>chunkBits].Load() == nil {
-		t.dir[idx>>chunkBits].Store(new(chunk))
-	}
-	t.lastKey = append(t.lastKey, 0)
-	return idx, uint8(t.rng.Uint32()), nil
+	g := &t.gen[idx>>chunkBits][idx&(chunkSize-1)]
+	*g++
+	t.live++
+	return idx, t.perm[*g], nil
 }
 
-// freeIndex retires idx, remembering the key byte last used there.
-// Caller holds t.mu.
-func (t *Table) freeIndex(idx uint32, keyByte uint8) {
-	t.lastKey[idx] = keyByte
-	t.free = append(t.free, idx)
+// usable reports whether idx may hold an MR: index 0 never does (key 0,
+// what a zero-length transfer's RETH carries, must match nothing).
+func (t *Table) usable(idx uint32) bool { return idx != 0 && idx <= t.limit }
+
+// drawIndex returns a free index from the chunks in use: a few random
+// draws, then a search from a random chunk. Caller holds t.mu.
+func (t *Table) drawIndex() (uint32, bool) {
+	if len(t.chunks) == 0 {
+		return 0, false
+	}
+	free := func(idx uint32) bool { return t.usable(idx) && t.slot(idx).Load() == nil }
+	for range drawTries {
+		idx := t.chunks[t.rng.IntN(len(t.chunks))]<<chunkBits | uint32(t.rng.IntN(chunkSize))
+		if free(idx) {
+			return idx, true
+		}
+	}
+	start := t.rng.IntN(len(t.chunks))
+	for k := range t.chunks {
+		c := t.chunks[(start+k)%len(t.chunks)]
+		for i := range uint32(chunkSize) {
+			if idx := c<<chunkBits | i; free(idx) {
+				return idx, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// addChunk brings a chunk not yet in use, at a random place below the
+// limit, into use; false when there is none. Caller holds t.mu.
+func (t *Table) addChunk() bool {
+	n := t.limit>>chunkBits + 1 // chunks holding usable indices
+	if uint32(len(t.chunks)) >= n {
+		return false
+	}
+	c := uint32(t.rng.IntN(int(n)))
+	for t.dir[c].Load() != nil { // a free one exists: len(t.chunks) < n
+		c = (c + 1) % n
+	}
+	t.dir[c].Store(new(chunk))
+	g := new([chunkSize]uint8)
+	for i := range g {
+		g[i] = uint8(t.rng.Uint32())
+	}
+	t.gen[c] = g
+	t.chunks = append(t.chunks, c)
+	return true
+}
+
+// freeIndex retires idx, whose MR had key byte last. The next key byte
+// there is the next in the permutation, skipped if it is last (possible
+// after Revalidate chose a byte), so the key of the MR just deregistered
+// never names the next one at its index. Caller holds t.mu.
+func (t *Table) freeIndex(idx uint32, last uint8) {
+	t.live--
+	if g := &t.gen[idx>>chunkBits][idx&(chunkSize-1)]; t.perm[*g+1] == last {
+		*g++
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"time"
 
 	"github.com/rxego/rxego/mr"
 )
@@ -75,6 +76,24 @@ func (m MTU) Bytes() int {
 	}
 	return 128 << m
 }
+
+// ActiveMTU returns the largest path MTU whose packets fit an interface
+// MTU of ifMTU bytes, as rxe derives a port's active_mtu from its netdev
+// (eth_mtu_int_to_enum: 80 bytes for the IP, UDP, BTH and extended
+// headers and the ICRC): 1500 gives MTU1024, 4176 and more (loopback's
+// 65536) MTU4096. It is 0 below 336 bytes, where not even MTU256 fits.
+func ActiveMTU(ifMTU int) MTU {
+	var best MTU
+	for m := MTU256; m <= MTU4096; m++ {
+		if m.Bytes()+activeMTUHeaders <= ifMTU {
+			best = m
+		}
+	}
+	return best
+}
+
+// activeMTUHeaders is rxe's RXE_MAX_HDR_LENGTH.
+const activeMTUHeaders = 80
 
 // MTUFromBytes returns the ibv_mtu for 256, 512, 1024, 2048 or 4096.
 func MTUFromBytes(n int) (MTU, bool) {
@@ -331,3 +350,20 @@ var rnrTimerTable = [32]uint32{
 
 // RNRTimerMicros returns the RNR wait of an RNR timer field value.
 func RNRTimerMicros(v uint8) uint32 { return rnrTimerTable[v&31] }
+
+// DefaultRNRTick is the grain of a requester's RNR wait. rxe arms its
+// rnr_nak_timer max(usecs_to_jiffies(t), 1) jiffies ahead, and the
+// kernels it runs on in the lab (Debian's 6.1 and 6.12) tick at HZ=250.
+const DefaultRNRTick = 4 * time.Millisecond
+
+// RNRWait returns how long a requester waits after an RNR NAK carrying
+// timer field v: the IBTA time rounded up to whole ticks, at least one,
+// as rxe's jiffies round it (rxe's timer fires between n-1 and n ticks
+// later; this waits n). A tick <= 0 gives the IBTA time exactly.
+func RNRWait(v uint8, tick time.Duration) time.Duration {
+	d := time.Duration(RNRTimerMicros(v)) * time.Microsecond
+	if tick <= 0 {
+		return d
+	}
+	return max((d+tick-1)/tick, 1) * tick
+}

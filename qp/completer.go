@@ -68,10 +68,12 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		if r.rnrLeft != 7 {
 			r.rnrLeft--
 		}
-		e.retry(q, psn)
+		// Not a retry in completer_retry_err: rxe counts an RNR NAK
+		// in rcvd_rnr_err only.
+		e.rewind(q, psn)
 		r.rnrWait = true
 		e.cancel(q, timerRetransmit)
-		e.schedule(q, timerRNR, now+time.Duration(RNRTimerMicros(syn.Value()))*time.Microsecond)
+		e.schedule(q, timerRNR, now+RNRWait(syn.Value(), e.cfg.RNRTick))
 	case reth.KindNAK:
 		e.acknowledge(q, psn.Add(-1), now)
 		if q.state != RTS && q.state != SQD {

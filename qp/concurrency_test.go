@@ -14,6 +14,7 @@ func TestConcurrentApplication(t *testing.T) {
 	o := defaultConn()
 	o.minRN = 1
 	f, a, b := pair(t, RC, o)
+	a.n.e.cfg.RNRTick = -1 // the bare 10 us RNR wait: many RNR rounds per millisecond run
 	const n = 400
 	smr, _ := a.n.reg(t, 64, allAccess)
 	rmr, _ := b.n.reg(t, 64, allAccess)

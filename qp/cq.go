@@ -142,11 +142,8 @@ func (c *CQ) pushWoke(wc WC) (ok, woke bool) {
 	if c.n == 1 && c.watched {
 		c.waiter.Wake()
 	}
-	if c.n == 1 && c.notify != nil && !c.closed {
-		select {
-		case c.notify <- struct{}{}:
-		default:
-		}
+	if c.n == 1 {
+		c.signal()
 	}
 	return true, woke
 }
@@ -304,13 +301,21 @@ func (c *CQ) Notify() <-chan struct{} {
 			close(c.notify)
 		}
 	}
-	if c.n > 0 && !c.closed {
+	if c.n > 0 {
+		c.signal()
+	}
+	return c.notify
+}
+
+// signal gives Notify's channel a value, if it has none and is open.
+// c.mu is held.
+func (c *CQ) signal() {
+	if c.notify != nil && !c.closed {
 		select {
 		case c.notify <- struct{}{}:
 		default:
 		}
 	}
-	return c.notify
 }
 
 // acquire counts a QP that will complete work on the CQ.

@@ -29,6 +29,7 @@ package qp
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"runtime"
 	"sync"
@@ -81,11 +82,18 @@ type Config struct {
 	Window int
 	// DataTOS is the IP TOS of data packets (DSCP<<2 | ECN).
 	DataTOS uint8
+	// MaxMTU is the largest path MTU the link carries, the port's
+	// active_mtu (see ActiveMTU); Modify refuses a larger path_mtu and UD
+	// QPs use it. 0 means MTU4096.
+	MaxMTU MTU
 	// AckEvery makes the requester set AckReq at least every this many
 	// packets inside long messages, as rxe does every 64 (0: that default).
 	AckEvery int
 	// Congestion configures DCQCN; nil means on, with NVIDIA's defaults.
 	Congestion *CongestionConfig
+	// RNRTick is the grain the RNR wait is rounded up to, as rxe rounds
+	// it to jiffies (0: DefaultRNRTick; negative: the IBTA time exactly).
+	RNRTick time.Duration
 }
 
 // DefaultWindow is the default number of unacknowledged PSNs per QP.
@@ -179,6 +187,15 @@ func NewEngine(cfg Config) (*Engine, error) {
 	if cfg.AckEvery <= 0 {
 		cfg.AckEvery = 64
 	}
+	switch {
+	case cfg.MaxMTU == 0:
+		cfg.MaxMTU = MTU4096
+	case cfg.MaxMTU.Bytes() == 0:
+		return nil, fmt.Errorf("qp: MaxMTU %d is not 1..5 (256..4096 bytes)", cfg.MaxMTU)
+	}
+	if cfg.RNRTick == 0 {
+		cfg.RNRTick = DefaultRNRTick
+	}
 	cc, err := cfg.Congestion.withDefaults()
 	if err != nil {
 		return nil, err
@@ -188,6 +205,10 @@ func NewEngine(cfg Config) (*Engine, error) {
 	}
 	return &Engine{cfg: cfg, cc: cc, qps: map[uint32]*QP{}, nextQPN: 17}, nil
 }
+
+// MaxMTU returns the largest path MTU the engine accepts, the port's
+// active_mtu (Config.MaxMTU).
+func (e *Engine) MaxMTU() MTU { return e.cfg.MaxMTU }
 
 // Local returns the engine's local address.
 func (e *Engine) Local() netip.Addr { return e.cfg.Local }
@@ -393,6 +414,63 @@ func (e *Engine) buf(n int) []byte {
 // unbuf gives back the buffer the last buf call returned, unsent.
 func (e *Engine) unbuf(b []byte) { e.slabOff -= len(b) }
 
+// SendFailed tells the engine that the Output could not send pkt, the
+// first packet of a message it was given, and that sending it again cannot
+// succeed either: the kernel refused it as longer than the interface's MTU
+// (EMSGSIZE). Retransmitting
+// would fail the same way for ever, so the engine completes the send work
+// request that packet belongs to with WCLocQPOpErr and moves its QP to ERR,
+// as rxe's requester does when a transmit fails. An Output calls it from
+// within Emit (the engine lock is held); the engine acts at its next timer
+// pass, between packets, not inside Emit. Responses (ACKs, READ responses)
+// are only counted: the peer's requester times out on them.
+func (e *Engine) SendFailed(pkt *OutPacket) {
+	p, err := bth.Parse(pkt.Buf)
+	if err != nil || !p.Info.Has(bth.Request) {
+		return
+	}
+	h := p.BTH()
+	var q *QP
+	if p.Info.Ext&bth.ExtDETH != 0 {
+		q = e.qps[p.DETH().SrcQP()] // UD names the sending QP
+	} else {
+		for _, c := range e.qps {
+			if c.typ != UD && c.attr.DestQPN == h.DestQP() && c.attr.Dest == pkt.Dest {
+				q = c
+				break
+			}
+		}
+	}
+	if q == nil || q.destroyed || q.sendFailed {
+		return
+	}
+	q.sendFailed, q.sendFailPSN = true, h.PSN()
+	e.schedule(q, timerSendErr, e.cfg.Clock.Now())
+}
+
+// sendError completes the work request whose packet SendFailed reported
+// with WCLocQPOpErr and moves the QP to ERR (failWQE). A work request
+// already completed (UC and UD complete once sent) leaves nothing to fail
+// but the QP itself.
+func (e *Engine) sendError(q *QP) {
+	if !q.sendFailed {
+		return
+	}
+	q.sendFailed = false
+	if q.state != RTS && q.state != SQD && q.state != SQE {
+		return
+	}
+	psn := q.sendFailPSN
+	for i := q.sqHead; i != q.sqTail; i++ {
+		w := q.wqe(i)
+		if w.started && !w.done && !psn.Before(w.firstPSN) && !psn.After(w.lastPSN) {
+			e.failWQE(q, w, WCLocQPOpErr)
+			return
+		}
+	}
+	q.enterError()
+}
+
 // Timers.
 
 type timerKind uint8
@@ -400,10 +478,11 @@ type timerKind uint8
 const (
 	timerRetransmit timerKind = iota
 	timerRNR
-	timerPace // the pacer allows the next packet
-	timerCC   // the congestion controller's rate-increase and alpha timers
-	timerRead // the responder sends the next part of a long READ response
-	timerAck  // ACKs InputPolled held are due
+	timerPace    // the pacer allows the next packet
+	timerCC      // the congestion controller's rate-increase and alpha timers
+	timerRead    // the responder sends the next part of a long READ response
+	timerAck     // ACKs InputPolled held are due
+	timerSendErr // a send the Output reported as failed for good (SendFailed)
 	numTimers
 )
 
@@ -535,6 +614,8 @@ func (e *Engine) runTimers(now time.Duration) {
 			e.continueRead(q, now)
 		case timerAck:
 			e.flushAcks()
+		case timerSendErr:
+			e.sendError(q)
 		}
 	}
 }

@@ -56,9 +56,9 @@ func TestNAKStatuses(t *testing.T) {
 		{"remote-access", func(a, b *endpoint) SendWR {
 			return SendWR{Opcode: WRRead, SGL: sge(mustReg(t, a, 64), 0, 8), RemoteAddr: 1, RKey: 0x1234}
 		}, WCRemAccessErr},
-		{"invalid-request", func(a, b *endpoint) SendWR {
+		{"remote-op", func(a, b *endpoint) SendWR {
 			return SendWR{Opcode: WRSend, SGL: sge(mustReg(t, a, 4096), 0, 4096)} // longer than the receive
-		}, WCRemInvReqErr},
+		}, WCRemOpErr},
 	}
 	for _, c := range cases {
 		f, a, b := pair(t, RC, defaultConn())
@@ -69,8 +69,8 @@ func TestNAKStatuses(t *testing.T) {
 		f.run(time.Second)
 		check(t, c.name, pollAll(a.scq), want{9, c.st, wcOpcodeOf(wr.Opcode)})
 	}
-	// Codes the engine's responder never sends: the fabric turns the ACK
-	// of a WRITE into a NAK with that code. rxe completes every code but
+	// Codes forged by the fabric, which turns the ACK of a WRITE into a
+	// NAK with that code. rxe completes every code but
 	// the ones above with REM_OP_ERR.
 	for _, code := range []uint8{reth.NAKRemoteOp, reth.NAKInvalidRDReq, 0x1f} {
 		f, a, b := pair(t, RC, defaultConn())

@@ -582,3 +582,43 @@ func bringUD(t *testing.T, ep *endpoint, sqpsn, qkey uint32) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueryCurrentPSNs checks that Query reports the PSNs the QP is at, as
+// rxe does, not those it was configured with: after nine packets (three
+// 2,500-byte WRITEs at MTU 1024) across the PSN wrap, the requester's
+// sq_psn and the responder's rq_psn have both moved on by nine, and the
+// directions that carried nothing still read as configured.
+func TestQueryCurrentPSNs(t *testing.T) {
+	o := defaultConn()
+	o.apsn = 0xffffff - 2
+	f, a, b := pair(t, RC, o)
+	if q := a.qp.Query(); q.SQPSN != o.apsn || q.RQPSN != o.bpsn {
+		t.Fatalf("before traffic: sq_psn %#x rq_psn %#x, want %#x %#x", q.SQPSN, q.RQPSN, o.apsn, o.bpsn)
+	}
+	lmr, _ := a.n.reg(t, 2500, allAccess)
+	rmr, _ := b.n.reg(t, 2500, allAccess)
+	for i := range 3 {
+		wr := SendWR{ID: uint64(i), Opcode: WRWrite, Flags: SendSignaled, SGL: sge(lmr, 0, 2500), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}
+		if err := a.qp.PostSend(wr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.run(time.Second)
+	if wcs := pollAll(a.scq); len(wcs) != 3 || wcs[2].Status != WCSuccess {
+		t.Fatalf("completions %+v", wcs)
+	}
+	want := (o.apsn + 9) & 0xffffff
+	if q := a.qp.Query(); q.SQPSN != want || q.RQPSN != o.bpsn {
+		t.Fatalf("requester: sq_psn %#x rq_psn %#x, want %#x %#x", q.SQPSN, q.RQPSN, want, o.bpsn)
+	}
+	if q := b.qp.Query(); q.RQPSN != want || q.SQPSN != o.bpsn {
+		t.Fatalf("responder: rq_psn %#x sq_psn %#x, want %#x %#x", q.RQPSN, q.SQPSN, want, o.bpsn)
+	}
+	// RESET forgets them with everything else.
+	if err := a.qp.Modify(&Attr{State: Reset}, AttrState); err != nil {
+		t.Fatal(err)
+	}
+	if q := a.qp.Query(); q.SQPSN != 0 || q.RQPSN != 0 {
+		t.Fatalf("after RESET: sq_psn %#x rq_psn %#x", q.SQPSN, q.RQPSN)
+	}
+}

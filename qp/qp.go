@@ -74,6 +74,13 @@ type QP struct {
 	resp     responder
 	flushing bool
 	cc       *qpCC
+	// sqLive and rqLive are set once the requester (RTR->RTS) and the
+	// responder (INIT->RTR) are seeded from sq_psn and rq_psn, for Query.
+	sqLive, rqLive bool
+	// sendFailed: the Output could not send the packet with PSN
+	// sendFailPSN and never will (see SendFailed).
+	sendFailed  bool
+	sendFailPSN bth.PSN
 }
 
 // ErrQPNTaken is returned by Create for a QP number in use or out of range.
@@ -165,13 +172,23 @@ func (q *QP) State() State {
 	return q.state
 }
 
-// Query returns the QP's attributes.
+// Query returns the QP's attributes, with its current PSNs (see below).
 func (q *QP) Query() Attr {
 	q.e.mu.Lock()
 	defer q.e.mu.Unlock()
 	a := q.attr
 	a.State = q.state
 	a.CurState = q.state
+	// As rxe (rxe_qp_to_attr), the PSNs are the current ones once the
+	// requester and responder run: sq_psn the next PSN the requester
+	// sends (rewound by a retry), rq_psn the next PSN the responder
+	// expects; before, the configured ones.
+	if q.sqLive {
+		a.SQPSN = uint32(q.req.psn)
+	}
+	if q.rqLive {
+		a.RQPSN = uint32(q.resp.ePSN)
+	}
 	return a
 }
 
@@ -186,6 +203,12 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	}
 	if err := checkModify(q.typ, q.state, a, mask); err != nil {
 		return err
+	}
+	if mask&AttrPathMTU != 0 && a.PathMTU > e.cfg.MaxMTU {
+		// As verbs users expect from the port's active_mtu: a larger
+		// path MTU would send packets the link cannot carry.
+		return fmt.Errorf("%w: path MTU %d bytes exceeds the port's active MTU %d bytes (the interface's MTU)",
+			ErrInvalidModify, a.PathMTU.Bytes(), e.cfg.MaxMTU.Bytes())
 	}
 	// ACKs held back for the application's answer (see Input) go out
 	// before the state changes: a QP moving to ERR must still acknowledge
@@ -220,7 +243,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	set(AttrMaxDestRdAtomic, func() { q.attr.MaxDestRdAtomic = a.MaxDestRdAtomic })
 	set(AttrDestQPN, func() { q.attr.DestQPN = a.DestQPN })
 	if q.typ == UD && q.mtu == 0 {
-		q.mtu = 4096 // UD messages are bounded by the device MTU only
+		q.mtu = e.cfg.MaxMTU.Bytes() // UD messages are bounded by the port's MTU only
 	}
 	prev := q.state
 	q.state = next
@@ -231,8 +254,10 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 		q.enterError()
 	case next == RTR && prev == Init:
 		q.resp.init(q)
+		q.rqLive = true
 	case next == RTS && prev == RTR:
 		q.req.init(q)
+		q.sqLive = true
 		e.kick(q)
 	case next == RTS && (prev == SQD || prev == SQE):
 		// The requester resumes where it stopped: sq_psn only seeds a QP
@@ -257,6 +282,8 @@ func (q *QP) reset() {
 	q.attr = Attr{}
 	q.mtu = 0
 	q.flushing = false
+	q.sqLive, q.rqLive = false, false
+	q.sendFailed = false
 	q.errored.Store(false)
 }
 
@@ -414,7 +441,7 @@ func (q *QP) mtuOrMax() int {
 	if q.mtu > 0 {
 		return q.mtu
 	}
-	return 4096
+	return q.e.cfg.MaxMTU.Bytes()
 }
 
 // growSQ makes the send ring hold at least n WQEs (n <= MaxSendWR),

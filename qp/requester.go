@@ -469,10 +469,16 @@ func (e *Engine) failWQE(q *QP, w *sendWQE, st WCStatus) {
 	q.enterError()
 }
 
-// retry rewinds the requester to resend from PSN from (Go-back-N).
+// retry rewinds the requester to resend from PSN from (Go-back-N) and
+// counts the retry.
 func (e *Engine) retry(q *QP, from bth.PSN) {
-	r := &q.req
 	e.Stats.CompleterRetryErr.Add(1)
+	e.rewind(q, from)
+}
+
+// rewind moves the requester's send position back to PSN from.
+func (e *Engine) rewind(q *QP, from bth.PSN) {
+	r := &q.req
 	for i := q.sqHead; i != q.sqTail; i++ {
 		w := q.wqe(i)
 		if !w.started {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/congestion"
 	"github.com/rxego/rxego/mr"
 	"github.com/rxego/rxego/reth"
 )
@@ -34,6 +35,94 @@ type responder struct {
 	ackPSN     bth.PSN
 
 	rd readStream // a long READ response going out
+	rp readPace   // the pace of READ responses, once a requester lost some
+}
+
+// readPace paces a QP's READ responses. READ responses are not
+// acknowledged, so a responder learns that they overran the requester
+// only when it asks again (the re-issued READ names the first response it
+// lacks). Unpaced, a long READ response leaves as fast as the engine runs
+// (readBurst packets a turn); a slow peer (rxe in a TCG guest: about 40%
+// of the packets of ib_read_bw -a arrived) drops most of it and asks
+// again and again. So each re-issued READ sets a rate: what arrived since
+// the stream (re)started over the time it took, less a quarter, and at
+// most half the rate before (at least minReadRate). Every readPaceStep of
+// paced sending the rate grows: by a quarter up to the rate that last
+// lost packets, by 1/128 beyond it (doubling in about 90 ms: a requester
+// learns of a loss only a round trip and a queue later, and every
+// response sent meanwhile is sent again); past DefaultLineRate the
+// responses go unpaced again. rxe's responder has the same need met by its own
+// slowness (one packet per state-machine pass, its transmit queue pushing
+// back).
+type readPace struct {
+	pacer congestion.Pacer
+	rate  uint64        // bits/s; 0: unpaced
+	t0    time.Duration // when the responses from psn0 began
+	psn0  bth.PSN
+	step  time.Duration // when the rate last changed
+	ceil  uint64        // the rate that last lost packets
+}
+
+// minReadRate is the slowest a READ response is paced; readPaceStep is
+// how often a paced rate grows without a loss (by a quarter it doubles in
+// about 3 ms, so an estimate that came out low costs little).
+const (
+	minReadRate  = 10 * congestion.Mbps
+	readPaceStep = time.Millisecond
+)
+
+// start notes that responses from psn begin now.
+func (rp *readPace) start(psn bth.PSN, now time.Duration) { rp.t0, rp.psn0 = now, psn }
+
+// wake returns when a paced stream should next send: once half a burst
+// may leave, so that packets go out several to a system call.
+func (rp *readPace) wake(now time.Duration) time.Duration {
+	return now + rp.pacer.Delay(now) + time.Duration(uint64(congestion.DefaultBurst/2)*8e9/rp.rate) + 1
+}
+
+// lost adjusts the pace to a requester that asks again from psn, having
+// received the responses before it.
+func (rp *readPace) lost(psn bth.PSN, now time.Duration, mtu int) {
+	var est uint64
+	if got, dt := psn.Diff(rp.psn0), now-rp.t0; got > 0 && dt > 0 {
+		est = uint64(got) * uint64(mtu+wireOverhead) * 8 * uint64(time.Second) / uint64(dt) * 3 / 4
+	}
+	r := est
+	switch {
+	case rp.rate != 0 && (est == 0 || est > rp.rate/2):
+		r = rp.rate / 2
+	case rp.rate == 0 && est == 0:
+		r = congestion.Gbps
+	}
+	rp.ceil = max(rp.rate, est*4/3)
+	if rp.ceil == 0 {
+		rp.ceil = 2 * congestion.Gbps
+	}
+	rp.setRate(max(r, minReadRate), now)
+}
+
+// grow speeds a paced stream up every readPaceStep.
+func (rp *readPace) grow(now time.Duration) {
+	if rp.rate == 0 || now-rp.step < readPaceStep {
+		return
+	}
+	if rp.rate < rp.ceil*7/8 {
+		rp.setRate(min(rp.rate+rp.rate/4, rp.ceil*7/8), now)
+	} else {
+		rp.setRate(rp.rate+rp.rate/128, now)
+	}
+}
+
+func (rp *readPace) setRate(r uint64, now time.Duration) {
+	if r >= DefaultLineRate {
+		rp.rate = 0
+		return
+	}
+	if rp.rate == 0 {
+		rp.pacer = congestion.NewPacer(DefaultLineRate, congestion.DefaultBurst)
+	}
+	rp.rate, rp.step = r, now
+	rp.pacer.SetRate(now, r)
 }
 
 // readBurst is the most READ response packets a QP sends per engine turn.
@@ -310,8 +399,9 @@ func (e *Engine) flushAcksBut(keep *QP) {
 }
 
 // classCError NAKs a request the responder cannot execute and moves the
-// QP to ERR, as rxe does for invalid requests and access violations; the
-// request is counted as dropped for reason.
+// QP to ERR, as rxe does for invalid requests and access violations (class
+// C) and for a receive WQE it cannot use (class A, NAK remote operational
+// error); the request is counted as dropped for reason.
 func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) {
 	switch code {
 	case reth.NAKRemoteAccess:
@@ -326,8 +416,11 @@ func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) 
 		// The WQE a failed SEND or WRITE with immediate had taken
 		// completes with the error, as in rxe.
 		st := WCRemInvReqErr
-		if code == reth.NAKRemoteAccess {
+		switch code {
+		case reth.NAKRemoteAccess:
 			st = WCRemAccessErr
+		case reth.NAKRemoteOp:
+			st = WCLocQPOpErr // rxe's class A: the receive was at fault
 		}
 		q.resp.haveRecv = false
 		q.pushWC(q.recvCQ, WC{ID: q.resp.recv.id, Status: st, Opcode: WCRecv, QPN: q.num})
@@ -474,17 +567,16 @@ func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
 	}
 	payload := p.Payload()
 	if err := e.scatter(q.pd, rs.recv.sgl(), rs.recvOff, payload); err != nil {
-		st := WCLocProtErr
+		// A message longer than the receive, or a receive buffer that
+		// fails its lkey check: rxe's copy_data fails with -EINVAL for
+		// both, which send_data_in reports as a malformed WQE (class A):
+		// NAK remote operational error, the receive completes
+		// LOC_QP_OP_ERR (6.1 and 6.12 alike).
+		reason := DropOther
 		if errors.Is(err, errLength) {
-			st = WCLocLenErr
-		}
-		rs.haveRecv = false
-		q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Status: st, Opcode: WCRecv, QPN: q.num})
-		reason := DropOther // the local receive buffer is bad
-		if st == WCLocLenErr {
 			reason = DropBadLength
 		}
-		e.classCError(q, reth.NAKInvalidRequest, reason, psn)
+		e.classCError(q, reth.NAKRemoteOp, reason, psn)
 		return
 	}
 	rs.recvOff += uint32(len(payload))
@@ -584,6 +676,7 @@ func (e *Engine) sendReadResponses(q *QP, psn bth.PSN, va uint64, rkey uint32, n
 	rs := &q.resp
 	rs.rd = readStream{active: true, psn: psn, va: va, rkey: rkey, n: n, npk: packetsFor(n, q.mtu), msn: rs.msn,
 		nakAfter: rs.rd.nakAfter, pending: rs.rd.pending[:0]}
+	rs.rp.start(psn, now)
 	e.continueRead(q, now)
 }
 
@@ -607,6 +700,23 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	mtu := uint32(q.mtu)
 	from := uint32(rd.next) * mtu
 	end := min(rd.next+readBurst, rd.npk)
+	if rp := &rs.rp; rp.rate != 0 {
+		// Paced: as many packets as the pacer lets go now.
+		rp.grow(now)
+		lim := rd.next
+		for lim < end {
+			k := int(min(mtu, rd.n-min(uint32(lim)*mtu, rd.n)))
+			if ok, _ := rp.pacer.Admit(now, k+wireOverhead); !ok {
+				break
+			}
+			lim++
+		}
+		if lim == rd.next {
+			e.schedule(q, timerRead, rp.wake(now))
+			return
+		}
+		end = lim
+	}
 	var src []byte
 	if rd.n > 0 {
 		// Checked at every burst: the MR may have gone since the last one.
@@ -641,7 +751,11 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	}
 	rd.next = end
 	if rd.next < rd.npk {
-		e.schedule(q, timerRead, now+1)
+		at := now + 1
+		if rs.rp.rate != 0 {
+			at = rs.rp.wake(now)
+		}
+		e.schedule(q, timerRead, at)
 		return
 	}
 	if len(rd.pending) > 0 {
@@ -757,6 +871,8 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) 
 			rd.pending = append(rd.pending, readReq{psn: psn, va: va, rkey: r.rkey, n: n, npk: packetsFor(n, q.mtu), msn: rs.msn})
 			return
 		}
+		// The requester asks again: responses from psn on were lost.
+		rs.rp.lost(psn, now, q.mtu)
 		e.sendReadResponses(q, psn, va, r.rkey, n, now)
 	case bth.OpCompareSwap, bth.OpFetchAdd:
 		r := rs.findResource(psn)

@@ -84,7 +84,7 @@ func TestSRQEmptyRNR(t *testing.T) {
 	smr, _ := as[1].n.reg(t, 64, allAccess)
 	rmr, _ := bs[0].n.reg(t, 64, allAccess)
 	as[1].post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, 64)})
-	f.run(200 * time.Microsecond)
+	f.run(3*DefaultRNRTick + time.Millisecond)
 	if bs[1].n.e.Stats.SendRNRErr.Load() < 3 || len(pollAll(as[1].scq)) != 0 {
 		t.Fatalf("%d RNR NAKs", bs[1].n.e.Stats.SendRNRErr.Load())
 	}

@@ -52,8 +52,9 @@ func TestRetryExceeded(t *testing.T) {
 
 // TestRNRRetryExceeded: with no receive posted, a SEND draws rnr_retry+1
 // RNR NAKs, the requester waiting the RNR timer of the responder's
-// min_rnr_timer between tries, and completes with RNR_RETRY_EXC_ERR at
-// the last NAK.
+// min_rnr_timer between tries (rounded up to rxe's 4 ms jiffy), and
+// completes with RNR_RETRY_EXC_ERR at the last NAK. The NAKs count in
+// rcvd_rnr_err, not as retries in completer_retry_err (as in rxe).
 func TestRNRRetryExceeded(t *testing.T) {
 	for _, rnr := range []uint8{0, 2, 6} {
 		for _, minRNR := range []uint8{1, 5, 14, 0} {
@@ -75,7 +76,7 @@ func TestRNRRetryExceeded(t *testing.T) {
 			t0 := f.clock.now
 			a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 64)})
 			f.run(time.Hour)
-			D := time.Duration(RNRTimerMicros(minRNR)) * time.Microsecond
+			D := RNRWait(minRNR, DefaultRNRTick)
 			if len(naks) != int(rnr)+1 {
 				t.Fatalf("rnr_retry %d: %d RNR NAKs, want %d", rnr, len(naks), rnr+1)
 			}
@@ -90,6 +91,9 @@ func TestRNRRetryExceeded(t *testing.T) {
 			}
 			if a.n.e.Stats.RetryRNRExceededErr.Load() != 1 || b.n.e.Stats.SendRNRErr.Load() != uint64(rnr)+1 {
 				t.Fatalf("retry_rnr_exceeded_err %d, send_rnr_err %d", a.n.e.Stats.RetryRNRExceededErr.Load(), b.n.e.Stats.SendRNRErr.Load())
+			}
+			if got, retries := a.n.e.Stats.RcvdRNRErr.Load(), a.n.e.Stats.CompleterRetryErr.Load(); got != uint64(rnr)+1 || retries != 0 {
+				t.Fatalf("rcvd_rnr_err %d (want %d), completer_retry_err %d (want 0)", got, rnr+1, retries)
 			}
 		}
 	}
@@ -135,7 +139,7 @@ func TestRetryForever(t *testing.T) {
 			}
 		}
 		a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 64)})
-		D := time.Duration(RNRTimerMicros(o.minRN)) * time.Microsecond
+		D := RNRWait(o.minRN, DefaultRNRTick)
 		f.run(periods*D + D/2)
 		if naks != periods+1 || len(pollAll(a.scq)) != 0 || a.qp.State() != RTS {
 			t.Fatalf("after %d RNR periods: %d NAKs, state %v", periods, naks, a.qp.State())
@@ -248,5 +252,65 @@ func TestFencedRetry(t *testing.T) {
 			RemoteAddr: rmr.IOVA() + uint64(aligned8(rmr, 0)), RKey: rmr.RKey()})
 		f.run(time.Second)
 		check(t, op.String(), pollAll(a.scq), want{1, WCSuccess, wcOpcodeOf(op)})
+	}
+}
+
+// TestRNRWait: the RNR wait is the IBTA time rounded up to whole ticks,
+// at least one, as rxe's usecs_to_jiffies and max(..., 1) round it; a
+// negative tick leaves the IBTA time as it is.
+func TestRNRWait(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		v    uint8
+		tick time.Duration
+		want time.Duration
+	}{
+		{1, DefaultRNRTick, 4 * ms},        // 10 us
+		{12, DefaultRNRTick, 4 * ms},       // 0.64 ms (perftest, ibv_rc_pingpong)
+		{16, DefaultRNRTick, 4 * ms},       // 2.56 ms
+		{18, DefaultRNRTick, 8 * ms},       // 5.12 ms
+		{20, DefaultRNRTick, 12 * ms},      // 10.24 ms
+		{0, DefaultRNRTick, 656 * ms},      // 655.36 ms
+		{12, ms, ms},                       // HZ=1000
+		{20, ms, 11 * ms},                  // HZ=1000
+		{12, -1, 640 * time.Microsecond},   // exact
+		{0, -1, 655360 * time.Microsecond}, // exact
+		{31, DefaultRNRTick, 492 * ms},     // 491.52 ms
+	} {
+		if got := RNRWait(c.v, c.tick); got != c.want {
+			t.Errorf("RNRWait(%d, %v) = %v, want %v", c.v, c.tick, got, c.want)
+		}
+	}
+}
+
+// TestRNRPace: against a responder that never posts a receive and asks
+// for 0.64 ms (min_rnr_timer 12, perftest's and ibv_rc_pingpong's), a
+// requester with rnr_retry 7 tries once per 4 ms tick as rxe at HZ=250
+// does: 375 RNR NAKs in 1.5 s (plus the first), where the bare IBTA wait
+// gave 2,343. None counts in completer_retry_err.
+func TestRNRPace(t *testing.T) {
+	for _, c := range []struct {
+		tick time.Duration
+		want int
+	}{{DefaultRNRTick, 376}, {-1, 2344}} {
+		o := defaultConn()
+		o.rnr, o.minRN = 7, 12
+		f, a, _ := pair(t, RC, o)
+		a.n.e.cfg.RNRTick = c.tick
+		lmr, _ := a.n.reg(t, 64, allAccess)
+		naks := 0
+		f.tap = func(p wirePkt, pkt bth.Packet) {
+			if isRNR(pkt) {
+				naks++
+			}
+		}
+		a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 0, 64)})
+		f.run(1500 * time.Millisecond)
+		if naks != c.want {
+			t.Errorf("tick %v: %d RNR NAKs in 1.5 s, want %d", c.tick, naks, c.want)
+		}
+		if got := a.n.e.Stats.CompleterRetryErr.Load(); got != 0 {
+			t.Errorf("tick %v: completer_retry_err %d, want 0", c.tick, got)
+		}
 	}
 }

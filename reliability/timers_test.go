@@ -153,7 +153,7 @@ func TestRetryInfinite(t *testing.T) {
 // rnr_retry waits the SEND fails with RNR_RETRY_EXC_ERR; the QP is in ERR
 // and its other work flushed.
 func TestRNRExhaustion(t *testing.T) {
-	const rnrTimer = 24 // 40.96 ms
+	const rnrTimer = 24 // 40.96 ms, waited as 11 ticks of 4 ms
 	for _, rnrRetry := range []uint8{1, 3} {
 		t.Run("", func(t *testing.T) {
 			addrA, addrB := nextLoopback()
@@ -168,7 +168,7 @@ func TestRNRExhaustion(t *testing.T) {
 			}
 			failed := checkFailedThenFlushed(t, a.scq, len(wrs), qp.WCRNRRetryExcErr)
 			took := failed.Sub(start)
-			want := time.Duration(rnrRetry) * time.Duration(qp.RNRTimerMicros(rnrTimer)) * time.Microsecond
+			want := time.Duration(rnrRetry) * qp.RNRWait(rnrTimer, qp.DefaultRNRTick) // 44 ms each, rxe's jiffies
 			t.Logf("rnr_retry %d, min_rnr_timer %d: RNR_RETRY_EXC_ERR after %v (expected %v); a: %s; b: %s",
 				rnrRetry, rnrTimer, took, want, a.stats(), b.stats())
 			if took < want || took > want+timerSlack {

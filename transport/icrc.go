@@ -131,9 +131,21 @@ func (e *endpoint) recover(pkt []byte, peer netip.AddrPort) (p bth.Packet, id ui
 	}
 	v := v4(peer, e.local)
 	if id, ok = v.Recover(pkt); !ok {
-		return p, 0, DropBadICRC, false
+		return p, 0, noDF(&v, pkt), false
 	}
 	return p, id, 0, true
+}
+
+// noDF gives the reason to drop an IPv4 packet through a UDP socket whose
+// ICRC no ID makes right with DF set (v): DropNoDF when one does with DF
+// clear, as its sender computed it, else DropBadICRC. Only failing
+// packets pay for the second solve, and both outcomes drop.
+func noDF(v *icrc.V4, pkt []byte) DropReason {
+	v.DF = false
+	if _, ok := v.Recover(pkt); ok {
+		return DropNoDF
+	}
+	return DropBadICRC
 }
 
 // recoverFrom is recover for a packet whose IPv4 ID is likely guess: that
@@ -152,7 +164,7 @@ func (e *endpoint) recoverFrom(pkt []byte, peer netip.AddrPort, guess uint16) (p
 		return p, guess, 0, true
 	}
 	if id, ok = v.Recover(pkt); !ok {
-		return p, 0, DropBadICRC, false
+		return p, 0, noDF(&v, pkt), false
 	}
 	return p, id, 0, true
 }

@@ -196,6 +196,9 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 	}
 	gso, gro := offloads(fd, local.Addr().Is6(), &opts)
 	c := &udpConn{ep: newEndpoint(local), scope: scope, mode: opts.Mode, tos: opts.TOS, gro: gro}
+	if opts.Mode == RecvSocket && role != sockSend {
+		c.csum = openCsumCounter(local.Addr().Is6()) // now, in the socket's namespace
+	}
 	c.gso.Store(gso)
 	c.file = os.NewFile(uintptr(fd), "udp "+local.String())
 	if c.rc, err = c.file.SyscallConn(); err != nil {
@@ -279,16 +282,23 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options, role sockRole) (
 			return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt "+o.what, err))
 		}
 	}
+	recvFragSize(fd, v6)
 	setBuffer(fd, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, opts.SocketRecvBuffer)
 	setBuffer(fd, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF, opts.SocketSendBuffer)
+	// The raw socket reads, or (a source-port socket) nothing does: this
+	// one only holds the port (so the kernel sends no ICMP port
+	// unreachable) and must not fill up. In socket mode a filter that
+	// keeps everything makes the kernel check the UDP checksum as a
+	// datagram is queued rather than as it is read: a bad one is then
+	// counted in the socket's drops (SO_RXQ_OVFL) in time for the
+	// datagrams after it to report it (see csum_linux.go).
+	filter := acceptAll
 	if opts.Mode == RecvRaw || role == sockSend {
-		// The raw socket reads, or nothing does; this one only holds the
-		// port (so the kernel sends no ICMP port unreachable) and must
-		// not fill up.
-		if err = attachFilter(fd, dropAll); err != nil {
-			unix.Close(fd)
-			return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt SO_ATTACH_FILTER", err))
-		}
+		filter = dropAll
+	}
+	if err = attachFilter(fd, filter); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("setsockopt SO_ATTACH_FILTER", err))
 	}
 
 	var sa unix.Sockaddr
@@ -319,6 +329,17 @@ func offloads(fd int, v6 bool, opts *Options) (gso, gro bool) {
 		gro = unix.SetsockoptInt(fd, unix.SOL_UDP, unix.UDP_GRO, 1) == nil
 	}
 	return gso, gro
+}
+
+// recvFragSize asks for IP(V6)_RECVFRAGSIZE control messages, which mark
+// a datagram the kernel reassembled from fragments (DropFragment). Linux
+// 4.14 and later; without it such datagrams are checked like any other.
+func recvFragSize(fd int, v6 bool) {
+	if v6 {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVFRAGSIZE, 1)
+	} else {
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_RECVFRAGSIZE, 1)
+	}
 }
 
 // noChecksum makes IPv4 sends carry UDP checksum 0, as rxe's do, saving

@@ -98,6 +98,7 @@ type recvInfo struct {
 	gso      int    // UDP_GRO segment size, 0 if not coalesced
 	drops    uint32 // SO_RXQ_OVFL: the socket's cumulative drop count
 	hasDrops bool
+	frag     bool // IP(V6)_RECVFRAGSIZE: the datagram was reassembled from fragments
 }
 
 func parseCmsgs(b []byte) (ri recvInfo) {
@@ -116,6 +117,9 @@ func parseCmsgs(b []byte) (ri recvInfo) {
 			ri.gso = int(cmsgInt(d))
 		case h.Level == unix.SOL_SOCKET && h.Type == unix.SO_RXQ_OVFL:
 			ri.drops, ri.hasDrops = cmsgInt(d), true
+		case h.Level == unix.IPPROTO_IP && h.Type == unix.IP_RECVFRAGSIZE,
+			h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_RECVFRAGSIZE:
+			ri.frag = cmsgInt(d) > 0
 		}
 	}
 	return ri

@@ -15,6 +15,9 @@ import (
 // dropAll is the classic BPF program "ret #0": the socket accepts nothing.
 var dropAll = []bpf.Instruction{bpf.RetConstant{Val: 0}}
 
+// acceptAll keeps every datagram whole.
+var acceptAll = []bpf.Instruction{bpf.RetConstant{Val: 0xffffffff}}
+
 // udpPortFilter accepts IPv4 datagrams (as a raw socket sees them, from
 // the IP header on) that are not fragments and go to UDP port port.
 func udpPortFilter(port uint16) []bpf.Instruction {
@@ -67,6 +70,7 @@ func openRaw(local netip.AddrPort, opts *Options) (int, error) {
 		return fail("setsockopt SO_ATTACH_FILTER", err)
 	}
 	setBuffer(fd, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF, opts.SocketRecvBuffer)
+	recvFragSize(fd, false)
 	if err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); err != nil {
 		unix.Close(fd)
 		return fail("setsockopt SO_RXQ_OVFL", err)
@@ -115,6 +119,17 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	r.first = false
 	if len(p) == 0 {
 		return DropShort, p, true
+	}
+	// The raw socket sees a datagram before UDP does, so what the kernel
+	// would drop for its checksum is dropped here, and the IP header shows
+	// what socket mode must infer: a reassembled datagram, a missing DF.
+	switch {
+	case r.frag:
+		return DropFragment, p, true
+	case !r.v4.DF:
+		return DropNoDF, p, true
+	case !udpChecksumOK(b[12:20], u[:ulen]):
+		return DropBadUDPChecksum, p, true
 	}
 	r.data = p
 	// A datagram longer than any one RoCE packet must be a GSO batch: skip

@@ -211,17 +211,20 @@ type DropReason uint8
 
 // Drop reasons, indexes into Stats.Drops.
 const (
-	DropShort     DropReason = iota // shorter than BTH+ICRC, or headers cut short
-	DropNotRoCE                     // bth.Parse rejects it: unknown opcode, TVer, payload rules
-	DropBadICRC                     // ICRC does not match
-	DropTruncated                   // datagram longer than the receive slot
-	DropOverflow                    // receive queue full (kernel socket buffer or pipe queue); no packet to show
+	DropShort          DropReason = iota // shorter than BTH+ICRC, or headers cut short
+	DropNotRoCE                          // bth.Parse rejects it: unknown opcode, TVer, payload rules
+	DropBadICRC                          // ICRC does not match
+	DropTruncated                        // datagram longer than the receive slot
+	DropOverflow                         // receive queue full (kernel socket buffer or pipe queue); no packet to show
+	DropBadUDPChecksum                   // UDP checksum wrong (the kernel drops it in socket mode; no packet to show then)
+	DropFragment                         // an IP datagram that arrived in fragments (RoCEv2 packets carry DF)
+	DropNoDF                             // an IPv4 packet sent without DF (RoCEv2 requires it; its ICRC was computed so)
 	NumDropReasons
 )
 
 // dropNames are the reasons' names: metric label values (rxego_transport_dropped_pkts_total),
 // pcapng comments and stats keys, so snake_case as Prometheus labels are.
-var dropNames = [NumDropReasons]string{"short", "not_roce", "bad_icrc", "truncated", "overflow"}
+var dropNames = [NumDropReasons]string{"short", "not_roce", "bad_icrc", "truncated", "overflow", "bad_udp_csum", "fragment", "no_df"}
 
 // String returns the reason's snake_case name.
 func (r DropReason) String() string {
@@ -241,7 +244,8 @@ type Tap interface {
 	// received that passed the checks.
 	Packet(dir Dir, at time.Time, local, remote netip.AddrPort, tos uint8, ipID uint16, pkt []byte)
 	// Drop is called for every received packet that was dropped, except
-	// for DropOverflow, which has no packet.
+	// for DropOverflow and, in socket mode, DropBadUDPChecksum, which the
+	// kernel dropped: they have no packet.
 	Drop(reason DropReason, at time.Time, local, remote netip.AddrPort, tos uint8, pkt []byte)
 }
 

@@ -25,7 +25,7 @@ const maxDropRecs = 256
 
 var (
 	sendCtrlSpace = unix.CmsgSpace(4) + unix.CmsgSpace(2) // TOS, UDP_SEGMENT
-	recvCtrlSpace = 4 * unix.CmsgSpace(4)                 // TOS, UDP_GRO, SO_RXQ_OVFL, spare
+	recvCtrlSpace = 5 * unix.CmsgSpace(4)                 // TOS, UDP_GRO, SO_RXQ_OVFL, RECVFRAGSIZE, spare
 )
 
 // udpConn is the Conn of Listen: a UDP socket bound to the local address,
@@ -48,6 +48,7 @@ type udpConn struct {
 	rrc     syscall.RawConn
 	tap     tapSlot
 	ctr     counters
+	csum    *csumCounter // socket mode: the namespace's UDP checksum errors
 
 	smu sync.Mutex
 	s   sendState
@@ -70,6 +71,7 @@ func (c *udpConn) Close() error {
 		return net.ErrClosed
 	}
 	err := c.file.Close()
+	c.csum.close()
 	if c.raw != nil {
 		if e := c.raw.Close(); err == nil {
 			err = e
@@ -347,6 +349,7 @@ type recvState struct {
 	first    bool       // raw mode: the first segment's ICRC is already known good
 	firstPkt bth.Packet // raw mode: that segment, parsed
 	ovfl     uint32     // last SO_RXQ_OVFL count seen
+	frag     bool       // the current datagram was reassembled from fragments
 	drops    []dropRec
 }
 
@@ -648,11 +651,15 @@ func (c *udpConn) startDatagram() (reason DropReason, pkt []byte, bad bool) {
 	ri := parseCmsgs(r.ctrl[i*recvCtrlSpace : i*recvCtrlSpace+min(int(h.hdr.Controllen), recvCtrlSpace)])
 	if ri.hasDrops {
 		if d := ri.drops - r.ovfl; d > 0 && d < 1<<31 {
-			c.ctr.drops[DropOverflow].Add(uint64(d))
+			// The socket's drop count also counts datagrams the kernel
+			// dropped for a bad UDP checksum (socket mode).
+			bad := c.csum.take(uint64(d))
+			c.ctr.drops[DropBadUDPChecksum].Add(bad)
+			c.ctr.drops[DropOverflow].Add(uint64(d) - bad)
 		}
 		r.ovfl = ri.drops
 	}
-	r.peer, r.tos, r.seg, r.data, r.id = getSockaddr(&r.names[i]), ri.tos, 0, nil, 0
+	r.peer, r.tos, r.seg, r.data, r.id, r.frag = getSockaddr(&r.names[i]), ri.tos, 0, nil, 0, ri.frag
 	if h.hdr.Flags&unix.MSG_TRUNC != 0 {
 		return DropTruncated, b, true
 	}
@@ -661,6 +668,9 @@ func (c *udpConn) startDatagram() (reason DropReason, pkt []byte, bad bool) {
 	}
 	if len(b) == 0 {
 		return DropShort, b, true
+	}
+	if ri.frag {
+		return DropFragment, b, true
 	}
 	r.data, r.seg = b, ri.gso
 	if ri.gso > 0 && len(b) > ri.gso {

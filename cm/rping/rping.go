@@ -194,26 +194,58 @@ var errPeerGone = errors.New("rping: peer disconnected")
 // (a normal end: the Result and nil) or ctx ends.
 func Serve(ctx context.Context, m *cm.Manager, l *cm.Listener, cfg Config) (Result, error) {
 	var res Result
-	req, err := l.Accept(ctx)
+	p, c, err := accept(ctx, m, l)
 	if err != nil {
-		return res, err
-	}
-	p, err := newPeer(m.Device(), MaxSize+1, 0)
-	if err != nil {
-		req.Reject(nil)
 		return res, err
 	}
 	defer p.q.Destroy()
-	c, err := req.Accept(ctx, p.q, nil)
-	if err != nil {
-		return res, err
-	}
 	err = p.serve(ctx, c, cfg, &res)
 	if errors.Is(err, errPeerGone) {
 		return res, nil
 	}
 	c.Disconnect(context.WithoutCancel(ctx))
 	return res, err
+}
+
+// accept connects the first request whose initiator completes the
+// handshake: one that sends no RTU (a forged source) gives its slot back
+// after the manager's half-open timeout, and the next is taken.
+func accept(ctx context.Context, m *cm.Manager, l *cm.Listener) (*peer, *cm.Conn, error) {
+	var p *peer
+	for {
+		req, err := l.Accept(ctx)
+		if err != nil {
+			if p != nil {
+				p.q.Destroy()
+			}
+			return nil, nil, err
+		}
+		if p == nil {
+			if p, err = newPeer(m.Device(), MaxSize+1, 0); err != nil {
+				req.Reject(nil)
+				return nil, nil, err
+			}
+		}
+		c, err := req.Accept(ctx, p.q, nil)
+		if err == nil {
+			return p, c, nil
+		}
+		if errors.Is(err, cm.ErrHalfOpen) {
+			// The QP went to ERR: back to INIT with its receive, the
+			// flushed completions drained.
+			if err = p.q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err == nil {
+				for p.cq.Poll(p.wcs) > 0 {
+				}
+				if err = rxego.InitQP(p.q, 0); err == nil {
+					if err = p.postRecv(); err == nil {
+						continue
+					}
+				}
+			}
+		}
+		p.q.Destroy()
+		return nil, nil, err
+	}
 }
 
 func (p *peer) serve(ctx context.Context, c *cm.Conn, cfg Config, res *Result) error {

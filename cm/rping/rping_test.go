@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cm/internal/cmtest"
+	"github.com/rxego/rxego/transport"
 )
 
 // TestFillPing matches rping's pattern: the text, then letters from
@@ -88,4 +90,54 @@ func TestEndless(t *testing.T) {
 	if errors.Is(err, context.DeadlineExceeded) {
 		t.Fatal(err)
 	}
+}
+
+// TestServeSkipsHalfOpen: the first REQ comes from an initiator whose RTU
+// never arrives (as from a forged source). The server's only slot is
+// given back after the half-open timeout and the next client is served.
+func TestServeSkipsHalfOpen(t *testing.T) {
+	n := transport.NewPipeNetwork()
+	scfg := cmtest.FastConfig()
+	scfg.HalfOpenTimeout = 100 * time.Millisecond
+	srv := cmtest.Node(t, n, cmtest.ServerAddr, scfg)
+	cli := cmtest.Node(t, n, cmtest.ClientAddr, cmtest.FastConfig())
+	gcfg := cmtest.FastConfig()
+	gcfg.DropMAD = func(out bool, h cm.Header) bool { return out && h.AttrID == cm.AttrRTU }
+	ghost := cmtest.Node(t, n, netip.MustParseAddr("127.0.0.3"), gcfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := srv.Listen(DefaultPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		r, err := Serve(ctx, srv, l, Config{})
+		if err == nil && r.Verified != 3 {
+			err = errors.New("server verified fewer than 3 pings")
+		}
+		done <- err
+	}()
+	gp, err := newPeer(ghost.Device(), 64, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gctx, gcancel := context.WithTimeout(ctx, time.Second)
+	defer gcancel()
+	go ghost.Dial(gctx, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), gp.q, nil)
+	for srv.Counters()["cm_rcvd_req"] == 0 { // the ghost's REQ is first
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	res, err := Dial(ctx, cli, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), Config{Size: 100, Count: 3, Validate: true})
+	if err != nil || res.Verified != 3 {
+		t.Fatalf("client: %+v %v", res, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	if got := srv.Counters()["cm_half_open"]; got != 1 {
+		t.Errorf("cm_half_open %d, want 1", got)
+	}
+	t.Logf("client served %v after the half-open REQ", time.Since(start))
 }

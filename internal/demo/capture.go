@@ -35,7 +35,7 @@ const (
 // PcapDir/NAME.pcapng when a PcapDir is set, then draws the capture's
 // ladder.
 func (t *Tour) runCaptured(s Scenario) error {
-	t.notes = nil
+	t.notes, t.tap, t.header = nil, t.opts.Tap, ""
 	if t.opts.PcapDir == "" {
 		return s.run(t)
 	}
@@ -44,7 +44,8 @@ func (t *Tour) runCaptured(s Scenario) error {
 	if err != nil {
 		return err
 	}
-	t.a.dev.SetTap(tee{w, t.opts.Tap})
+	t.tap = tee{w, t.opts.Tap}
+	t.a.dev.SetTap(t.tap)
 	runErr := s.run(t)
 	devstats.Settle(t.a.dev, settleQuiet, settleMax)
 	t.a.dev.SetTap(t.opts.Tap)
@@ -75,8 +76,12 @@ func (t *Tour) drawLadder(path string) error {
 	case o.MaxRows < 0:
 		o.MaxRows = 0
 	}
-	fmt.Fprintf(t.out, "\nWhat went over the wire, as %s's device saw it (A is %s at %v, B is %s at %v):\n",
-		t.a.name, t.a.name, t.a.dev.Addr().Addr(), t.b.name, t.b.dev.Addr().Addr())
+	if t.header != "" {
+		fmt.Fprintf(t.out, "\nWhat went over the wire, as %s:\n", t.header)
+	} else {
+		fmt.Fprintf(t.out, "\nWhat went over the wire, as %s's device saw it (A is %s at %v, B is %s at %v):\n",
+			t.a.name, t.a.name, t.a.dev.Addr().Addr(), t.b.name, t.b.dev.Addr().Addr())
+	}
 	if err := ladder.WriteText(t.out, tr, o); err != nil {
 		return err
 	}

@@ -5,7 +5,9 @@
 // into a pcapng file per scenario. Two scenarios break the network on
 // purpose: loss drops one packet to show Go-back-N recovering it, and
 // congestion marks packets Congestion Experienced to show DCQCN slowing
-// the sender down and letting it recover.
+// the sender down and letting it recover. The last three run the AI
+// workloads of package examples (KV-cache hand-off, shared prefix cache,
+// ring all-reduce) at a small size on devices of their own.
 package demo
 
 import (
@@ -39,6 +41,9 @@ var Scenarios = []Scenario{
 	{"atomic", "atomics: a shared counter", (*Tour).atomic},
 	{"loss", "a lost packet: Go-back-N recovers it", (*Tour).loss},
 	{"congestion", "congestion: DCQCN slows down and recovers", (*Tour).congestion},
+	{"kvcache", "KV-cache hand-off: prefill WRITEs each layer into decode's memory, the immediate says it is there", (*Tour).kvcache},
+	{"prefix", "shared prefix cache: readers READ a region whose owner does nothing", (*Tour).prefix},
+	{"allreduce", "ring all-reduce: four ranks sum their buffers by WRITE with immediate", (*Tour).allreduce},
 }
 
 // Options configure a Tour. The zero value runs the tour without
@@ -73,6 +78,11 @@ type Tour struct {
 	lossy   *lossyConn
 	marking *markingConn
 	notes   []note // annotations for the current scenario's ladder
+	// tap records the current scenario: the workload scenarios, which
+	// open devices of their own, give it to the device they record, and
+	// header then says whose device that was.
+	tap    transport.Tap
+	header string
 }
 
 type end struct {

@@ -32,7 +32,9 @@ func TestTour(t *testing.T) {
 	}
 	for _, want := range []string{"Receiver-Not-Ready", "consumes exactly one", "counter now holds 7", "CPU saw nothing",
 		"RNR NAK psn", "LOST: never arrived", "NAK seq-err", "go-back-N", "CNP: congestion notification", "the switch starts marking CE",
-		"alice's rate cut", "DCQCN rate over time"} {
+		"alice's rate cut", "DCQCN rate over time",
+		"checked every layer byte for byte", "imm 0x3", "each copy checked byte for byte (true)", "READ_RESP_ONLY",
+		"0 + 7 + 14 + 21 = 42", "imm 0x10002"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("tour output lacks %q:\n%s", want, out.String())
 		}

@@ -1,6 +1,7 @@
 // Package inetsum computes the Internet checksum (RFC 1071) of IPv4
 // headers and UDP datagrams, for the code that rebuilds frames: pcaptap's
-// recordings and trace's GSO segments.
+// recordings and trace's GSO segments; and checks a received datagram's,
+// for the transport's raw receive mode.
 package inetsum
 
 import "encoding/binary"
@@ -22,6 +23,18 @@ func UDP(addrs, u []byte) uint16 {
 	}
 	return c
 }
+
+// UDPValid reports whether the UDP datagram u (header and payload, with
+// the checksum it arrived with) checks under the pseudo-header of addrs:
+// its sum with the pseudo-header is all ones. A zero checksum (none) is
+// for the caller to accept before asking.
+func UDPValid(addrs, u []byte) bool { return fold(sum(0, addrs)+uint32(len(u))+17+sum(0, u)) == 0 }
+
+// UDPPartial is what a sender's kernel leaves in the checksum field of an
+// n-byte UDP datagram for an offload to finish (CHECKSUM_PARTIAL): the
+// pseudo-header's sum, not complemented. A datagram from this host seen
+// before any device computed its checksum (on lo or a veth) carries it.
+func UDPPartial(addrs []byte, n int) uint16 { return ^fold(sum(0, addrs) + uint32(n) + 17) }
 
 // sum adds b as big-endian 16-bit words to s (a one's complement partial
 // sum, carries kept in the high bits).

@@ -1,6 +1,7 @@
 package inetsum
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"testing"
 )
@@ -36,6 +37,35 @@ func TestUDP(t *testing.T) {
 		u[6], u[7] = byte(c>>8), byte(c)
 		if s := fold(sum(sum(0, addrs)+uint32(len(u))+17, u)); s != 0 && !(c == 0xffff && s == 0xffff) {
 			t.Errorf("%d bytes: checksum %#04x does not verify (%#04x)", n, c, s)
+		}
+	}
+}
+
+// TestUDPValidAndPartial: a datagram carrying the checksum UDP computed
+// is valid and stops being so when a bit flips; and the partial sum a
+// sending kernel leaves for an offload, finished as the offload does (the
+// complemented sum over the datagram with the partial sum in place), is
+// the checksum UDP computes.
+func TestUDPValidAndPartial(t *testing.T) {
+	addrs := []byte{198, 18, 0, 1, 198, 18, 0, 2}
+	for _, n := range []int{8, 9, 73, 1084} {
+		u := make([]byte, n)
+		for i := range u {
+			u[i] = byte(i*31 + n)
+		}
+		u[6], u[7] = 0, 0
+		c := UDP(addrs, u)
+		binary.BigEndian.PutUint16(u[6:], UDPPartial(addrs, n))
+		if got := IPv4(u); got != c && !(got == 0 && c == 0xffff) {
+			t.Errorf("%d bytes: partial sum finished gives %#04x, UDP %#04x", n, got, c)
+		}
+		binary.BigEndian.PutUint16(u[6:], c)
+		if !UDPValid(addrs, u) {
+			t.Errorf("%d bytes: checksum %#04x not valid", n, c)
+		}
+		u[n-1] ^= 0x10
+		if UDPValid(addrs, u) {
+			t.Errorf("%d bytes: valid after a bit flip", n)
 		}
 	}
 }

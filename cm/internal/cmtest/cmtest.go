@@ -27,22 +27,26 @@ func FastConfig() *cm.Config {
 func Pair(t *testing.T) (srv, cli *cm.Manager) {
 	t.Helper()
 	n := transport.NewPipeNetwork()
-	open := func(a netip.Addr) *cm.Manager {
-		c, err := n.Listen(netip.AddrPortFrom(a, transport.Port), transport.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dev, err := rxego.Open(a.String(), &rxego.Options{Conn: c})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { dev.Close() })
-		m, err := cm.New(dev, FastConfig())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		return m
+	return Node(t, n, ServerAddr, FastConfig()), Node(t, n, ClientAddr, FastConfig())
+}
+
+// Node opens a device at a on n with a manager configured by cfg; both
+// close when the test ends.
+func Node(t *testing.T, n *transport.PipeNetwork, a netip.Addr, cfg *cm.Config) *cm.Manager {
+	t.Helper()
+	c, err := n.Listen(netip.AddrPortFrom(a, transport.Port), transport.Options{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return open(ServerAddr), open(ClientAddr)
+	dev, err := rxego.Open(a.String(), &rxego.Options{Conn: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dev.Close() })
+	m, err := cm.New(dev, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }

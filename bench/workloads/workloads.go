@@ -1,0 +1,195 @@
+// Package workloads is the bench harness for the AI workloads of
+// package examples at full size: the KV-cache hand-off (DeepSeek-V3
+// shape, 244 MiB), the shared prefix cache (122 MiB, 3 readers) and the
+// 4-rank ring all-reduce (64 MiB a rank), each over rxego and over TCP
+// in the same round, every rank its own process on loopback, in rounds,
+// reporting each row's median and range as markdown. It runs as
+// "rxego-bench workloads".
+package workloads
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rxego/rxego/examples/allreduce"
+	"github.com/rxego/rxego/examples/kvcache"
+	"github.com/rxego/rxego/examples/prefixcache"
+	"github.com/rxego/rxego/internal/job"
+)
+
+// Main is "rxego-bench workloads [flags]"; "rxego-bench workloads rank
+// NAME ..." is a rank process.
+func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 1 && args[0] == "rank" {
+		return rankMain(args[1], args[2:])
+	}
+	fs := flag.NewFlagSet("rxego-bench workloads", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	rounds := fs.Int("repeat", 5, "rounds; each row reports its median and range")
+	quick := fs.Bool("quick", false, "small sizes (a smoke run)")
+	only := fs.String("run", "kvcache,prefix,allreduce", "workloads to run, comma-separated")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	p := full
+	if *quick {
+		p = small
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	host, _ := os.Hostname()
+	fmt.Fprintf(stdout, "# AI workloads: rxego against TCP\n\n%s, %d CPUs, %s; %d rounds, median (min-max)\n\n",
+		host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), *rounds)
+	if err := run(ctx, stdout, stderr, p, strings.Split(*only, ","), *rounds); err != nil {
+		fmt.Fprintln(stderr, "rxego-bench workloads:", err)
+		return 1
+	}
+	return 0
+}
+
+// params are the sizes of a sitting.
+type params struct {
+	kv         kvcache.Shape
+	qps, conns int
+	prefix     prefixcache.Config
+	reduce     allreduce.Config
+}
+
+var full = params{
+	kv: kvcache.DeepSeekV3, qps: 4, conns: 4,
+	prefix: prefixcache.Config{Bytes: 61 * 2048 * 512 * 2, Readers: 3, Rounds: 2, Chunk: 1 << 20, Depth: 8, Verify: true},
+	reduce: allreduce.Config{Count: 16 << 20, Ranks: 4, Iters: 3},
+}
+
+var small = params{
+	kv: kvcache.Shape{Layers: 8, Tokens: 512, Width: 512, DTypeBytes: 2, BlockTokens: 64}, qps: 4, conns: 4,
+	prefix: prefixcache.Config{Bytes: 8 << 20, Readers: 3, Rounds: 2, Chunk: 1 << 20, Depth: 8, Verify: true},
+	reduce: allreduce.Config{Count: 1 << 20, Ranks: 4, Iters: 3},
+}
+
+// rankMain is a rank process of workload name.
+func rankMain(name string, args []string) int {
+	switch name {
+	case "kvcache":
+		return job.RankMain(args, kvcache.Rank)
+	case "prefix":
+		return job.RankMain(args, prefixcache.Rank)
+	case "allreduce":
+		return job.RankMain(args, allreduce.Rank)
+	}
+	fmt.Fprintf(os.Stderr, "no workload %q\n", name)
+	return 2
+}
+
+// procs starts a workload's ranks as processes of this executable.
+func procs(name string, cfg any) job.Starter {
+	return job.Processes([]string{"workloads", "rank", name}, cfg)
+}
+
+// row is one line of the report: a figure per round.
+type row struct {
+	name  string
+	unit  string
+	vals  []float64
+	ratio string // a row name to compare with (same unit)
+	lower bool   // lower is better
+}
+
+type table struct {
+	title string
+	rows  []*row
+	index map[string]*row
+}
+
+func (t *table) add(name, unit string, v float64, ratio string, lower bool) {
+	if t.index == nil {
+		t.index = map[string]*row{}
+	}
+	r := t.index[name]
+	if r == nil {
+		r = &row{name: name, unit: unit, ratio: ratio, lower: lower}
+		t.index[name] = r
+		t.rows = append(t.rows, r)
+	}
+	r.vals = append(r.vals, v)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func (t *table) write(w io.Writer) {
+	fmt.Fprintf(w, "## %s\n\n| figure | median | runs | vs |\n|---|---:|---|---|\n", t.title)
+	for _, r := range t.rows {
+		vs := ""
+		if b := t.index[r.ratio]; b != nil {
+			vs = fmt.Sprintf("%.2fx %s", median(r.vals)/median(b.vals), b.name)
+		}
+		fmt.Fprintf(w, "| %s (%s) | %.3g | %.3g-%.3g | %s |\n", r.name, r.unit, median(r.vals), slices.Min(r.vals), slices.Max(r.vals), vs)
+	}
+	fmt.Fprintln(w)
+}
+
+func run(ctx context.Context, out, progress io.Writer, p params, only []string, rounds int) error {
+	kv := &table{title: fmt.Sprintf("KV-cache hand-off: %d layers x %d tokens x %d x %d B = %.0f MiB; RDMA over %d QPs",
+		p.kv.Layers, p.kv.Tokens, p.kv.Width, p.kv.DTypeBytes, float64(p.kv.Bytes())/(1<<20), p.qps)}
+	px := &table{title: fmt.Sprintf("Shared prefix: %.0f MiB, %d readers x %d pulls, READs of %d KiB, %d outstanding",
+		float64(p.prefix.Bytes)/(1<<20), p.prefix.Readers, p.prefix.Rounds, p.prefix.Chunk>>10, p.prefix.Depth)}
+	ar := &table{title: fmt.Sprintf("Ring all-reduce: %d ranks x %.0f MiB float32, median of %d all-reduces a run",
+		p.reduce.Ranks, float64(p.reduce.Count*4)/(1<<20), p.reduce.Iters)}
+	for i := range rounds {
+		fmt.Fprintf(progress, "round %d of %d\n", i+1, rounds)
+		if slices.Contains(only, "kvcache") {
+			rs, err := kvcache.Compare(ctx, p.kv, p.qps, p.conns, false, func(c kvcache.Config) job.Starter { return procs("kvcache", c) })
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				name := fmt.Sprintf("%s %d", r.Transport, r.Lanes)
+				kv.add(name+" Gbit/s", "Gbit/s", r.Gbps, "tcp 1 Gbit/s", false)
+				kv.add(name+" total", "ms", r.Total*1e3, "tcp 1 total", true)
+				kv.add(name+" first layer", "ms", r.First*1e3, "tcp 1 first layer", true)
+				kv.add(name+" prefill CPU", "s", r.SendCPU, "tcp 1 prefill CPU", true)
+				kv.add(name+" decode CPU", "s", r.CPU, "tcp 1 decode CPU", true)
+			}
+		}
+		if slices.Contains(only, "prefix") {
+			rs, err := prefixcache.Compare(ctx, p.prefix, func(c prefixcache.Config) job.Starter { return procs("prefix", c) })
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				px.add(r.Transport+" Gbit/s", "Gbit/s, all readers", r.Gbps(), "tcp Gbit/s", false)
+				px.add(r.Transport+" owner CPU", "s", r.CPU, "tcp owner CPU", true)
+				px.add(r.Transport+" owner CPU per GiB", "s", r.CPU/(float64(r.Served)/(1<<30)), "tcp owner CPU per GiB", true)
+				px.add(r.Transport+" readers' CPU", "s", r.ReaderCPU, "tcp readers' CPU", true)
+			}
+		}
+		if slices.Contains(only, "allreduce") {
+			rs, err := allreduce.Compare(ctx, p.reduce, func(c allreduce.Config) job.Starter { return procs("allreduce", c) })
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				ar.add(r.Transport+" algbw", "Gbit/s", r.AlgGbps(), "tcp algbw", false)
+				ar.add(r.Transport+" time", "ms", r.Median()*1e3, "tcp time", true)
+				ar.add(r.Transport+" CPU per all-reduce, all ranks", "s", r.CPU, "tcp CPU per all-reduce, all ranks", true)
+			}
+		}
+	}
+	for _, t := range []*table{kv, px, ar} {
+		if len(t.rows) > 0 {
+			t.write(out)
+		}
+	}
+	return nil
+}
