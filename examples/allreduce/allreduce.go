@@ -221,8 +221,17 @@ func imm(phase, s int) uint32 { return uint32(phase<<16 | s) }
 func (g *ring) runRDMA(ctx context.Context, r *job.Rank) (any, error) {
 	steps := 2 * (g.c.Ranks - 1)
 	nextRank, prevRank := (r.ID+1)%g.c.Ranks, (r.ID+g.c.Ranks-1)%g.c.Ranks
+	// One shard: the ring reads chunks for its WRITEs (and, on a
+	// retransmission, again) that the previous rank's WRITEs may overwrite
+	// meanwhile, through the other QP. On one engine those accesses are
+	// ordered; on two shards they are a data race (docs/design-notes.md).
+	opts := rxego.Options{}
+	if o := job.DeviceOptions(g.c.Devices, r.ID); o != nil {
+		opts = *o
+	}
+	opts.Shards = 1
 	n, eps, err := job.OpenLinked(r, job.NodeConfig{Buf: g.bytes(), Access: rxego.AccessRemoteWrite, QPs: 2,
-		SendDepth: steps, RecvDepth: steps, CQDepth: steps, Options: job.DeviceOptions(g.c.Devices, r.ID)},
+		SendDepth: steps, RecvDepth: steps, CQDepth: steps, Options: &opts},
 		[]job.Link{{Local: toNext, Rank: nextRank, QP: fromPrev}, {Local: fromPrev, Rank: prevRank, QP: toNext}})
 	if err != nil {
 		return nil, err
