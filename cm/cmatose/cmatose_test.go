@@ -42,8 +42,11 @@ func TestServeDial(t *testing.T) {
 // TestConfig refuses out-of-range settings.
 func TestConfig(t *testing.T) {
 	for _, c := range []Config{{Connections: -1}, {Count: maxCount + 1}, {Size: -1}} {
-		if _, err := c.withDefaults(); err == nil {
+		if err := c.Check(); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
+	}
+	if err := (Config{}).Check(); err != nil {
+		t.Errorf("defaults refused: %v", err)
 	}
 }
