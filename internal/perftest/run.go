@@ -93,7 +93,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	deadline := time.Now().Add(n.Timeout)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	s := &session{cfg: n, client: n.Server != "", ctx: ctx, out: &printer{w: n.Out}}
+	s := &session{cfg: n, client: n.Server != "", ctx: ctx, out: &printer{w: n.Out, gbits: n.ReportGbits}}
+	if n.noPeak {
+		fmt.Fprint(n.Out, noPeakWarning)
+	}
 	if n.RDMACM {
 		err = s.openDevice(n.Local)
 		if err == nil {
@@ -166,28 +169,19 @@ func (s *session) quiesce() {
 	}
 }
 
-// connectTCP dials the server (retrying until it listens) or accepts one
-// client.
+// connectTCP dials the server or accepts one client. The client tries
+// once, as perftest's ethernet_client_connect does: a server that does
+// not listen is "couldn't connect" at once, not a wait.
 func (s *session) connectTCP(ctx context.Context) (net.Conn, error) {
 	c := s.cfg
 	if s.client {
 		addr := net.JoinHostPort(c.Server, strconv.Itoa(c.Port))
 		var d net.Dialer
-		for {
-			conn, err := d.DialContext(ctx, "tcp", addr)
-			if err == nil {
-				return conn, nil
-			}
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("perftest: couldn't connect to %s: %w", addr, err)
-			}
-			t := time.NewTimer(100 * time.Millisecond)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("perftest: couldn't connect to %s: %w", addr, err)
 		}
+		return conn, nil
 	}
 	ln := c.Listener
 	if ln == nil {
@@ -235,6 +229,9 @@ func (s *session) run() error {
 	}
 	if s.cm != nil {
 		if err := s.connectCM(); err != nil {
+			return err
+		}
+		if err := s.setQPTimeout(); err != nil {
 			return err
 		}
 	}
@@ -412,11 +409,29 @@ func (s *session) modify() error {
 		if out == 0 || out > qp.MaxRdAtomicLimit {
 			out = min(max(out, 1), qp.MaxRdAtomicLimit)
 		}
-		rts := qp.Attr{State: qp.RTS, SQPSN: s.my[i].PSN, Timeout: defQPTimeout, RetryCnt: 7, RNRRetry: 7,
+		timeout := uint8(defQPTimeout)
+		if s.cfg.QPTimeout != nil {
+			timeout = *s.cfg.QPTimeout
+		}
+		rts := qp.Attr{State: qp.RTS, SQPSN: s.my[i].PSN, Timeout: timeout, RetryCnt: 7, RNRRetry: 7,
 			MaxRdAtomic: uint8(out)}
 		if err := s.qps[i].Modify(&rts, qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|
 			qp.AttrRNRRetry|qp.AttrMaxQPRdAtomic); err != nil {
 			return fmt.Errorf("perftest: QP %d to RTS: %w", s.qps[i].Num(), err)
+		}
+	}
+	return nil
+}
+
+// setQPTimeout applies -u to the QPs the CM connected, RTS to RTS (the CM
+// sets its own ACK timeout when it moves them).
+func (s *session) setQPTimeout() error {
+	if s.cfg.QPTimeout == nil {
+		return nil
+	}
+	for _, q := range s.qps {
+		if err := q.Modify(&qp.Attr{State: qp.RTS, Timeout: *s.cfg.QPTimeout}, qp.AttrState|qp.AttrTimeout); err != nil {
+			return fmt.Errorf("perftest: -u %d: %w", *s.cfg.QPTimeout, err)
 		}
 	}
 	return nil
