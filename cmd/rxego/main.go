@@ -151,13 +151,20 @@ func exitCode(w io.Writer, name string, err error) int {
 	return 1
 }
 
-// trimPrefixes drops a leading "rxego: " or "NAME: " from msg: the line
-// already starts with "rxego NAME: ", and the libraries prefix their own
-// errors for their callers.
+// libraryPrefix is the prefix the library behind a command puts on its
+// errors, where it is not the command's name.
+var libraryPrefix = map[string]string{"perf": "perftest: ", "ucmatose": "cmatose: "}
+
+// trimPrefixes drops a leading "rxego: ", "NAME: " or the command's
+// library prefix from msg: the line already starts with "rxego NAME: ",
+// and the libraries prefix their own errors for their callers.
 func trimPrefixes(msg, name string) string {
 	for changed := true; changed; {
 		changed = false
-		for _, p := range []string{"rxego: ", name + ": "} {
+		for _, p := range []string{"rxego: ", name + ": ", libraryPrefix[name]} {
+			if p == "" {
+				continue
+			}
 			if strings.HasPrefix(msg, p) {
 				msg, changed = msg[len(p):], true
 			}
@@ -168,14 +175,15 @@ func trimPrefixes(msg, name string) string {
 
 // hint says what to do about some errors the user can fix.
 func hint(err error) string {
-	var oe *net.OpError
-	if !errors.Is(err, syscall.EADDRINUSE) || !errors.As(err, &oe) {
+	if !errors.Is(err, syscall.EADDRINUSE) {
 		return ""
 	}
-	if strings.HasPrefix(oe.Net, "udp") {
-		return "another rxego, or the kernel's rdma_rxe (a rxe device on this address's interface), " +
-			"holds UDP port 4791 on this address; give rxego another local address (on loopback any other 127.x.y.z works), " +
-			"or remove the rxe device (rdma link delete rxe0)"
+	var oe *net.OpError
+	if errors.As(err, &oe) && strings.HasPrefix(oe.Net, "tcp") {
+		return "another program listens on this TCP port; end it or pick another port with -p (on both sides)"
 	}
-	return "another program listens on this TCP port; end it or pick another port with -p (on both sides)"
+	// The device's UDP socket (package transport binds it itself).
+	return "another rxego, or the kernel's rdma_rxe (a rxe device on this address's interface), " +
+		"holds UDP port 4791 on this address; give rxego another local address (on loopback any other 127.x.y.z works), " +
+		"or remove the rxe device (rdma link delete rxe0)"
 }

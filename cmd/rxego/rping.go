@@ -303,7 +303,9 @@ flags:
 	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
 		to := netip.AddrPortFrom(a, uint16(*port))
 		res, err := rping.Dial(ctx, m, to, cfg)
-		fmt.Printf("rxego rping: %d pings, %d verified\n", res.Pings, res.Verified)
+		if err == nil || res.Pings > 0 {
+			fmt.Printf("rxego rping: %d pings, %d verified\n", res.Pings, res.Verified)
+		}
 		return dialError(to, err)
 	})
 }

@@ -469,3 +469,10 @@ func ResolveIPv4(host string) (netip.Addr, error) {
 	}
 	return netip.Addr{}, fmt.Errorf("perftest: %s has no IPv4 address (-R runs over IPv4)", host)
 }
+
+// Check applies perftest's defaults and rules to c and reports whether
+// the run is possible, before anything is opened or allocated.
+func (c Config) Check() error {
+	_, err := normalise(c)
+	return err
+}
