@@ -189,6 +189,9 @@ func cmRunAll(locals []netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm
 	return errors.Join(err, f.obs.close())
 }
 
+// listenAddrs is localAddrs; tests replace it.
+var listenAddrs = localAddrs
+
 // localAddrs are the addresses a server without -a listens on: every
 // IPv4 address of the host, as rping's INADDR_ANY.
 func localAddrs() ([]netip.Addr, error) {
@@ -278,7 +281,7 @@ flags:
 	if *server {
 		locals := []netip.Addr{a}
 		if !a.IsValid() {
-			if locals, err = localAddrs(); err != nil {
+			if locals, err = listenAddrs(); err != nil {
 				return err
 			}
 		}
