@@ -64,19 +64,10 @@ flags:
 	statsQuiet := fs.Duration("stats-quiet", defaultStatsQuiet, "with --stats: first wait until no packet moved for this long (at most 5s)")
 	obs := addObserveFlags(fs)
 	// ibv_*_pingpong's long options (rdma-core libibverbs/examples).
-	alias(fs, "p", "port")
-	alias(fs, "d", "ib-dev")
-	alias(fs, "i", "ib-port")
-	alias(fs, "s", "size")
-	alias(fs, "m", "mtu")
-	alias(fs, "r", "rx-depth")
-	alias(fs, "n", "iters")
-	alias(fs, "l", "sl")
-	alias(fs, "e", "events")
-	alias(fs, "g", "gid-idx")
-	alias(fs, "o", "odp")
-	alias(fs, "c", "chk")
-	alias(fs, "q", "num-qp")
+	for short, long := range map[string]string{"p": "port", "d": "ib-dev", "i": "ib-port", "s": "size", "m": "mtu",
+		"r": "rx-depth", "n": "iters", "l": "sl", "e": "events", "g": "gid-idx", "o": "odp", "c": "chk", "q": "num-qp"} {
+		alias(fs, short, long)
+	}
 	operands, err := parseArgs(fs, args)
 	if err != nil {
 		return err
