@@ -298,3 +298,23 @@ func TestExitCode(t *testing.T) {
 		t.Errorf("usage error: %q", w.String())
 	}
 }
+
+// TestTimeoutSays: a server nobody comes to says that it waited for a
+// client and which timeout ran out.
+func TestTimeoutSays(t *testing.T) {
+	port := refusedPort(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pingpong", "-g", testaddr.Loopback().String(), "-p", port, "-timeout", "300ms"},
+			"no client connected on port " + port + " within the 300ms timeout"},
+		{[]string{"perf", "write_bw", "-p", port, "-timeout", "300ms"},
+			"no client connected on port " + port + " within the 300ms timeout"},
+	} {
+		_, errOut, code := rxegoCmd(t, c.args...)
+		if code != 1 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%q: exit %d: %s", c.args, code, errOut)
+		}
+	}
+}

@@ -130,7 +130,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			s.dev.Close()
 		}
 	}
-	if err != nil && ctx.Err() != nil {
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (the %v timeout ran out)", err, n.Timeout)
+	} else if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w (%v)", err, ctx.Err())
 	}
 	return &s.res, err
@@ -197,7 +199,7 @@ func (s *session) connectTCP(ctx context.Context) (net.Conn, error) {
 	conn, err := ln.Accept()
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("perftest: no client connected: %w", ctx.Err())
+			return nil, fmt.Errorf("perftest: no client connected on port %d within the %v timeout", c.Port, c.Timeout)
 		}
 		return nil, err
 	}

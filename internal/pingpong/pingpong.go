@@ -402,7 +402,7 @@ func (c *conn) exchange(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(cfg.Timeout):
 			ln.Close()
-			return errors.New("pingpong: no client connected")
+			return fmt.Errorf("pingpong: no client connected on port %d within the %v timeout", cfg.TCPPort, cfg.Timeout)
 		}
 		defer tc.Close()
 		if c.remote, err = readDests(tc, n, len(c.qps)); err != nil {
@@ -568,7 +568,7 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 		if cfg.Events {
 			var err error
 			if n, err = c.cq.PollWait(ctx, wcs); err != nil {
-				return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
+				return Result{}, c.waitError(scnt, rcnt, err)
 			}
 		} else {
 			// rxego's engine runs on goroutines of this process: a busy
@@ -584,7 +584,7 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 			if n == 0 {
 				var err error
 				if n, err = c.cq.PollWait(ctx, wcs); err != nil {
-					return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
+					return Result{}, c.waitError(scnt, rcnt, err)
 				}
 			}
 		}
@@ -641,6 +641,16 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// waitError says why waiting for completions ended: the timeout is named
+// as such, with how far the run got.
+func (c *conn) waitError(scnt, rcnt int, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("pingpong: no completion within the %v timeout after %d of %d sends and %d receives (the peer stopped answering)",
+			c.cfg.Timeout, scnt, c.cfg.Iters, rcnt)
+	}
+	return fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
 }
 
 // checkRecv checks the slot a receive completion names in its wr_id and
