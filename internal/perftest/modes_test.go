@@ -113,6 +113,7 @@ func TestModeRules(t *testing.T) {
 		{Test: WriteBW, Duration: 4 * time.Second}, {Test: SendBW, Duration: 5 * time.Second},
 		{Test: SendBW, Bidirectional: true}, {Test: AtomicBW, Bidirectional: true},
 		{Test: WriteBW, RunInfinitely: true, Bidirectional: true}, {Test: WriteBW, QPTimeout: &big},
+		{Test: SendLat, Iters: maxLatIters + 1},
 	} {
 		if _, err := normalise(bad); err == nil {
 			t.Errorf("%+v accepted", bad)

@@ -202,6 +202,10 @@ const (
 // warning.
 const maxPeakWRs = 1 << 22
 
+// maxLatIters bounds a latency test's iterations: one timestamp each
+// (128 MiB at most).
+const maxLatIters = 1 << 24
+
 // noPeakWarning is what perftest prints when it will not measure the BW
 // peak.
 const noPeakWarning = " WARNING: BW peak won't be measured in this run.\n"
@@ -265,6 +269,9 @@ func normalise(c Config) (normalised, error) {
 	}
 	if n.Iters < minIters || n.Iters > 100_000_000 {
 		return n, fmt.Errorf("perftest: iterations %d: want %d to 100000000", n.Iters, minIters)
+	}
+	if c.Test.Lat() && n.Iters > maxLatIters {
+		return n, fmt.Errorf("perftest: iterations %d: a latency test keeps one timestamp per iteration, at most %d", n.Iters, maxLatIters)
 	}
 	if n.NumQPs == 0 {
 		n.NumQPs = 1
