@@ -36,7 +36,7 @@ func (s *session) cqMod() int { return min(s.cfg.cqMod, s.txDepth()) }
 // local returns the address (in rxego's MR) of QP i's k-th BW work
 // request of size.
 func (s *session) local(i, k, size int) uint64 {
-	return s.mr.IOVA() + uint64(s.lay.buf(i)+s.lay.slot(k, size))
+	return s.mr.IOVA() + uint64(s.lay.buf(i)+s.slotOf(k, size))
 }
 
 // bwWR builds QP i's k-th work request of a write, read or atomic BW test.
@@ -44,7 +44,7 @@ func (s *session) bwWR(i, k, size int) rxego.SendWR {
 	c := &s.cfg
 	wr := rxego.SendWR{ID: wrID(i, k), Flags: rxego.SendSignaled,
 		SGL:        []rxego.SGE{{Addr: s.local(i, k, size), Length: uint32(size), LKey: s.mr.LKey()}},
-		RemoteAddr: s.rem[i].VAddr + uint64(s.lay.slot(k, size)), RKey: s.rem[i].RKey}
+		RemoteAddr: s.rem[i].VAddr + uint64(s.slotOf(k, size)), RKey: s.rem[i].RKey}
 	switch c.Test.verb() {
 	case write:
 		wr.Opcode = rxego.WRWrite
@@ -243,8 +243,8 @@ func (s *session) rdmaBW() error {
 		var done func(i, k int) error
 		if c.Test.verb() == atomic {
 			done = func(i, k int) error {
-				off := s.lay.buf(i) + s.lay.slot(k, size)
-				seen.observe(s, i<<32|s.lay.slot(k, size), binary.LittleEndian.Uint64(s.buf[off:]))
+				off := s.lay.buf(i) + s.slotOf(k, size)
+				seen.observe(s, i<<32|s.slotOf(k, size), binary.LittleEndian.Uint64(s.buf[off:]))
 				return nil
 			}
 		}
@@ -333,8 +333,22 @@ func (s *session) rdmaBWDuplex() error {
 	return s.ex.Close(s.my[0], nil)
 }
 
+// period is how many work requests of size walk through the slots before
+// the walk starts again: the slots of a page, or with a post list its
+// length, as perftest posts the same list of work requests (slots 0 to
+// post_list-1) over and over.
+func (s *session) period(size int) int {
+	if s.cfg.postList > 1 {
+		return s.cfg.postList
+	}
+	return s.lay.slots(size)
+}
+
+// slotOf is the offset of BW work request k's slot.
+func (s *session) slotOf(k, size int) int { return s.lay.slot(k%s.period(size), size) }
+
 // written is how many slots a QP's iters work requests of size touched.
-func (s *session) written(size, iters int) int { return min(iters, s.lay.slots(size)) }
+func (s *session) written(size, iters int) int { return min(iters, s.period(size)) }
 
 // rdmaClientChecks says what the peer's memory holds after a write, read
 // or atomic BW run: per QP and slot, what rxego wrote there, what rxego
@@ -484,7 +498,7 @@ func (s *session) checkServerMemory(size, iters int) {
 		for i := range s.qps {
 			for k := 0; k < s.written(size, iters); k++ {
 				off := s.lay.vaddr(i) + s.lay.slot(k, size)
-				hits := (iters - k + s.lay.slots(size) - 1) / s.lay.slots(size)
+				hits := (iters - k + s.period(size) - 1) / s.period(size)
 				want := binary.LittleEndian.Uint64(s.fill[off:])
 				if c.Atomic == FetchAndAdd {
 					want += uint64(hits) * atomicAdd
@@ -627,7 +641,7 @@ func (s *session) sendClientChecks(size int) []PeerCheck {
 	for i := range s.qps {
 		peer0 := s.peerBuf(i) - uint64(s.lay.buf(i))
 		for off, k := range lastPerOffset(s.lay.recvOffsets(i, size, c.RxDepth, c.Iters, false)) {
-			src := s.lay.buf(i) + s.lay.slot(k, size)
+			src := s.lay.buf(i) + s.slotOf(k, size)
 			out = append(out, PeerCheck{Addr: peer0 + uint64(off), Data: bytes.Clone(s.buf[src:][:size]),
 				What: fmt.Sprintf("QP %d: the server's receive buffer for message %d", i, k)})
 		}
@@ -643,7 +657,7 @@ func (s *session) sendServerChecks(size int) []PeerCheck {
 	var out []PeerCheck
 	for i := range s.qps {
 		for off, k := range lastPerOffset(s.lay.recvOffsets(i, size, c.RxDepth, c.Iters, false)) {
-			out = append(out, PeerCheck{Addr: s.peerBuf(i) + uint64(s.lay.slot(k, size)),
+			out = append(out, PeerCheck{Addr: s.peerBuf(i) + uint64(s.slotOf(k, size)),
 				Data: bytes.Clone(s.buf[off:][:size]), What: fmt.Sprintf("QP %d: the client's source of message %d", i, k)})
 		}
 	}

@@ -78,7 +78,7 @@ const (
 
 // Limits checked before anything is allocated. rxego gives every posted
 // receive its own slot (so a completion's bytes can be checked), so the
-// buffer is size x rx depth, bounded by maxBuffer.
+// buffer is size x (rx depth + QPs), bounded by maxBuffer.
 const (
 	maxSize    = 1 << 30 // -s
 	maxRxDepth = 16384   // -r
@@ -171,9 +171,9 @@ func (c *Config) checkLimits() error {
 	if c.TCPPort < 0 || c.TCPPort > 0xffff {
 		return fmt.Errorf("pingpong: port %d: want 0 to 65535", c.TCPPort)
 	}
-	if b := (c.Size + qp.GRHLen) * (c.RxDepth + 1); b > maxBuffer {
-		return fmt.Errorf("pingpong: message size %d x rx depth %d needs a %d-byte buffer (one slot per receive), over rxego's %d; lower -s or -r",
-			c.Size, c.RxDepth, b, maxBuffer)
+	if b := (c.Size + qp.GRHLen) * (c.RxDepth + c.NumQP); b > maxBuffer {
+		return fmt.Errorf("pingpong: message size %d x (rx depth %d + %d QPs) needs a %d-byte buffer (one slot per receive and per sender), over rxego's %d; lower -s or -r",
+			c.Size, c.RxDepth, c.NumQP, b, maxBuffer)
 	}
 	return nil
 }
@@ -186,7 +186,7 @@ type conn struct {
 	srq    *rxego.SRQ
 	qps    []*rxego.QP
 	mr     *rxego.MR
-	buf    []byte // receive slots then the send buffer
+	buf    []byte // receive slots then one send buffer per QP
 	send   []byte
 	slot   int
 	psn    uint32
@@ -245,7 +245,10 @@ func (c *conn) setup() error {
 	if cfg.Kind == UD {
 		c.slot = cfg.Size + qp.GRHLen
 	}
-	c.buf = make([]byte, c.slot*cfg.RxDepth+cfg.Size)
+	// Each QP sends from its own buffer (the C tools share one): a QP's
+	// next message must not overwrite another's still going out, or what
+	// leaves is a mix and the echo cannot be checked.
+	c.buf = make([]byte, c.slot*cfg.RxDepth+cfg.Size*cfg.NumQP)
 	for i := range c.buf {
 		c.buf[i] = fillByte
 	}
@@ -469,7 +472,8 @@ func consistent(b []byte) bool {
 
 func (c *conn) postSend(qi int) error {
 	cfg := c.cfg
-	msg := c.send[:cfg.Size]
+	at := qi * cfg.Size
+	msg := c.send[at : at+cfg.Size]
 	if cfg.Verify {
 		c.seq++
 		pattern(msg, c.seq)
@@ -477,7 +481,7 @@ func (c *conn) postSend(qi int) error {
 		c.histNext = (c.histNext + 1) % len(c.history)
 	}
 	wr := rxego.SendWR{ID: sendWRID, Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
-		SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(len(c.buf)-len(c.send)), Length: uint32(cfg.Size), LKey: c.mr.LKey()}}}
+		SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(len(c.buf)-len(c.send)+at), Length: uint32(cfg.Size), LKey: c.mr.LKey()}}}
 	if cfg.Kind == UD {
 		wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah, c.remote[0].QPN, udQKey
 	}
