@@ -280,18 +280,30 @@ func localOf(conn net.Conn) netip.Addr {
 // else on local.
 func (s *session) openDevice(local netip.Addr) error {
 	c := &s.cfg
-	if s.dev = c.Device; s.dev != nil {
-		return nil
+	if s.dev = c.Device; s.dev == nil {
+		if c.Local.IsValid() {
+			local = c.Local
+		}
+		if !local.IsValid() {
+			return errors.New("perftest: no local address for the device")
+		}
+		var err error
+		if s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil); err != nil {
+			return err
+		}
 	}
-	if c.Local.IsValid() {
-		local = c.Local
+	s.clampMTU()
+	return nil
+}
+
+// clampMTU lowers -m to the port's active MTU, as perftest's set_mtu does
+// (a 1500-byte link carries 1024), so a pasted "-m 4096" still runs.
+func (s *session) clampMTU() {
+	c := &s.cfg
+	if active := s.dev.ActiveMTU(); c.mtu > active {
+		fmt.Fprintf(c.Out, "Requested mtu is higher than active mtu \nChanging to active mtu - %d\n", active.Bytes())
+		c.mtu = active
 	}
-	if !local.IsValid() {
-		return errors.New("perftest: no local address for the device")
-	}
-	var err error
-	s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
-	return err
 }
 
 // setup creates the buffer, MR, CQ and QPs in INIT, and this side's key
