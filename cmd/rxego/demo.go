@@ -25,10 +25,12 @@ func demoTo(out io.Writer, args []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: rxego demo [scenario ...] [flags]
 
-A guided tour: two rxego devices on loopback addresses (127.0.0.1 and up)
-run each scenario while the tour explains it; then it draws the ladder of
-what went over the wire, from a pcapng capture of the sending device,
-one file per scenario.
+A guided tour on loopback addresses (127.0.0.1 and up): two rxego devices
+run each verbs scenario, and the workload scenarios (kvcache, prefix,
+allreduce) run their examples at a small size with as many devices as
+they need, while the tour explains each; then it draws the ladder of what
+went over the wire, from a pcapng capture of the sending device, one file
+per scenario.
 
 scenarios (all by default): %s
 
