@@ -72,6 +72,7 @@ type PD struct {
 	t *Table
 	// Guarded by t.mu.
 	nMR  int
+	nMW  int // allocated memory windows
 	dead bool
 }
 
@@ -97,6 +98,8 @@ func (pd *PD) Dealloc() error {
 		return fmt.Errorf("%w: PD already deallocated", ErrInvalidArgument)
 	case pd.nMR > 0:
 		return fmt.Errorf("%w: PD has %d registered MRs", ErrBusy, pd.nMR)
+	case pd.nMW > 0:
+		return fmt.Errorf("%w: PD has %d memory windows", ErrBusy, pd.nMW)
 	}
 	pd.dead = true
 	t.pds.Add(-1)
