@@ -196,6 +196,18 @@ func (p *Peer) memoryWindow(t *testing.T, bin string, c mwCase) Outcome {
 		if _, err2 := fmt.Sscanf(s, "W %x %x %d\n", &rkey, &addr, &n); err != nil || err2 != nil || n != mwLen {
 			fail("window line %q: %v %v", s, err, err2)
 		}
+		if c.typ == 1 {
+			// rxe checks a window access's range against the MR, not the
+			// window (docs/rnic.md): 8 bytes before the window, inside the
+			// MR, come back instead of a NAK.
+			post(rxego.SendWR{ID: 9, Opcode: rxego.WRRead, SGL: sge(0, 8), RemoteAddr: addr - mwOff, RKey: rkey})
+			wait("READ outside rxe's window, inside its MR", 9, 0)
+			for j := range 8 {
+				if buf[j] != mwPatA(j) {
+					fail("MR byte %d outside the window = %#x, want %#x", j, buf[j], mwPatA(j))
+				}
+			}
+		}
 		post(rxego.SendWR{ID: 1, Opcode: rxego.WRRead, SGL: sge(0, mwLen), RemoteAddr: addr, RKey: rkey})
 		wait("READ through rxe's window", 1, 0)
 		for i := range mwLen {
@@ -215,7 +227,7 @@ func (p *Peer) memoryWindow(t *testing.T, bin string, c mwCase) Outcome {
 		post(rxego.SendWR{ID: 4, Opcode: rxego.WRRead, SGL: sge(0, 8), RemoteAddr: addr, RKey: rkey})
 		wait("READ after invalidation", 4, qp.WCRemAccessErr)
 		fmt.Fprintf(conn, "done\n")
-		note = fmt.Sprintf("rxe bound %#x; rxego READ %d B (checked), WROTE %d B (rxe checked the window and nothing else); after invalidation remote access error", rkey, mwLen, mwLen)
+		note = fmt.Sprintf("rxe bound %#x; rxego READ %d B (checked; type 1: rxe also served 8 B outside the window, inside the MR), WROTE %d B (rxe checked the window and nothing else); after invalidation remote access error", rkey, mwLen, mwLen)
 	} else {
 		var key uint32
 		var addr uint64
