@@ -101,16 +101,13 @@ func (pd *PD) Register(buf []byte, access Access, opts ...Option) (*MR, error) {
 	t := pd.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if pd.dead {
-		return nil, fmt.Errorf("%w: PD deallocated", ErrInvalidArgument)
-	}
-	idx, keyByte, err := t.allocIndex()
+	idx, key, err := pd.allocLocked()
 	if err != nil {
 		return nil, err
 	}
 	m := &MR{t: t, idx: idx}
 	e := &entry{
-		key:          idx<<8 | uint32(keyByte),
+		key:          key,
 		state:        stateValid,
 		invalidating: o.invalidate,
 		access:       access,

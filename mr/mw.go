@@ -41,15 +41,12 @@ func (pd *PD) AllocMW(typ MWType) (*MW, error) {
 	t := pd.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if pd.dead {
-		return nil, fmt.Errorf("%w: PD deallocated", ErrInvalidArgument)
-	}
-	idx, keyByte, err := t.allocIndex()
+	idx, key, err := pd.allocLocked()
 	if err != nil {
 		return nil, err
 	}
 	w := &MW{t: t, idx: idx, typ: typ}
-	e := &entry{key: idx<<8 | uint32(keyByte), state: stateInvalidated, pd: pd, mw: w, mwType: typ}
+	e := &entry{key: key, state: stateInvalidated, pd: pd, mw: w, mwType: typ}
 	w.cur.Store(e)
 	t.slot(idx).Store(e)
 	pd.nMW++

@@ -198,6 +198,19 @@ func (t *Table) addChunk() bool {
 	return true
 }
 
+// allocLocked picks the index and fresh key of a new MR or window of pd.
+// Caller holds t.mu.
+func (pd *PD) allocLocked() (idx, key uint32, err error) {
+	if pd.dead {
+		return 0, 0, fmt.Errorf("%w: PD deallocated", ErrInvalidArgument)
+	}
+	idx, keyByte, err := pd.t.allocIndex()
+	if err != nil {
+		return 0, 0, err
+	}
+	return idx, idx<<8 | uint32(keyByte), nil
+}
+
 // freeIndex retires idx, whose MR had key byte last. The next key byte
 // there is the next in the permutation, skipped if it is last (possible
 // after Revalidate chose a byte), so the key of the MR just deregistered
