@@ -60,7 +60,7 @@ programs=(
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
 	rping ucmatose                                           # rdmacm-utils
 	chromium                                                 # chromium
-	gcc                                                      # gcc (builds conformance/mwpeer)
+	gcc                                                      # gcc: builds conformance/mwpeer
 	sh bash dd cat echo true                                 # base system
 )
 for p in "${programs[@]}"; do
