@@ -84,11 +84,11 @@ var ErrMismatch = errors.New("udaddy: unexpected datagram")
 type node struct {
 	slot int // receive slot size: Size + the GRH
 	cq   *rxego.CQ
-	q   *rxego.QP
-	mr  *rxego.MR
-	buf []byte
-	ah  *rxego.AH
-	qpn uint32 // the peer's QPN
+	q    *rxego.QP
+	mr   *rxego.MR
+	buf  []byte
+	ah   *rxego.AH
+	qpn  uint32 // the peer's QPN
 }
 
 func newNode(dev *rxego.Device, cfg Config) (*node, error) {
