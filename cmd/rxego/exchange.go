@@ -5,8 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"os"
 
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/cm/cmatose"
 )
 
 // exchange is one of the rdma_cm burst tools (ucmatose, udaddy): the same
@@ -24,11 +26,12 @@ type exchange struct {
 	dial  func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg exchangeConfig) (exchangeResult, error)
 }
 
-// exchangeConfig is what the flags set.
-type exchangeConfig struct{ conns, count, size int }
-
-// exchangeResult is what the summary line reports.
-type exchangeResult struct{ conns, sent, received, verified int }
+// exchangeConfig is what the flags set and exchangeResult what the
+// summary reports; cmatose's and udaddy's are the same types.
+type (
+	exchangeConfig = cmatose.Config
+	exchangeResult = cmatose.Result
+)
 
 // run parses args and runs the tool.
 func (x exchange) run(args []string) error {
@@ -50,10 +53,10 @@ func (x exchange) run(args []string) error {
 	if *port > 0xffff {
 		return fmt.Errorf("port %d out of range", *port)
 	}
-	cfg := exchangeConfig{*conns, *count, *size}
+	cfg := exchangeConfig{Connections: *conns, Count: *count, Size: *size, Out: os.Stdout}
 	report := func(res exchangeResult, err error) error {
 		fmt.Printf("rxego %s: %d connections, %d sent, %d received, %d verified\n",
-			x.name, res.conns, res.sent, res.received, res.verified)
+			x.name, res.Connections, res.Sent, res.Received, res.Verified)
 		return err
 	}
 	if *dst == "" {

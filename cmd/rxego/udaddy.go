@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"net/netip"
-	"os"
 
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cm/udaddy"
@@ -13,6 +12,7 @@ func init() {
 	register("udaddy", "peer for librdmacm's udaddy: UD QPs resolved with rdma_cm (SIDR), datagrams both ways (same flags)", udaddyTool.run)
 }
 
+// udaddyTool is rxego udaddy.
 var udaddyTool = exchange{
 	name: "udaddy",
 	usage: `Talks to librdmacm's udaddy: UD QPs found through rdma_cm's UDP port space
@@ -30,17 +30,9 @@ address (the client's default: the route's source toward -s).
 			return exchangeResult{}, err
 		}
 		ready()
-		return udaddyResult(udaddy.Serve(ctx, m, l, udaddyConfig(c)))
+		return udaddy.Serve(ctx, m, l, c)
 	},
 	dial: func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error) {
-		return udaddyResult(udaddy.Dial(ctx, m, raddr, udaddyConfig(c)))
+		return udaddy.Dial(ctx, m, raddr, c)
 	},
-}
-
-func udaddyConfig(c exchangeConfig) udaddy.Config {
-	return udaddy.Config{Connections: c.conns, Count: c.count, Size: c.size, Out: os.Stdout}
-}
-
-func udaddyResult(r udaddy.Result, err error) (exchangeResult, error) {
-	return exchangeResult{r.Connections, r.Sent, r.Received, r.Verified}, err
 }
