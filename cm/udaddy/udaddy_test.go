@@ -4,8 +4,8 @@ import (
 	"context"
 	"net/netip"
 	"testing"
-	"time"
 
+	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cm/internal/burst"
 	"github.com/rxego/rxego/cm/internal/cmtest"
 )
@@ -15,30 +15,18 @@ import (
 // reply carries the client's message after the server's GRH, as
 // udaddy's echo does.
 func TestServeDial(t *testing.T) {
-	srv, cli := cmtest.Pair(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	l, err := srv.ListenUD(DefaultPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		r   Result
-		err error
-	}
-	done := make(chan result, 1)
 	cfg := Config{Connections: 3, Count: 10, Size: 300}
-	go func() {
-		r, err := Serve(ctx, srv, l, cfg)
-		done <- result{r, err}
-	}()
-	res, err := Dial(ctx, cli, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), cfg)
-	if err != nil || res != (Result{Connections: 3, Sent: 30, Received: 30, Verified: 30}) {
-		t.Fatalf("client: %+v %v", res, err)
+	srv, serr, cli, cerr := cmtest.ServeDial(t, func(m *cm.Manager) (func(context.Context) (Result, error), error) {
+		l, err := m.ListenUD(DefaultPort)
+		return func(ctx context.Context) (Result, error) { return Serve(ctx, m, l, cfg) }, err
+	}, func(ctx context.Context, m *cm.Manager) (Result, error) {
+		return Dial(ctx, m, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), cfg)
+	})
+	if cerr != nil || cli != (Result{Connections: 3, Sent: 30, Received: 30, Verified: 30}) {
+		t.Fatalf("client: %+v %v", cli, cerr)
 	}
-	s := <-done
-	if s.err != nil || s.r != (Result{Connections: 3, Sent: 30, Received: 30}) {
-		t.Fatalf("server: %+v %v", s.r, s.err)
+	if serr != nil || srv != (Result{Connections: 3, Sent: 30, Received: 30}) {
+		t.Fatalf("server: %+v %v", srv, serr)
 	}
 }
 
