@@ -23,11 +23,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/internal/burst"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -37,20 +37,52 @@ const (
 	DefaultConnections = 1
 	DefaultCount       = 10
 	DefaultSize        = 100
+	maxCount           = 4096
 )
 
-// Config is what both roles take (-c, -C, -S, the size at most the path
-// MTU); zero fields take udaddy's defaults.
-type Config = burst.Config
-
-// withDefaults applies udaddy's defaults and ranges.
-func withDefaults(c Config) (Config, error) {
-	return c.WithDefaults("udaddy", Config{Connections: DefaultConnections, Count: DefaultCount, Size: DefaultSize}, 4096)
+// Config is what both roles take; zero fields take udaddy's defaults.
+type Config struct {
+	Connections int // -c
+	Count       int // -C: messages each way per connection
+	Size        int // -S: message size (at most the path MTU)
+	// Out receives udaddy's progress lines; nil discards them.
+	Out io.Writer
 }
 
-// Result counts what a run did over all connections; a server verifies
-// nothing (udaddy's data is an uninitialised buffer).
-type Result = burst.Result
+// Check reports whether c is usable (after the defaults), so a command
+// can refuse bad arguments before it listens or dials.
+func (c Config) Check() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Connections == 0 {
+		c.Connections = DefaultConnections
+	}
+	if c.Count == 0 {
+		c.Count = DefaultCount
+	}
+	if c.Size == 0 {
+		c.Size = DefaultSize
+	}
+	if c.Connections < 1 || c.Connections > 1024 || c.Count < 1 || c.Count > maxCount || c.Size < 1 || c.Size > 4096 {
+		return c, fmt.Errorf("udaddy: connections %d (1..1024), count %d (1..%d), size %d (1..4096)",
+			c.Connections, c.Count, maxCount, c.Size)
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	return c, nil
+}
+
+// Result counts what a run did over all connections.
+type Result struct {
+	Connections int
+	Sent        int // datagrams sent
+	Received    int // datagrams received
+	Verified    int // replies that carried the client's data (client only)
+}
 
 // ErrMismatch is returned when a reply or message is not what udaddy sends.
 var ErrMismatch = errors.New("udaddy: unexpected datagram")
@@ -145,7 +177,7 @@ func pattern(i int) byte { return byte(i*7 + 1) }
 // Serve answers cfg.Connections SIDR requests on l, as udaddy's server:
 // it receives Count messages on each, then replies with Count.
 func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Result, error) {
-	cfg, err := withDefaults(cfg)
+	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return Result{}, err
 	}
@@ -205,7 +237,7 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Re
 // client, sends Count messages on each and waits for Count replies,
 // checking each carries its message back after the server's GRH.
 func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) (Result, error) {
-	cfg, err := withDefaults(cfg)
+	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return Result{}, err
 	}

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/internal/burst"
 	"github.com/rxego/rxego/cm/internal/cmtest"
 )
 
@@ -32,8 +31,8 @@ func TestServeDial(t *testing.T) {
 
 // TestConfig refuses out-of-range settings.
 func TestConfig(t *testing.T) {
-	for _, c := range []Config{{Connections: -1}, {Count: burst.MaxCount + 1}, {Size: -1}, {Size: 5000}} {
-		if _, err := withDefaults(c); err == nil {
+	for _, c := range []Config{{Connections: -1}, {Count: maxCount + 1}, {Size: -1}, {Size: 5000}} {
+		if err := c.Check(); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net/netip"
+	"os"
 
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cm/udaddy"
@@ -24,15 +25,24 @@ address (the client's default: the route's source toward -s).
   udaddy -s 198.18.0.1                        # the peer, elsewhere
 `,
 	port: udaddy.DefaultPort, conns: udaddy.DefaultConnections, count: udaddy.DefaultCount, size: udaddy.DefaultSize,
+	check: func(c exchangeConfig) error { return udaddyConfig(c).Check() },
 	serve: func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error) {
 		l, err := m.ListenUD(port)
 		if err != nil {
 			return exchangeResult{}, err
 		}
 		ready()
-		return udaddy.Serve(ctx, m, l, c)
+		return udaddyResult(udaddy.Serve(ctx, m, l, udaddyConfig(c)))
 	},
 	dial: func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error) {
-		return udaddy.Dial(ctx, m, raddr, c)
+		return udaddyResult(udaddy.Dial(ctx, m, raddr, udaddyConfig(c)))
 	},
+}
+
+func udaddyConfig(c exchangeConfig) udaddy.Config {
+	return udaddy.Config{Connections: c.conns, Count: c.count, Size: c.size, Out: os.Stdout}
+}
+
+func udaddyResult(r udaddy.Result, err error) (exchangeResult, error) {
+	return exchangeResult{r.Connections, r.Sent, r.Received, r.Verified}, err
 }
