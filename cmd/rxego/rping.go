@@ -20,7 +20,7 @@ import (
 
 func init() {
 	register("rping", "peer for librdmacm's rping: ping-pong over an rdma_cm connection (same flags)", runRping)
-	register("ucmatose", "peer for librdmacm's ucmatose: several rdma_cm connections with SENDs (same flags)", runUcmatose)
+	register("ucmatose", "peer for librdmacm's ucmatose: several rdma_cm connections with SENDs (same flags)", ucmatoseTool.run)
 }
 
 // listeningPrefix starts the line the servers print once they listen, so
@@ -325,76 +325,35 @@ func localAddr(flagValue string, peer netip.Addr) (netip.Addr, error) {
 	return a, nil
 }
 
-func runUcmatose(args []string) error {
-	fs := flag.NewFlagSet("ucmatose", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: rxego ucmatose [-s server_address] [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]
-
-Talks to librdmacm's ucmatose: several rdma_cm connections, each carrying
+// ucmatoseTool is rxego ucmatose.
+var ucmatoseTool = exchange{
+	name: "ucmatose",
+	usage: `Talks to librdmacm's ucmatose: several rdma_cm connections, each carrying
 message_count SENDs each way. Without -s it is the server; -b is the local
 RoCE address (the client's default: the route's source toward -s).
 
   rxego ucmatose -b 198.18.0.1 -c 2           # server
   ucmatose -s 198.18.0.1 -c 2                 # the peer, elsewhere
-
-flags:
-`)
-		printFlags(fs)
-	}
-	dst := fs.String("s", "", "server address (client mode)")
-	bind := fs.String("b", "", "local address")
-	conns := fs.Int("c", cmatose.DefaultConnections, "connections")
-	count := fs.Int("C", cmatose.DefaultCount, "messages each way per connection")
-	size := fs.Int("S", cmatose.DefaultSize, "message size")
-	port := fs.Uint("p", cmatose.DefaultPort, "rdma_cm port")
-	f := addCMFlags(fs)
-	operands, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(operands) > 0 {
-		return usageErrorf("unexpected argument %q", operands[0])
-	}
-	if *port > 0xffff {
-		return usageErrorf("port %d out of range", *port)
-	}
-	if err := positive(fs, "c", "C", "S"); err != nil {
-		return err
-	}
-	cfg := cmatose.Config{Connections: *conns, Count: *count, Size: *size, Out: os.Stdout}
-	// Checked before anything listens or dials.
-	if err := cfg.Check(); err != nil {
-		return &usageError{err.Error()}
-	}
-	report := func(res cmatose.Result, err error) error {
-		fmt.Printf("rxego ucmatose: %d connections, %d sent, %d received, %d verified\n",
-			res.Connections, res.Sent, res.Received, res.Verified)
-		return err
-	}
-	if *dst == "" {
-		local, err := netip.ParseAddr(*bind)
+`,
+	port: cmatose.DefaultPort, conns: cmatose.DefaultConnections, count: cmatose.DefaultCount, size: cmatose.DefaultSize,
+	check: func(c exchangeConfig) error { return cmatoseConfig(c).Check() },
+	serve: func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error) {
+		l, err := m.Listen(port)
 		if err != nil {
-			return usageErrorf("the server needs its local address: -b: %v", err)
+			return exchangeResult{}, err
 		}
-		return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
-			l, err := m.Listen(uint16(*port))
-			if err != nil {
-				return err
-			}
-			fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(local, uint16(*port)))
-			return report(cmatose.Serve(ctx, m, l, cfg))
-		})
-	}
-	peer, err := netip.ParseAddr(*dst)
-	if err != nil {
-		return usageErrorf("-s %q: %v", *dst, err)
-	}
-	local, err := localAddr(*bind, peer)
-	if err != nil {
-		return err
-	}
-	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
-		to := netip.AddrPortFrom(peer, uint16(*port))
-		return dialError(to, report(cmatose.Dial(ctx, m, to, cfg)))
-	})
+		ready()
+		return cmatoseResult(cmatose.Serve(ctx, m, l, cmatoseConfig(c)))
+	},
+	dial: func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error) {
+		return cmatoseResult(cmatose.Dial(ctx, m, raddr, cmatoseConfig(c)))
+	},
+}
+
+func cmatoseConfig(c exchangeConfig) cmatose.Config {
+	return cmatose.Config{Connections: c.conns, Count: c.count, Size: c.size, Out: os.Stdout}
+}
+
+func cmatoseResult(r cmatose.Result, err error) (exchangeResult, error) {
+	return exchangeResult{r.Connections, r.Sent, r.Received, r.Verified}, err
 }
