@@ -70,6 +70,12 @@ type (
 	MR = mr.MR
 	// Access is a set of memory access rights (ibv_access_flags).
 	Access = mr.Access
+	// MW is a memory window (ibv_mw).
+	MW = mr.MW
+	// MWType is a memory window's type (ibv_mw_type).
+	MWType = mr.MWType
+	// MWBind is what a BIND_MW work request binds (ibv_send_wr.bind_mw).
+	MWBind = qp.MWBind
 	// SendWR is a send work request (ibv_send_wr).
 	SendWR = qp.SendWR
 	// RecvWR is a receive work request (ibv_recv_wr).
@@ -103,6 +109,13 @@ const (
 	AccessRemoteRead   = mr.RemoteRead
 	AccessRemoteAtomic = mr.RemoteAtomic
 	AccessZeroBased    = mr.ZeroBased
+	AccessMWBind       = mr.MWBind
+)
+
+// Memory window types (ibv_mw_type).
+const (
+	MWType1 = mr.MWType1
+	MWType2 = mr.MWType2
 )
 
 // QP types.
@@ -122,6 +135,7 @@ const (
 	WRCompareSwap = qp.WRCompareSwap
 	WRFetchAdd    = qp.WRFetchAdd
 	WRLocalInv    = qp.WRLocalInv
+	WRBindMW      = qp.WRBindMW
 	WRSendInv     = qp.WRSendInv
 	WRFlush       = qp.WRFlush
 	WRAtomicWrite = qp.WRAtomicWrite
@@ -620,6 +634,12 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 	}
 	return p.pd.Register(buf, access, mr.WithInvalidate())
 }
+
+// AllocMW allocates an unbound memory window (ibv_alloc_mw). Bind a type
+// 1 window with QP.BindMW (ibv_bind_mw), a type 2 window with a WRBindMW
+// work request; LOCAL_INV or a peer's SEND with Invalidate on its rkey
+// unbinds a type 2 window. Windows reach MRs registered with AccessMWBind.
+func (p *PD) AllocMW(typ MWType) (*MW, error) { return p.pd.AllocMW(typ) }
 
 // QPInitAttr describes a QP to create: qp.InitAttr's fields, with the
 // device's CQ type and the PD taken from the one CreateQP is called on.

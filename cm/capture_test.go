@@ -277,11 +277,11 @@ func TestUnmarshalRejects(t *testing.T) {
 	}{
 		{nil, ErrShort},
 		{good[:MADSize-1], ErrShort},
-		{mod(0, 2), ErrNotCM},    // base version
-		{mod(1, 0x81), ErrNotCM}, // class (SMP)
-		{mod(2, 1), ErrNotCM},    // class version
-		{mod(3, 0x81), ErrNotCM}, // method GetResp
-		{mod(17, 0x17), ErrUnknown},
+		{mod(0, 2), ErrNotCM},       // base version
+		{mod(1, 0x81), ErrNotCM},    // class (SMP)
+		{mod(2, 1), ErrNotCM},       // class version
+		{mod(3, 0x81), ErrNotCM},    // method GetResp
+		{mod(17, 0x1a), ErrUnknown}, // APR
 		{mod(17, 0x19), ErrUnknown},
 		{mod(17, 0xff), ErrUnknown},
 	}

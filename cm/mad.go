@@ -95,7 +95,8 @@ var (
 	ErrPrivData = errors.New("cm: private data too long")
 )
 
-// Message is one CM message: REQ, MRA, REJ, REP, RTU, DREQ or DREP.
+// Message is one CM message: REQ, MRA, REJ, REP, RTU, DREQ, DREP,
+// SIDR_REQ or SIDR_REP.
 type Message interface {
 	// AttrID returns the message's attribute ID.
 	AttrID() uint16
@@ -145,6 +146,10 @@ func Unmarshal(b []byte) (Header, Message, error) {
 		m = new(DREQ)
 	case AttrDREP:
 		m = new(DREP)
+	case AttrSIDRREQ:
+		m = new(SIDRREQ)
+	case AttrSIDRREP:
+		m = new(SIDRREP)
 	default:
 		return h, nil, fmt.Errorf("%w: %s", ErrUnknown, AttrName(h.AttrID))
 	}

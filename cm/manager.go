@@ -144,6 +144,7 @@ type Manager struct {
 	shed     map[remoteKey]struct{}
 	shedRing [shedRing]remoteKey
 	shedNext int
+	sidr     sidrState // UD "connections" (sidr.go)
 
 	stats counters
 }
@@ -410,6 +411,10 @@ func (m *Manager) receive(from netip.Addr, mad []byte) {
 		m.onDREQ(from, h, r)
 	case *DREP:
 		m.onDREP(r)
+	case *SIDRREQ:
+		m.onSIDRREQ(from, h, r)
+	case *SIDRREP:
+		m.onSIDRREP(r)
 	}
 }
 
@@ -439,10 +444,10 @@ type counters struct {
 	halfOpen    atomic.Uint64 // accepted requests whose RTU never came
 }
 
-const numAttrs = int(AttrDREP-AttrREQ) + 1
+const numAttrs = int(AttrSIDRREP-AttrREQ) + 1 // REQ .. DREP, SIDR_REQ, SIDR_REP
 
 func (c *counters) count(a *[numAttrs]atomic.Uint64, attr uint16) {
-	if attr >= AttrREQ && attr <= AttrDREP {
+	if attr >= AttrREQ && attr <= AttrSIDRREP {
 		a[attr-AttrREQ].Add(1)
 	}
 }
@@ -450,7 +455,7 @@ func (c *counters) count(a *[numAttrs]atomic.Uint64, attr uint16) {
 // Counters returns the manager's statistics by name: cm_sent_req,
 // cm_rcvd_rep, ... per message, and cm_retransmits, cm_duplicates (a
 // duplicate answered or ignored), cm_timeouts (retries exhausted),
-// cm_malformed, cm_unsupported (other CM attributes: SIDR, LAP),
+// cm_malformed, cm_unsupported (other CM attributes: LAP, APR),
 // cm_unmatched (for no known connection), cm_send_errors, cm_dropped
 // (by Config.DropMAD), cm_backlog_shed (REQs dropped for a full backlog)
 // and cm_half_open (accepted requests whose RTU never came).

@@ -274,17 +274,25 @@ func TestCMReject(t *testing.T) {
 	})
 }
 
-// ucmatoseLine is rxego's summary line.
-var ucmatoseLine = regexp.MustCompile(`rxego ucmatose: (\d+) connections, (\d+) sent, (\d+) received, (\d+) verified`)
+// exchangeLine is the summary rxego ucmatose and rxego udaddy print.
+var exchangeLine = regexp.MustCompile(`rxego (\w+): (\d+) connections, (\d+) sent, (\d+) received, (\d+) verified`)
 
 // ucmatose runs ucmatose in the guest against rxego ucmatose with conns
-// connections of 10 messages each way.
+// connections of 10 messages each way; rxego verifies every message.
 func (p *Peer) ucmatose(t *testing.T, rxegoServer bool, conns int) Outcome {
+	return p.cmExchange(t, "ucmatose", 7471, rxegoServer, conns, 10*conns)
+}
+
+// cmExchange runs the rdma-core tool in the guest against rxego's tool of
+// the same name and flags, in the role asked, with conns connections of
+// 10 messages each way, and checks both ends: the tool's status 0, and
+// rxego's summary with verified messages checked.
+func (p *Peer) cmExchange(t *testing.T, tool string, port int, rxegoServer bool, conns, verified int) Outcome {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
 	defer cancel()
 	c := strconv.Itoa(conns)
-	rx := []string{"ucmatose", "-c", c, "--stats", "-timeout", (cmTimeout - 10*time.Second).String()}
+	rx := []string{tool, "-c", c, "--stats", "-timeout", (cmTimeout - 10*time.Second).String()}
 	var h *hostProc
 	var res lab.Result
 	if rxegoServer {
@@ -293,20 +301,20 @@ func (p *Peer) ucmatose(t *testing.T, rxegoServer bool, conns int) Outcome {
 			t.Fatalf("rxego server: %v\n%s", err, h.output())
 		}
 		var err error
-		if res, err = p.Guest.Run(ctx, "ucmatose", "-s", p.HostIP, "-c", c); err != nil {
+		if res, err = p.Guest.Run(ctx, tool, "-s", p.HostIP, "-c", c); err != nil {
 			h.wait(ctx)
-			t.Fatalf("guest ucmatose: %v\nstdout: %s\nrxego server %s", err, res.Stdout, h.output())
+			t.Fatalf("guest %s: %v\nstdout: %s\nrxego server %s", tool, err, res.Stdout, h.output())
 		}
 		if err := h.wait(ctx); err != nil {
 			t.Fatalf("rxego server: %v\n%s", err, h.output())
 		}
 	} else {
-		proc, err := p.Guest.Start("ucmatose", "-b", p.Guest.IP(), "-c", c)
+		proc, err := p.Guest.Start(tool, "-b", p.Guest.IP(), "-c", c)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer proc.Kill()
-		if err := p.waitCMListen(ctx, 7471); err != nil {
+		if err := p.waitCMListen(ctx, port); err != nil {
 			t.Fatal(err)
 		}
 		h = p.startRxego(t, ctx, append(rx, "-s", p.Guest.IP(), "-b", p.HostIP)...)
@@ -316,16 +324,16 @@ func (p *Peer) ucmatose(t *testing.T, rxegoServer bool, conns int) Outcome {
 		}
 		res, err = proc.Wait(ctx)
 		if rerr != nil || err != nil {
-			t.Fatalf("rxego client: %v\n%s\nguest ucmatose: %v\nstdout: %s", rerr, h.output(), err, res.Stdout)
+			t.Fatalf("rxego client: %v\n%s\nguest %s: %v\nstdout: %s", rerr, h.output(), tool, err, res.Stdout)
 		}
 	}
 	if !bytes.Contains(res.Stdout, []byte("return status 0")) {
-		t.Errorf("guest ucmatose did not end with status 0:\n%s", res.Stdout)
+		t.Errorf("guest %s did not end with status 0:\n%s", tool, res.Stdout)
 	}
 	msgs := strconv.Itoa(10 * conns)
-	m := ucmatoseLine.FindSubmatch(h.stdout.Bytes())
-	if m == nil || string(m[1]) != c || string(m[2]) != msgs || string(m[3]) != msgs || string(m[4]) != msgs {
-		t.Errorf("rxego: want %s connections and %s messages each way, all verified:\n%s", c, msgs, h.output())
+	m := exchangeLine.FindSubmatch(h.stdout.Bytes())
+	if m == nil || string(m[1]) != tool || string(m[2]) != c || string(m[3]) != msgs || string(m[4]) != msgs || string(m[5]) != strconv.Itoa(verified) {
+		t.Errorf("rxego: want %s connections, %s messages each way, %d verified:\n%s", c, msgs, verified, h.output())
 	}
 	return cmOutcome(t, h.stdout.Bytes(), msgs+" messages each way")
 }

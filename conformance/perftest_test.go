@@ -87,6 +87,23 @@ func TestPerftestFlags(t *testing.T) {
 	})
 }
 
+// TestPerftestModes runs perftest's CQ moderation (-Q), post lists (-l)
+// and QP timeout (-u), given to both sides, in both roles: rxego signals
+// and posts as perftest does and the tables and data checks hold.
+func TestPerftestModes(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		runs := []perfRun{
+			{Test: "write_bw", Size: 64, Iters: 100, Args: []string{"-Q", "10", "-l", "10"}},
+			{Test: "read_bw", Size: 1025, Iters: 20, Args: []string{"-Q", "5"}},
+			{Test: "atomic_bw", Atomic: "FETCH_AND_ADD", Iters: 20, Args: []string{"-Q", "4"}},
+			{Test: "write_bw", Size: 4096, Iters: 20, Args: []string{"-u", "18"}},
+		}
+		for _, r := range runs {
+			p.perfBothRoles(t, r)
+		}
+	})
+}
+
 // TestPerftestRDMACM runs perftest's -R mode against rxego in both roles:
 // perftest's exchange over an rdma_cm-connected QP (SENDs of its binary
 // records), every data QP its own rdma_cm connection on the same port

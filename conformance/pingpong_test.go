@@ -240,6 +240,22 @@ func TestPingpong(t *testing.T) {
 	})
 }
 
+// TestPingpongSRQManyQPs runs ibv_srq_pingpong -q 8 at 4 KiB (four
+// packets a message) in both roles: receive completions of the shared
+// queue arrive in the order its QPs consume it, and the tool echoes from
+// one buffer all its QPs receive into, so rxego matches each completion
+// to its buffer by wr_id and accepts an echo pieced from packets of its
+// recent messages (package pingpong).
+func TestPingpongSRQManyQPs(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, server := range []bool{true, false} {
+			r := ppRun{Tool: "srq", Size: 4096, Iters: 64, RxegoServer: server, NumQP: 8}
+			c := Case{Name: r.name(), Role: r.role(), Expect: srqTail, Tail: true}
+			p.Case(t, c, func(t *testing.T) Outcome { return p.pingpong(t, r) })
+		}
+	})
+}
+
 // TestPingpongIPv6 is a smoke set over the IPv6 GIDs: each tool once per
 // role at a multi-packet size (UD at the MTU).
 func TestPingpongIPv6(t *testing.T) {

@@ -25,10 +25,13 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 # --- packages ---------------------------------------------------------------
 # chromium: the headless-browser test of rxego trace's HTML page
-# (internal/ladder); fonts-liberation gives its text metrics.
+# (internal/ladder); fonts-liberation gives its text metrics. gcc,
+# libc6-dev and libibverbs-dev build mwpeer (mwpeer/mwpeer.c), the
+# memory-window peer the tests compile into the lab's share directory
+# (guests run the host's root, so its libibverbs too).
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
 	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod
-	ethtool util-linux chromium fonts-liberation)
+	ethtool util-linux chromium fonts-liberation gcc libc6-dev libibverbs-dev)
 missing=()
 for p in "${pkgs[@]}"; do
 	if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
@@ -55,8 +58,9 @@ programs=(
 	qemu-system-x86_64 busybox xz cpio depmod modprobe       # qemu-system-x86 busybox-static xz-utils cpio kmod
 	ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong   # ibverbs-utils
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
-	rping ucmatose                                           # rdmacm-utils
+	rping ucmatose udaddy                                    # rdmacm-utils
 	chromium                                                 # chromium
+	gcc                                                      # gcc: builds conformance/mwpeer
 	sh bash dd cat echo true                                 # base system
 )
 for p in "${programs[@]}"; do

@@ -15,7 +15,7 @@ const (
 	RemoteWrite  Access = 1 << 1 // IBV_ACCESS_REMOTE_WRITE
 	RemoteRead   Access = 1 << 2 // IBV_ACCESS_REMOTE_READ
 	RemoteAtomic Access = 1 << 3 // IBV_ACCESS_REMOTE_ATOMIC
-	MWBind       Access = 1 << 4 // IBV_ACCESS_MW_BIND (unsupported: no memory windows)
+	MWBind       Access = 1 << 4 // IBV_ACCESS_MW_BIND: memory windows may be bound to the MR
 	ZeroBased    Access = 1 << 5 // IBV_ACCESS_ZERO_BASED: IOVA is 0
 	OnDemand     Access = 1 << 6 // IBV_ACCESS_ON_DEMAND (unsupported)
 )
@@ -24,7 +24,7 @@ const (
 	// remoteAccess is what a peer can ask for.
 	remoteAccess = RemoteWrite | RemoteRead | RemoteAtomic
 	// supported is what Register accepts.
-	supported = LocalWrite | remoteAccess | ZeroBased
+	supported = LocalWrite | remoteAccess | MWBind | ZeroBased
 )
 
 var accessNames = [...]string{"LocalWrite", "RemoteWrite", "RemoteRead", "RemoteAtomic", "MWBind", "ZeroBased", "OnDemand"}

@@ -20,12 +20,17 @@ type Word struct {
 // (as rxe checks it). Beyond the checks of Remote, va and the memory
 // behind it must be 8-byte aligned (ErrMisaligned); the memory can be
 // misaligned when the MR's buffer starts at an odd address. Atomic64 does
-// not allocate.
+// not allocate. Like Remote, it serves no type 2 window; see Atomic64QP.
 func (t *Table) Atomic64(rkey uint32, pd *PD, va uint64, need Access) (Word, error) {
+	return t.Atomic64QP(rkey, pd, 0, va, need)
+}
+
+// Atomic64QP is Atomic64 for a request arriving on QP qpn (see RemoteQP).
+func (t *Table) Atomic64QP(rkey uint32, pd *PD, qpn uint32, va uint64, need Access) (Word, error) {
 	if need != RemoteAtomic && need != RemoteWrite {
 		return Word{}, ErrInvalidArgument
 	}
-	b, err := t.lookup(rkey, pd, va, 8, need)
+	b, err := t.lookup(rkey, pd, qpn, va, 8, need)
 	if err != nil {
 		return Word{}, err
 	}

@@ -70,8 +70,25 @@
 // [WithInvalidate] can be invalidated by [Table.Invalidate], after which
 // every access fails with [ErrInvalidated] until [MR.Revalidate] makes it
 // valid again under a new key byte. The buffer, IOVA and access flags stay
-// those given at registration; there is no page-list re-mapping and there
-// are no memory windows.
+// those given at registration; there is no page-list re-mapping.
+//
+// # Memory windows
+//
+// A [MW] (ibv_alloc_mw) has an rkey in the same index space as the MRs.
+// [Table.Bind] (a BIND_MW work request; ibv_bind_mw for type 1) points it
+// at a range of an MR registered with [MWBind], with rights of its own and
+// a new key byte; from then on the window's rkey reaches exactly that
+// range with exactly those rights (RemoteRead, RemoteWrite, RemoteAtomic,
+// and ZeroBased for type 2 windows, which then start at address 0). The
+// lookups check the window as they check an MR, plus: a window key is
+// never an lkey, and a type 2 window answers only the QP that bound it
+// ([ErrWrongQP]; [Table.RemoteQP] and [Table.Atomic64QP] carry the QPN).
+// [Table.Invalidate] on a type 2 window's key unbinds it (LOCAL_INV, SEND
+// with Invalidate); type 1 windows refuse it (IBA o10-37.2.26) and are
+// unbound by a bind of length 0. An MR with bound windows can be neither
+// deregistered nor invalidated ([ErrBusy]), so a bound window's memory is
+// always that of a valid MR. rxe differs in one point: its responder checks
+// the range of a window access against the MR, not the window.
 //
 // # Concurrency
 //

@@ -13,6 +13,8 @@ var (
 	ErrInvalidated = errors.New("mr: memory region invalidated")
 	// ErrWrongPD: the MR belongs to another protection domain.
 	ErrWrongPD = errors.New("mr: protection domain mismatch")
+	// ErrWrongQP: a type 2 memory window bound to another QP.
+	ErrWrongQP = errors.New("mr: memory window bound to another QP")
 	// ErrAccessDenied: the MR lacks a needed access flag, or the MR was
 	// not registered as invalidatable.
 	ErrAccessDenied = errors.New("mr: access denied")
@@ -31,9 +33,10 @@ var (
 	// (EINVAL in verbs).
 	ErrInvalidArgument = errors.New("mr: invalid argument")
 	// ErrUnsupported: an access flag this package does not implement
-	// (MWBind, OnDemand or an unknown bit; EOPNOTSUPP in verbs).
+	// (OnDemand or an unknown bit; EOPNOTSUPP in verbs).
 	ErrUnsupported = errors.New("mr: unsupported")
-	// ErrBusy: a PD still has registered MRs (EBUSY in verbs).
+	// ErrBusy: a PD still has registered MRs or windows, an MR still has
+	// windows bound, or a type 2 window is bound already (EBUSY in verbs).
 	ErrBusy = errors.New("mr: busy")
 	// ErrTableFull: all 2^24-1 MR indices are in use (ENOMEM in verbs).
 	ErrTableFull = errors.New("mr: table full")

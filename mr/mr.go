@@ -26,12 +26,19 @@ type entry struct {
 	owner        *MR
 	iova         uint64
 	buf          []byte
+	// Memory windows only (mw.go): the window, its type, the QP a type 2
+	// window is bound to and the MR it exposes (nil while unbound).
+	mw     *MW
+	mwType MWType
+	qpn    uint32
+	bound  *MR
 }
 
 // MR is a registered memory region over an application-owned buffer.
 type MR struct {
 	t   *Table
 	idx uint32
+	nMW int // windows bound to the MR; guarded by t.mu
 	// cur is the MR's current snapshot; while registered it is also the
 	// one published in the table.
 	cur atomic.Pointer[entry]
@@ -94,16 +101,13 @@ func (pd *PD) Register(buf []byte, access Access, opts ...Option) (*MR, error) {
 	t := pd.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if pd.dead {
-		return nil, fmt.Errorf("%w: PD deallocated", ErrInvalidArgument)
-	}
-	idx, keyByte, err := t.allocIndex()
+	idx, key, err := pd.allocLocked()
 	if err != nil {
 		return nil, err
 	}
 	m := &MR{t: t, idx: idx}
 	e := &entry{
-		key:          idx<<8 | uint32(keyByte),
+		key:          key,
 		state:        stateValid,
 		invalidating: o.invalidate,
 		access:       access,
@@ -129,6 +133,10 @@ func (m *MR) Deregister() error {
 	if e.state == stateDeregistered {
 		return fmt.Errorf("%w: MR already deregistered", ErrInvalidArgument)
 	}
+	if m.nMW > 0 {
+		// rxe refuses too: a bound window's lookups rely on its MR.
+		return fmt.Errorf("%w: %d memory windows bound to the MR", ErrBusy, m.nMW)
+	}
 	t.publishLocked(e, e.key, stateDeregistered)
 	t.freeIndex(m.idx, uint8(e.key))
 	e.pd.nMR--
@@ -138,9 +146,11 @@ func (m *MR) Deregister() error {
 
 // Invalidate invalidates the MR whose lkey/rkey is key, for a local
 // invalidate work request or a SEND with Invalidate (IETH) received on a
-// QP of pd. It fails with ErrInvalidKey, ErrWrongPD, or ErrAccessDenied
-// if the MR was not registered WithInvalidate. Invalidating an MR that is
-// already invalidated succeeds and changes nothing (as rxe does).
+// QP of pd. It fails with ErrInvalidKey, ErrWrongPD, ErrAccessDenied
+// if the MR was not registered WithInvalidate, or ErrBusy while memory
+// windows are bound to it. Invalidating an MR that is already invalidated
+// succeeds and changes nothing (as rxe does). A key that names a memory
+// window invalidates the window instead (see MW).
 func (t *Table) Invalidate(key uint32, pd *PD) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -154,8 +164,12 @@ func (t *Table) Invalidate(key uint32, pd *PD) error {
 		return ErrInvalidKey
 	case e.pd != pd:
 		return ErrWrongPD
+	case e.mw != nil:
+		return t.invalidateWindowLocked(e)
 	case !e.invalidating:
 		return ErrAccessDenied
+	case e.owner.nMW > 0:
+		return ErrBusy
 	case e.state == stateInvalidated:
 		return nil
 	}

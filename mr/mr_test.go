@@ -82,7 +82,6 @@ func TestRegisterRejects(t *testing.T) {
 		opts   []Option
 		want   error
 	}{
-		{"MWBind", pd, LocalWrite | MWBind, nil, ErrUnsupported},
 		{"OnDemand", pd, OnDemand, nil, ErrUnsupported},
 		{"unknown bit 7", pd, 1 << 7, nil, ErrUnsupported},
 		{"relaxed ordering", pd, 1 << 20, nil, ErrUnsupported},

@@ -72,6 +72,7 @@ type PD struct {
 	t *Table
 	// Guarded by t.mu.
 	nMR  int
+	nMW  int // allocated memory windows
 	dead bool
 }
 
@@ -97,6 +98,8 @@ func (pd *PD) Dealloc() error {
 		return fmt.Errorf("%w: PD already deallocated", ErrInvalidArgument)
 	case pd.nMR > 0:
 		return fmt.Errorf("%w: PD has %d registered MRs", ErrBusy, pd.nMR)
+	case pd.nMW > 0:
+		return fmt.Errorf("%w: PD has %d memory windows", ErrBusy, pd.nMW)
 	}
 	pd.dead = true
 	t.pds.Add(-1)
@@ -193,6 +196,19 @@ func (t *Table) addChunk() bool {
 	t.gen[c] = g
 	t.chunks = append(t.chunks, c)
 	return true
+}
+
+// allocLocked picks the index and fresh key of a new MR or window of pd.
+// Caller holds t.mu.
+func (pd *PD) allocLocked() (idx, key uint32, err error) {
+	if pd.dead {
+		return 0, 0, fmt.Errorf("%w: PD deallocated", ErrInvalidArgument)
+	}
+	idx, keyByte, err := pd.t.allocIndex()
+	if err != nil {
+		return 0, 0, err
+	}
+	return idx, idx<<8 | uint32(keyByte), nil
 }
 
 // freeIndex retires idx, whose MR had key byte last. The next key byte

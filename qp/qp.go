@@ -388,7 +388,7 @@ func (q *QP) checkSendWR(wr *SendWR) error {
 		}
 	case UC:
 		switch op {
-		case WRSend, WRSendImm, WRWrite, WRWriteImm, WRLocalInv:
+		case WRSend, WRSendImm, WRWrite, WRWriteImm, WRLocalInv, WRBindMW:
 		default:
 			return bad("%v not supported on UC", op)
 		}
@@ -479,7 +479,7 @@ func (q *QP) enqueueSend(wr *SendWR) {
 	switch wr.Opcode {
 	case WRCompareSwap, WRFetchAdd, WRAtomicWrite:
 		w.length = 8
-	case WRFlush, WRLocalInv:
+	case WRFlush, WRLocalInv, WRBindMW:
 		w.length = 0
 	}
 	q.sqTail++
@@ -665,6 +665,8 @@ func wcOpcodeOf(op WROpcode) WCOpcode {
 		return WCFetchAdd
 	case WRLocalInv:
 		return WCLocalInv
+	case WRBindMW:
+		return WCBindMW
 	case WRAtomicWrite:
 		return WCAtomicWrite
 	case WRFlush:

@@ -86,9 +86,9 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 		return false
 	}
 	op := w.wr.Opcode
-	if op == WRLocalInv {
+	if op == WRLocalInv || op == WRBindMW {
 		if !w.started { // a Go-back-N rewind passes it without executing it again
-			e.localInvalidate(q, w)
+			e.localOp(q, w)
 			if q.state == Err {
 				return false
 			}
@@ -432,13 +432,18 @@ func (e *Engine) sendFlush(q *QP, w *sendWQE) {
 	q.sqSend++
 }
 
-// localInvalidate executes a LOCAL_INV work request.
+// localOp executes a LOCAL_INV or BIND_MW work request.
 // It takes no PSN: its empty range [psn, psn-1] matches no response, so
 // ACKs and NAKs pass it by.
-func (e *Engine) localInvalidate(q *QP, w *sendWQE) {
+func (e *Engine) localOp(q *QP, w *sendWQE) {
 	w.started, w.acked = true, true
 	w.firstPSN, w.lastPSN = q.req.psn, q.req.psn.Add(-1)
-	if err := e.cfg.MRs.Invalidate(w.wr.InvalidateRKey, q.pd); err != nil {
+	if w.wr.Opcode == WRBindMW {
+		if err := e.bindMW(q, &w.wr.Bind); err != nil {
+			e.failWQE(q, w, WCMWBindErr) // as rxe
+			return
+		}
+	} else if err := e.cfg.MRs.Invalidate(w.wr.InvalidateRKey, q.pd); err != nil {
 		e.failWQE(q, w, WCLocQPOpErr) // rxe's status for a failed local operation
 		return
 	}

@@ -217,7 +217,7 @@ func (e *Engine) checkRead(q *QP, p bth.Packet) error {
 		return errReadTooLong
 	}
 	if n > 0 {
-		if _, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), n, mr.RemoteRead); err != nil {
+		if _, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.num, h.VA(), n, mr.RemoteRead); err != nil {
 			return err
 		}
 	}
@@ -626,7 +626,7 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 			return
 		}
 		if rs.dmaLen > 0 { // IBA C9-88: a zero-length WRITE checks no rkey
-			buf, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), rs.dmaLen, mr.RemoteWrite)
+			buf, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.num, h.VA(), rs.dmaLen, mr.RemoteWrite)
 			if err != nil {
 				e.accessError(q, err, psn)
 				return
@@ -721,7 +721,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	if rd.n > 0 {
 		// Checked at every burst: the MR may have gone since the last one.
 		var err error
-		src, err = e.cfg.MRs.Remote(rd.rkey, q.pd, rd.va+uint64(from), min(uint32(end-rd.next)*mtu, rd.n-from), mr.RemoteRead)
+		src, err = e.cfg.MRs.RemoteQP(rd.rkey, q.pd, q.num, rd.va+uint64(from), min(uint32(end-rd.next)*mtu, rd.n-from), mr.RemoteRead)
 		if err != nil {
 			e.accessError(q, err, rd.psn.Add(rd.next))
 			return
@@ -777,7 +777,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 func (e *Engine) recvAtomic(q *QP, p bth.Packet, psn bth.PSN) {
 	rs := &q.resp
 	a := p.AtomicETH()
-	w, err := e.cfg.MRs.Atomic64(a.RKey(), q.pd, a.VA(), mr.RemoteAtomic)
+	w, err := e.cfg.MRs.Atomic64QP(a.RKey(), q.pd, q.num, a.VA(), mr.RemoteAtomic)
 	if err != nil {
 		e.accessError(q, err, psn)
 		return
@@ -809,7 +809,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 	rs := &q.resp
 	h := p.RETH()
 	if p.Info.Op == bth.OpAtomicWrite {
-		w, err := e.cfg.MRs.Atomic64(h.RKey(), q.pd, h.VA(), mr.RemoteWrite)
+		w, err := e.cfg.MRs.Atomic64QP(h.RKey(), q.pd, q.num, h.VA(), mr.RemoteWrite)
 		if err != nil {
 			e.accessError(q, err, psn)
 			return
@@ -818,7 +818,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 		w.Store(binary.NativeEndian.Uint64(p.Payload()))
 	} else if h.DMALen() > 0 {
 		// Go memory is always globally visible; the check is what matters.
-		if _, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), h.DMALen(), mr.RemoteWrite); err != nil {
+		if _, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.num, h.VA(), h.DMALen(), mr.RemoteWrite); err != nil {
 			e.accessError(q, err, psn)
 			return
 		}
@@ -962,7 +962,7 @@ func (e *Engine) respondUC(q *QP, in *InPacket) {
 			h := p.RETH()
 			rs.dmaLen, rs.woff, rs.wbuf = h.DMALen(), 0, nil
 			if rs.dmaLen > 0 {
-				buf, err := e.cfg.MRs.Remote(h.RKey(), q.pd, h.VA(), rs.dmaLen, mr.RemoteWrite)
+				buf, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.num, h.VA(), rs.dmaLen, mr.RemoteWrite)
 				if err != nil || !q.allows(bth.OpWrite) {
 					rs.ucDrop = true
 					reason := DropBadAccess

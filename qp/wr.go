@@ -18,6 +18,7 @@ const (
 	WRCompareSwap WROpcode = 5
 	WRFetchAdd    WROpcode = 6
 	WRLocalInv    WROpcode = 7
+	WRBindMW      WROpcode = 8
 	WRSendInv     WROpcode = 9
 	WRFlush       WROpcode = 14
 	WRAtomicWrite WROpcode = 15
@@ -29,7 +30,7 @@ const (
 var wrNames = [wrOpcodeLimit]string{
 	WRWrite: "RDMA_WRITE", WRWriteImm: "RDMA_WRITE_WITH_IMM", WRSend: "SEND", WRSendImm: "SEND_WITH_IMM",
 	WRRead: "RDMA_READ", WRCompareSwap: "ATOMIC_CMP_AND_SWP", WRFetchAdd: "ATOMIC_FETCH_AND_ADD",
-	WRLocalInv: "LOCAL_INV", WRSendInv: "SEND_WITH_INV", WRFlush: "FLUSH", WRAtomicWrite: "ATOMIC_WRITE",
+	WRLocalInv: "LOCAL_INV", WRBindMW: "BIND_MW", WRSendInv: "SEND_WITH_INV", WRFlush: "FLUSH", WRAtomicWrite: "ATOMIC_WRITE",
 }
 
 // known reports whether rxego knows the opcode.
@@ -88,6 +89,8 @@ type SendWR struct {
 	FlushLevel uint8
 	// FlushLength is the number of bytes a FLUSH covers from RemoteAddr.
 	FlushLength uint32
+	// Bind is what a BIND_MW work request binds.
+	Bind MWBind
 	// UD only: the address handle, remote QPN and Q_Key.
 	AH         *AH
 	RemoteQPN  uint32

@@ -45,6 +45,13 @@ type Config struct {
 	Out io.Writer
 }
 
+// Check reports whether c is usable (after the defaults), so a command
+// can refuse bad arguments before it listens or dials.
+func (c Config) Check() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.Connections == 0 {
 		c.Connections = DefaultConnections

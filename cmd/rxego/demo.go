@@ -23,18 +23,20 @@ func runDemo(args []string) error { return demoTo(os.Stdout, args) }
 func demoTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: rxego demo [flags] [scenario ...]
+		fmt.Fprintf(fs.Output(), `usage: rxego demo [scenario ...] [flags]
 
-A guided tour: two rxego devices on loopback addresses (127.0.0.1 and up)
-run each scenario while the tour explains it; then it draws the ladder of
-what went over the wire, from a pcapng capture of the sending device,
-one file per scenario.
+A guided tour on loopback addresses (127.0.0.1 and up): two rxego devices
+run each verbs scenario, and the workload scenarios (kvcache, prefix,
+allreduce) run their examples at a small size with as many devices as
+they need, while the tour explains each; then it draws the ladder of what
+went over the wire, from a pcapng capture of the sending device, one file
+per scenario.
 
 scenarios (all by default): %s
 
 flags:
 `, strings.Join(demo.Names(), ", "))
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	dir := fs.String("pcap-dir", "", "write one capture per scenario here (default: a new temporary directory)")
 	noCapture := fs.Bool("no-capture", false, "record nothing and draw no ladders")
@@ -43,19 +45,17 @@ flags:
 	color := fs.String("color", "auto", "ladder colors: auto (on a terminal), always or never")
 	addrs := fs.String("addrs", strings.Join(demo.DefaultAddrs, ","), "loopback addresses to try for the two devices, in order")
 	obs := addObserveFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	scenarios, err := parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
-	for _, n := range fs.Args() {
+	for _, n := range scenarios {
 		if !contains(demo.Names(), n) {
-			return fmt.Errorf("unknown scenario %q (have %s)", n, strings.Join(demo.Names(), ", "))
+			return usageErrorf("unknown scenario %q (have %s)", n, strings.Join(demo.Names(), ", "))
 		}
 	}
 	if *color != "auto" && *color != "always" && *color != "never" {
-		return fmt.Errorf("--color %q: want auto, always or never", *color)
+		return usageErrorf("--color %q: want auto, always or never", *color)
 	}
 	o := demo.Options{Ladder: ladder.TextOptions{Width: *width,
 		Color: *color == "always" || *color == "auto" && out == io.Writer(os.Stdout) && progress.IsTerminal(os.Stdout)}}
@@ -90,7 +90,7 @@ flags:
 	for _, d := range t.Devices() {
 		obs.export(d)
 	}
-	err = t.Run(fs.Args()...)
+	err = t.Run(scenarios...)
 	return errors.Join(err, obs.close())
 }
 

@@ -3,12 +3,20 @@
 // perftest tools, and a packet trace reader.
 //
 // Each subcommand lives in its own file and registers itself in init.
+// Exit status: 0 on success and for -h, 1 when a run fails, 2 for a
+// command line rxego cannot use (with a one-line hint).
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"runtime/debug"
 	"sort"
+	"strings"
+	"syscall"
 )
 
 // command is one subcommand.
@@ -25,35 +33,157 @@ func register(name, summary string, run func(args []string) error) {
 	commands[name] = command{summary, run}
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: rxego <command> [flags]\n\ncommands:")
+func init() {
+	register("version", "print rxego's version (module version and VCS revision)", runVersion)
+	register("help", "print a command's usage: rxego help COMMAND", runHelp)
+}
+
+// usage lists the commands on w.
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: rxego <command> [flags]\n\ncommands:")
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-	fmt.Fprintln(os.Stderr, "\nrun 'rxego <command> -h' for a command's flags")
+	fmt.Fprintln(w, "\nrun 'rxego <command> -h' for a command's flags")
 }
 
-func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
-		if len(os.Args) < 2 {
-			os.Exit(2)
-		}
-		return
+// runHelp prints the usage of the command named, or the list of commands.
+func runHelp(args []string) error {
+	if len(args) == 0 {
+		usage(os.Stdout)
+		return nil
 	}
-	c, ok := commands[os.Args[1]]
+	c, ok := commands[args[0]]
+	if !ok || args[0] == "help" {
+		return usageErrorf("help: unknown command %q", args[0])
+	}
+	return c.run([]string{"-h"})
+}
+
+// runVersion prints the module version and the VCS revision the binary
+// was built from, as debug.ReadBuildInfo reports them.
+func runVersion(args []string) error {
+	if len(args) > 0 {
+		if len(args) == 1 && isHelp(args[0]) {
+			fmt.Println("usage: rxego version\n\nPrints the module version, the VCS revision and time the binary was built from, and the Go version.")
+			return nil
+		}
+		return usageErrorf("version takes no arguments")
+	}
+	fmt.Println(versionString())
+	return nil
+}
+
+// versionString is "rxego VERSION (REVISION TIME[, modified]) GOVERSION".
+func versionString() string {
+	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		fmt.Fprintf(os.Stderr, "rxego: unknown command %q\n", os.Args[1])
-		usage()
+		return "rxego (no build information)"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	var rev, at, mod string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.time":
+			at = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				mod = ", modified"
+			}
+		}
+	}
+	out := "rxego " + v
+	if rev != "" {
+		out += fmt.Sprintf(" (%s %s%s)", rev, at, mod)
+	}
+	return out + " " + bi.GoVersion
+}
+
+func isHelp(a string) bool { return a == "-h" || a == "--help" || a == "-help" }
+
+func main() {
+	if len(os.Args) < 2 {
+		usage(os.Stderr)
 		os.Exit(2)
 	}
-	if err := c.run(os.Args[2:]); err != nil {
-		fmt.Fprintf(os.Stderr, "rxego %s: %v\n", os.Args[1], err)
-		os.Exit(1)
+	name := os.Args[1]
+	if isHelp(name) {
+		usage(os.Stdout)
+		return
 	}
+	if name == "--version" || name == "-version" {
+		name = "version"
+	}
+	c, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "rxego: unknown command %q\ntry 'rxego help'\n", name)
+		os.Exit(2)
+	}
+	os.Exit(exitCode(os.Stderr, name, c.run(os.Args[2:])))
+}
+
+// exitCode reports err (if any) on w for command name and returns the exit
+// status: 0 for nil or a help request, 2 for a usage error (with a hint),
+// 1 otherwise.
+func exitCode(w io.Writer, name string, err error) int {
+	if err == nil || errors.Is(err, errHelp) {
+		return 0
+	}
+	fmt.Fprintf(w, "rxego %s: %s\n", name, trimPrefixes(err.Error(), name))
+	if h := hint(err); h != "" {
+		fmt.Fprintf(w, "hint: %s\n", h)
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(w, "try 'rxego %s -h'\n", name)
+		return 2
+	}
+	return 1
+}
+
+// libraryPrefix is the prefix the library behind a command puts on its
+// errors, where it is not the command's name.
+var libraryPrefix = map[string]string{"perf": "perftest: ", "ucmatose": "cmatose: "}
+
+// trimPrefixes drops a leading "rxego: ", "NAME: " or the command's
+// library prefix from msg: the line already starts with "rxego NAME: ",
+// and the libraries prefix their own errors for their callers.
+func trimPrefixes(msg, name string) string {
+	for changed := true; changed; {
+		changed = false
+		for _, p := range []string{"rxego: ", name + ": ", libraryPrefix[name]} {
+			if p == "" {
+				continue
+			}
+			if strings.HasPrefix(msg, p) {
+				msg, changed = msg[len(p):], true
+			}
+		}
+	}
+	return msg
+}
+
+// hint says what to do about some errors the user can fix.
+func hint(err error) string {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return ""
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && strings.HasPrefix(oe.Net, "tcp") {
+		return "another program listens on this TCP port; end it or pick another port with -p (on both sides)"
+	}
+	// The device's UDP socket (package transport binds it itself).
+	return "another rxego, or the kernel's rdma_rxe (a rxe device on this address's interface), " +
+		"holds UDP port 4791 on this address; give rxego another local address (on loopback any other 127.x.y.z works), " +
+		"or remove the rxe device (rdma link delete rxe0)"
 }

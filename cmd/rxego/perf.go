@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rxego/rxego/internal/perftest"
@@ -23,83 +25,149 @@ func init() {
 // synchronisation point.
 const holdPrefix = "rxego-hold "
 
-func runPerf(args []string) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		perfUsage(flag.NewFlagSet("perf", flag.ContinueOnError))
-		return errors.New("name the test first, e.g. rxego perf write_bw")
-	}
-	test := perftest.Test(strings.TrimSuffix(strings.TrimPrefix(args[0], "ib_"), ".c"))
-	if !test.Valid() {
-		return fmt.Errorf("unknown test %q; want one of %v", args[0], perftest.Tests)
-	}
-	fs := flag.NewFlagSet("perf "+string(test), flag.ContinueOnError)
+// perfFlags are the flags of `rxego perf`.
+type perfFlags struct {
+	fs                                       *flag.FlagSet
+	size, iters, mtu, qps, tx, rx, outReads  *int
+	port, cqMod, postList, duration, margin  *int
+	qpTimeout                                *int
+	all, rdmaCM, stats, bidir, gbits, events *bool
+	infinite                                 *bool
+	atomicOp, gid, addr, conn, hold          *string
+	timeout                                  *time.Duration
+	obs                                      *observeFlags
+}
+
+// newPerfFlags defines perf's flags: perftest's, with its long options
+// (perftest_parameters.c), and rxego's own.
+func newPerfFlags(name string) *perfFlags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	f := &perfFlags{fs: fs}
 	fs.Usage = func() { perfUsage(fs) }
-	size := fs.Int("s", 0, "message size (default 65536 for bw, 2 for lat, 8 for atomic)")
-	all := fs.Bool("a", false, "run every size from 2 bytes to 8 MiB")
-	iters := fs.Int("n", 0, "iterations (default 1000; 5000 for write_bw; at least 5)")
-	mtu := fs.Int("m", 0, "path MTU: 256, 512, 1024, 2048 or 4096 (default 1024; the smaller of both sides' wins)")
-	qps := fs.Int("q", 0, "number of QPs (bw tests)")
-	tx := fs.Int("t", 0, "tx depth: outstanding work requests per QP (default 128 for bw, 1 for lat)")
-	rx := fs.Int("r", 0, "rx depth: receives posted per QP (SEND tests; default 512, at most -n)")
-	outReads := fs.Int("o", 0, "outstanding READs/atomics this side accepts (READ and atomic tests; default 128)")
-	atomicOp := fs.String("A", "", "atomic operation: FETCH_AND_ADD (default) or CMP_AND_SWAP")
-	port := fs.Int("p", perftest.DefaultPort, "TCP port of the exchange (with -R: the rdma_cm port)")
-	gid := fs.String("x", "", "local RoCE address (the GID as an IP address); a GID index is accepted for compatibility")
-	addr := fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
-	conn := fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
-	rdmaCM := fs.Bool("R", false, "connect with rdma_cm, as perftest's -R: the exchange over an rdma_cm-connected QP on port -p, each data QP its own rdma_cm connection (IPv4)")
+	f.size = fs.Int("s", 0, "message size (default 65536 for bw, 2 for lat, 8 for atomic)")
+	f.all = fs.Bool("a", false, "run every size from 2 bytes to 8 MiB")
+	f.iters = fs.Int("n", 0, "iterations (default 1000; 5000 for write_bw; at least 5)")
+	f.mtu = fs.Int("m", 0, "path MTU: 256, 512, 1024, 2048 or 4096 (default 1024; the smaller of both sides' wins)")
+	f.qps = fs.Int("q", 0, "number of QPs (bw tests)")
+	f.tx = fs.Int("t", 0, "tx depth: outstanding work requests per QP (default 128 for bw, 1 for lat)")
+	f.rx = fs.Int("r", 0, "rx depth: receives posted per QP (SEND tests; default 512, at most -n)")
+	f.outReads = fs.Int("o", 0, "outstanding READs/atomics this side accepts (READ and atomic tests; default 128)")
+	f.atomicOp = fs.String("A", "", "atomic operation: FETCH_AND_ADD (default) or CMP_AND_SWAP")
+	f.port = fs.Int("p", perftest.DefaultPort, "TCP port of the exchange (with -R: the rdma_cm port)")
+	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address); a GID index is accepted for compatibility")
+	f.addr = fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
+	f.conn = fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
+	f.rdmaCM = fs.Bool("R", false, "connect with rdma_cm, as perftest's -R: the exchange over an rdma_cm-connected QP on port -p, each data QP its own rdma_cm connection (IPv4)")
+	f.cqMod = fs.Int("Q", 0, "CQ moderation: request a completion every N work requests (bw tests; default 100, 1 above 8 KiB)")
+	f.postList = fs.Int("l", 0, "post list: hand N work requests to the QP in one post (bw tests; -n must be a multiple)")
+	f.qpTimeout = fs.Int("u", 14, "QP timeout: the ACK timeout is 4.096 us x 2^N (0: none)")
+	f.events = fs.Bool("e", false, "sleep on CQ events (rxego's perf always does once its poll finds nothing; not with -D)")
+	f.duration = fs.Int("D", 0, "run for N seconds instead of -n iterations (write/read/atomic bw; give it to both sides); no BW peak")
+	f.margin = fs.Int("f", 0, "with -D: seconds left out of the measurement at the start and at the end (default 2)")
+	f.infinite = fs.Bool("run_infinitely", false, "bw client: post until interrupted, printing a report every -D seconds (default 5); the server waits for the client to go")
+	f.gbits = fs.Bool("report_gbits", false, "report bandwidth in Gb/s instead of MB/s")
+	f.bidir = fs.Bool("b", false, "bidirectional: both sides post and each prints the sum (write_bw and read_bw; give it to both sides)")
 	_ = fs.String("d", "", "device name (accepted for compatibility)")
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility)")
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
-	timeout := fs.Duration("timeout", 2*time.Minute, "give up after this long")
-	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
-	obs := addObserveFlags(fs)
-	hold := fs.String("hold", "", "test hook: at the final synchronisation, write what the peer's memory must hold to this JSON file, print \""+strings.TrimSpace(holdPrefix)+" FILE\" and wait until the file is removed")
+	f.timeout = fs.Duration("timeout", 2*time.Minute, "give up after this long (with --run_infinitely: no limit unless given)")
+	f.stats = fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
+	f.obs = addObserveFlags(fs)
+	f.hold = fs.String("hold", "", "test hook: at the final synchronisation, write what the peer's memory must hold to this JSON file, print \""+strings.TrimSpace(holdPrefix)+" FILE\" and wait until the file is removed")
+	for short, longs := range map[string][]string{
+		"p": {"port"}, "d": {"ib-dev"}, "i": {"ib-port"}, "m": {"mtu"}, "s": {"size"}, "n": {"iters"},
+		"t": {"tx-depth"}, "u": {"qp-timeout"}, "x": {"gid-index"}, "a": {"all"}, "F": {"CPU-freq"},
+		"c": {"connection"}, "q": {"qp"}, "e": {"events"}, "o": {"outs"}, "R": {"rdma_cm"}, "r": {"rx-depth"},
+		"b": {"bidirectional"}, "Q": {"cq-mod"}, "A": {"atomic_type"}, "l": {"post_list"}, "D": {"duration"},
+		"f": {"margin"},
+	} {
+		alias(fs, short, longs...)
+	}
+	return f
+}
+
+func runPerf(args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		if len(args) > 0 && isHelp(args[0]) {
+			f := newPerfFlags("perf")
+			f.fs.SetOutput(os.Stdout)
+			f.fs.Usage()
+			return errHelp
+		}
+		return usageErrorf("name the test first, e.g. rxego perf write_bw")
+	}
+	test := perftest.Test(strings.TrimSuffix(strings.TrimPrefix(args[0], "ib_"), ".c"))
+	if !test.Valid() {
+		return usageErrorf("unknown test %q; want one of %v", args[0], perftest.Tests)
+	}
+	f := newPerfFlags("perf " + string(test))
+	fs := f.fs
 	// perftest's getopt lets the server name sit among the flags.
-	rest := args[1:]
+	operands, err := parseArgs(fs, args[1:])
+	if err != nil {
+		return err
+	}
+	if len(operands) > 1 {
+		return usageErrorf("more than one server given: %q", operands)
+	}
 	var server string
-	for {
-		if err := fs.Parse(rest); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		if server != "" {
-			return fmt.Errorf("more than one server given: %q and %q", server, fs.Arg(0))
-		}
-		server, rest = fs.Arg(0), fs.Args()[1:]
+	if len(operands) == 1 {
+		server = operands[0]
 	}
-	if *conn != "RC" {
-		return fmt.Errorf("-c %s: rxego perf runs RC only", *conn)
+	if err := positive(fs, "s", "n", "m", "q", "t", "r", "o", "Q", "l", "D", "p"); err != nil {
+		return err
 	}
-	local := *addr
-	if *gid != "" {
-		if _, err := strconv.Atoi(*gid); err != nil {
-			if local != "" && local != *gid {
-				return fmt.Errorf("-x %s and --addr %s disagree", *gid, local)
+	if *f.conn != "RC" {
+		return usageErrorf("-c %s: rxego perf runs RC only", *f.conn)
+	}
+	if err := inRange("u", int64(*f.qpTimeout), 0, 31); err != nil {
+		return err
+	}
+	local := *f.addr
+	if *f.gid != "" {
+		if _, err := strconv.Atoi(*f.gid); err != nil {
+			if local != "" && local != *f.gid {
+				return usageErrorf("-x %s and --addr %s disagree", *f.gid, local)
 			}
-			local = *gid
+			local = *f.gid
 		}
 	}
-	cfg := perftest.Config{Test: test, Atomic: perftest.AtomicOp(*atomicOp), Server: server, Port: *port, Size: *size,
-		All: *all, Iters: *iters, MTU: *mtu, NumQPs: *qps, TxDepth: *tx, RxDepth: *rx, OutReads: *outReads,
-		Timeout: *timeout, Out: os.Stdout, KeepDevice: true}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	var qpTimeout *uint8
+	if set["u"] || set["qp-timeout"] {
+		qpTimeout = new(uint8(*f.qpTimeout))
+	}
+	cfg := perftest.Config{Test: test, Atomic: perftest.AtomicOp(*f.atomicOp), Server: server, Port: *f.port, Size: *f.size,
+		All: *f.all, Iters: *f.iters, MTU: *f.mtu, NumQPs: *f.qps, TxDepth: *f.tx, RxDepth: *f.rx, OutReads: *f.outReads,
+		Timeout: *f.timeout, Out: os.Stdout, KeepDevice: true,
+		CQMod: *f.cqMod, PostList: *f.postList, QPTimeout: qpTimeout, Events: *f.events,
+		Duration: time.Duration(*f.duration) * time.Second, Margin: time.Duration(*f.margin) * time.Second,
+		RunInfinitely: *f.infinite, ReportGbits: *f.gbits, Bidirectional: *f.bidir}
+	ctx := context.Background()
+	if *f.infinite {
+		if !set["timeout"] {
+			cfg.Timeout = 100 * 365 * 24 * time.Hour
+		}
+		var stop context.CancelFunc
+		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stop()
+	}
 	if local != "" {
 		a, err := netip.ParseAddr(local)
 		if err != nil {
-			return fmt.Errorf("local address %q: %v", local, err)
+			return usageErrorf("local address %q: %v", local, err)
 		}
 		cfg.Local = a
 	}
-	if *hold != "" {
-		cfg.Hold = holdAt(*hold, *timeout)
+	if *f.hold != "" {
+		cfg.Hold = holdAt(*f.hold, *f.timeout)
 	}
-	if *rdmaCM {
+	if *f.rdmaCM {
 		cfg.RDMACM = true
 		if !cfg.Local.IsValid() {
 			if server == "" {
-				return errors.New("-R: a server needs its RoCE address (-x ADDRESS or --addr): there is no TCP exchange to take it from")
+				return usageErrorf("-R: a server needs its RoCE address (-x ADDRESS or --addr): there is no TCP exchange to take it from")
 			}
 			peer, err := perftest.ResolveIPv4(server)
 			if err != nil {
@@ -110,6 +178,12 @@ func runPerf(args []string) error {
 			}
 		}
 	}
+	// Every size, count and depth is checked before a device, a socket or
+	// a buffer exists.
+	if err := cfg.Check(); err != nil {
+		return &usageError{err.Error()}
+	}
+	obs := f.obs
 	if err := obs.start(); err != nil {
 		return err
 	}
@@ -118,14 +192,14 @@ func runPerf(args []string) error {
 		return errors.Join(err, obs.close())
 	}
 	cfg.Device = dev
-	res, err := perftest.Run(context.Background(), cfg)
+	res, err := perftest.Run(ctx, cfg)
 	defer func() {
 		if dev != nil {
 			dev.Close()
 		}
 	}()
 	if res != nil && res.Device != nil {
-		if *stats {
+		if *f.stats {
 			// Printed before the device closes, so packets still arriving
 			// (a peer's late retransmission) are counted.
 			if serr := printStatsWith(os.Stdout, res.Device, defaultStatsQuiet, res.CM); serr != nil && err == nil {
@@ -154,9 +228,13 @@ and with -R perftest's rdma_cm mode (IPv4; the server needs -x ADDRESS):
   rxego perf read_bw -R -x 198.18.0.1              # server
   ib_read_bw -d rxe0 -R 198.18.0.1                 # the client, elsewhere
 
+perftest's flags and long options are accepted (--size, --iters,
+--report_gbits, ...; short flags cluster: -aF). A client whose server
+does not listen fails at once ("couldn't connect"), as perftest's does.
+
 flags:
 `)
-	fs.PrintDefaults()
+	printFlags(fs)
 }
 
 // holdFile is what --hold writes: the ranges of the peer's memory whose

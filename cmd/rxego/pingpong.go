@@ -24,7 +24,10 @@ func runPingpong(args []string) error {
 		fmt.Fprintf(fs.Output(), `usage: rxego pingpong [flags] [server]
 
 Talks to rdma-core's ibv_rc_pingpong (and uc/ud/srq) over their TCP
-exchange. Without a server name it waits for a client, like the C tools.
+exchange. Without a server name it waits for a client, like the C tools;
+a client whose server does not listen fails at once, as theirs do. The
+C tools' flags and long options are accepted (-s/--size, -n/--iters,
+--rx-depth, ...; short flags cluster: -ec).
 
   rxego pingpong -g 198.18.0.1                 # server, RC
   ibv_rc_pingpong -d rxe0 -g 1 198.18.0.1      # the peer, elsewhere
@@ -37,11 +40,11 @@ C tools have no such mode, so both ends are rxego:
 
 flags:
 `)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	kind := fs.String("t", "rc", "which tool to mimic: rc, uc, ud or srq")
 	port := fs.Int("p", 18515, "TCP port of the exchange (with -R: the rdma_cm port)")
-	size := fs.Int("s", 0, "message size (default 4096; ud 2048)")
+	size := fs.Int("s", 0, "message size (default 4096; ud: 2048 or the MTU, whichever is smaller)")
 	iters := fs.Int("n", 1000, "number of exchanges")
 	mtu := fs.Int("m", 1024, "path MTU: 256, 512, 1024, 2048 or 4096")
 	rx := fs.Int("r", 500, "receive queue depth")
@@ -51,32 +54,59 @@ flags:
 	addr := fs.String("addr", "", "local RoCE address (same as -g ADDRESS)")
 	_ = fs.String("d", "", "device name (accepted for compatibility; the device is the local address)")
 	_ = fs.Int("l", 0, "service level (accepted for compatibility)")
-	_ = fs.Int("i", 1, "IB port (accepted for compatibility; rxego has port 1)")
+	ibPort := fs.Int("i", 1, "IB port (accepted for compatibility; rxego has port 1)")
+	_ = fs.Bool("o", false, "on-demand paging (accepted for compatibility: rxego's memory regions are Go memory, always present)")
+	ts := fs.Bool("ts", false, "completion timestamps (ibv_rc_pingpong's -t; accepted, but rxego reports none)")
 	rdmaCM := fs.Bool("R", false, "connect with rdma_cm on port -p instead of the TCP exchange (rc and srq; the peer is another rxego pingpong -R, as the C tools have no rdma_cm mode)")
 	verify := fs.Bool("c", false, "verify every received message (fill byte, echo, or rxego's self-checking pattern)")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
 	stats := fs.Bool("stats", false, "print rxego's engine and transport counters as one JSON line (\"rxego-stats {...}\") at the end")
 	statsQuiet := fs.Duration("stats-quiet", defaultStatsQuiet, "with --stats: first wait until no packet moved for this long (at most 5s)")
 	obs := addObserveFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	// ibv_*_pingpong's long options (rdma-core libibverbs/examples).
+	for short, long := range map[string]string{"p": "port", "d": "ib-dev", "i": "ib-port", "s": "size", "m": "mtu",
+		"r": "rx-depth", "n": "iters", "l": "sl", "e": "events", "g": "gid-idx", "o": "odp", "c": "chk", "q": "num-qp"} {
+		alias(fs, short, long)
+	}
+	operands, err := parseArgs(fs, args)
+	if err != nil {
 		return err
+	}
+	if len(operands) > 1 {
+		return usageErrorf("one server at most, got %q", operands)
+	}
+	if err := positive(fs, "s", "n", "r", "q", "m"); err != nil {
+		return err
+	}
+	if err := inRange("p", int64(*port), 0, 0xffff); err != nil {
+		return err
+	}
+	if *ibPort != 1 {
+		return usageErrorf("-i %d: rxego's device has port 1 only", *ibPort)
+	}
+	if *ts {
+		fmt.Fprintln(os.Stderr, "rxego pingpong: --ts: rxego's completions carry no timestamps; none reported")
 	}
 	local := *addr
 	if local == "" {
 		if _, err := strconv.Atoi(*gid); err == nil || *gid == "" {
-			return fmt.Errorf("give the local RoCE address with -g ADDRESS or --addr ADDRESS")
+			return usageErrorf("give the local RoCE address with -g ADDRESS or --addr ADDRESS")
 		}
 		local = *gid
 	}
 	la, err := netip.ParseAddr(local)
 	if err != nil {
-		return fmt.Errorf("local address %q: %v", local, err)
+		return usageErrorf("local address %q: %v", local, err)
 	}
 	cfg := pingpong.Config{Kind: pingpong.Kind(*kind), Local: la, TCPPort: *port, Size: *size, Iters: *iters,
 		MTU: *mtu, RxDepth: *rx, NumQP: *numQP, Events: *events, Verify: *verify, Timeout: *timeout, Out: os.Stdout,
 		RDMACM: *rdmaCM}
-	if fs.NArg() > 0 {
-		cfg.Server = fs.Arg(0)
+	if len(operands) > 0 {
+		cfg.Server = operands[0]
+	}
+	// Every limit is checked before a device or buffer exists.
+	if err := cfg.Check(); err != nil {
+		return &usageError{err.Error()}
 	}
 	if !*stats && !obs.active() {
 		_, err = pingpong.Run(context.Background(), cfg)

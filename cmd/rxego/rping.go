@@ -20,7 +20,7 @@ import (
 
 func init() {
 	register("rping", "peer for librdmacm's rping: ping-pong over an rdma_cm connection (same flags)", runRping)
-	register("ucmatose", "peer for librdmacm's ucmatose: several rdma_cm connections with SENDs (same flags)", runUcmatose)
+	register("ucmatose", "peer for librdmacm's ucmatose: several rdma_cm connections with SENDs (same flags)", ucmatoseTool.run)
 }
 
 // listeningPrefix starts the line the servers print once they listen, so
@@ -97,6 +97,22 @@ func localFor(peer netip.Addr) (netip.Addr, error) {
 // cmRun opens the device on local, starts a connection manager on it, runs
 // fn, and prints the counters when asked.
 func cmRun(local netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm.Manager) error) error {
+	return cmRunAll([]netip.Addr{local}, f, fn)
+}
+
+// cmSide is one device and connection manager of cmRunAll.
+type cmSide struct {
+	dev *rxego.Device
+	m   *cm.Manager
+	err error
+}
+
+// cmRunAll is cmRun on several local addresses at once (a server
+// listening on every address): fn runs on each; the first to end other
+// than by cancellation ends the others, and its result and counters are
+// the run's. An address whose device cannot open is skipped with a note
+// when others remain.
+func cmRunAll(locals []netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm.Manager) error) error {
 	drop, err := parseDrops(*f.drop)
 	if err != nil {
 		return err
@@ -104,28 +120,112 @@ func cmRun(local netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm.Manag
 	if err := f.obs.start(); err != nil {
 		return err
 	}
-	dev, err := rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
-	if err != nil {
-		return errors.Join(err, f.obs.close())
-	}
-	defer dev.Close()
-	f.obs.attach(dev)
 	cfg := &cm.Config{DropMAD: drop}
 	if *f.debug {
 		cfg.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
 	}
-	m, err := cm.New(dev, cfg)
-	if err != nil {
-		return errors.Join(err, f.obs.close())
+	var sides []*cmSide
+	defer func() {
+		for _, s := range sides {
+			s.m.Close()
+			s.dev.Close()
+		}
+	}()
+	var openErrs []error
+	for _, local := range locals {
+		dev, err := rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
+		if err != nil {
+			openErrs = append(openErrs, err)
+			continue
+		}
+		f.obs.attach(dev)
+		m, err := cm.New(dev, cfg)
+		if err != nil {
+			dev.Close()
+			return errors.Join(err, f.obs.close())
+		}
+		sides = append(sides, &cmSide{dev: dev, m: m})
+	}
+	if len(sides) == 0 {
+		return errors.Join(errors.Join(openErrs...), f.obs.close())
+	}
+	for _, err := range openErrs {
+		fmt.Fprintf(os.Stderr, "rxego: skipping an address: %v\n", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *f.timeout)
 	defer cancel()
-	err = fn(ctx, m)
-	m.Close()
+	first := sides[0]
+	if len(sides) > 1 {
+		// The first side to end for another reason than the others'
+		// cancellation is the run.
+		all, stop := context.WithCancel(ctx)
+		done := make(chan *cmSide, len(sides))
+		for _, s := range sides {
+			go func() {
+				s.err = fn(all, s.m)
+				done <- s
+			}()
+		}
+		first = nil
+		for range sides {
+			s := <-done
+			if first == nil && (all.Err() == nil || !errors.Is(s.err, all.Err())) {
+				first = s
+				stop()
+			}
+		}
+		stop()
+		if first == nil {
+			first = sides[0]
+		}
+	} else {
+		first.err = fn(ctx, first.m)
+	}
+	err = first.err
+	first.m.Close()
 	if *f.stats {
-		err = errors.Join(err, printStatsWith(os.Stdout, dev, 0, m.Counters()))
+		err = errors.Join(err, printStatsWith(os.Stdout, first.dev, 0, first.m.Counters()))
 	}
 	return errors.Join(err, f.obs.close())
+}
+
+// listenAddrs is localAddrs; tests replace it.
+var listenAddrs = localAddrs
+
+// localAddrs are the addresses a server without -a listens on: every
+// IPv4 address of the host, as rping's INADDR_ANY.
+func localAddrs() ([]netip.Addr, error) {
+	ifAddrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range ifAddrs {
+		if p, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(p.IP); ok && ip.Unmap().Is4() {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no IPv4 address on this host to listen on; give one with -a")
+	}
+	return out, nil
+}
+
+// dialError says what a failed rdma_cm connection attempt means, as the
+// C tools' "couldn't connect" does: a REJ for want of a listener is a
+// refused connection, a REQ nobody answered means no RoCE peer there.
+func dialError(addr netip.AddrPort, err error) error {
+	var rej *cm.RejectError
+	switch {
+	case errors.As(err, &rej) && rej.Reason == cm.RejInvalidServiceID:
+		return fmt.Errorf("couldn't connect to %v: connection refused (REJ, reason %d: nobody listens on rdma_cm port %d there)",
+			addr, rej.Reason, addr.Port())
+	case errors.Is(err, cm.ErrTimeout):
+		return fmt.Errorf("couldn't connect to %v: no answer to the connection request (no RoCE device on that address?): %w", addr, err)
+	}
+	return err
 }
 
 func runRping(args []string) error {
@@ -136,19 +236,20 @@ func runRping(args []string) error {
 
 Talks to librdmacm's rping over an rdma_cm connection (IB CM on QP1).
 The server serves one client; its -a is the local RoCE address rxego
-binds. The client's -a is the server, -I its own address (default: the
-one the kernel routes from).
+binds (without -a: every IPv4 address of the host, as rping's). The
+client's -a is the server, -I its own address (default: the one the
+kernel routes from). A client fails at once when nobody listens there.
 
   rxego rping -s -a 198.18.0.1 -v            # server
   rping -c -a 198.18.0.1 -v -V -C 10         # the peer, elsewhere
 
 flags:
 `)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	server := fs.Bool("s", false, "server")
 	client := fs.Bool("c", false, "client")
-	addr := fs.String("a", "", "server: local address to bind; client: server address")
+	addr := fs.String("a", "", "server: local address to bind (default: every IPv4 address of the host); client: server address")
 	src := fs.String("I", "", "client: local address (default: the route's source toward -a)")
 	port := fs.Uint("p", rping.DefaultPort, "rdma_cm port")
 	count := fs.Int("C", 0, "client: pings (0: until -timeout)")
@@ -157,28 +258,43 @@ flags:
 	validate := fs.Bool("V", false, "client: validate ping data (the server always does)")
 	_ = fs.Bool("P", false, "persistent server (accepted; rxego serves one client)")
 	f := addCMFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	operands, err := parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
+	if len(operands) > 0 {
+		return usageErrorf("unexpected argument %q", operands[0])
+	}
 	if *server == *client {
-		return errors.New("give exactly one of -s and -c")
+		return usageErrorf("give exactly one of -s and -c")
 	}
 	if *port > 0xffff || *size < rping.MinSize || *size > rping.MaxSize || *count < 0 {
-		return fmt.Errorf("port %d, size %d (%d..%d), count %d out of range", *port, *size, rping.MinSize, rping.MaxSize, *count)
+		return usageErrorf("port %d, size %d (%d..%d), count %d out of range", *port, *size, rping.MinSize, rping.MaxSize, *count)
 	}
-	a, err := netip.ParseAddr(*addr)
-	if err != nil {
-		return fmt.Errorf("-a %q: %v", *addr, err)
+	var a netip.Addr
+	if *addr != "" || *client {
+		if a, err = netip.ParseAddr(*addr); err != nil {
+			return usageErrorf("-a %q: %v", *addr, err)
+		}
 	}
 	cfg := rping.Config{Size: *size, Count: *count, Verbose: *verbose, Validate: *validate, Out: os.Stdout}
 	if *server {
-		return cmRun(a, f, func(ctx context.Context, m *cm.Manager) error {
+		locals := []netip.Addr{a}
+		if !a.IsValid() {
+			if locals, err = listenAddrs(); err != nil {
+				return err
+			}
+		}
+		return cmRunAll(locals, f, func(ctx context.Context, m *cm.Manager) error {
 			l, err := m.Listen(uint16(*port))
 			if err != nil {
 				return err
 			}
-			fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(a, uint16(*port)))
+			fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(m.Device().Addr().Addr(), uint16(*port)))
 			res, err := rping.Serve(ctx, m, l, cfg)
+			if res.Pings == 0 && ctx.Err() != nil && len(locals) > 1 {
+				return err // another address served the client
+			}
 			fmt.Printf("rxego rping: served %d pings, %d verified\n", res.Pings, res.Verified)
 			return err
 		})
@@ -188,9 +304,12 @@ flags:
 		return err
 	}
 	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
-		res, err := rping.Dial(ctx, m, netip.AddrPortFrom(a, uint16(*port)), cfg)
-		fmt.Printf("rxego rping: %d pings, %d verified\n", res.Pings, res.Verified)
-		return err
+		to := netip.AddrPortFrom(a, uint16(*port))
+		res, err := rping.Dial(ctx, m, to, cfg)
+		if err == nil || res.Pings > 0 {
+			fmt.Printf("rxego rping: %d pings, %d verified\n", res.Pings, res.Verified)
+		}
+		return dialError(to, err)
 	})
 }
 
@@ -206,64 +325,35 @@ func localAddr(flagValue string, peer netip.Addr) (netip.Addr, error) {
 	return a, nil
 }
 
-func runUcmatose(args []string) error {
-	fs := flag.NewFlagSet("ucmatose", flag.ContinueOnError)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `usage: rxego ucmatose [-s server_address] [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]
-
-Talks to librdmacm's ucmatose: several rdma_cm connections, each carrying
+// ucmatoseTool is rxego ucmatose.
+var ucmatoseTool = exchange{
+	name: "ucmatose",
+	usage: `Talks to librdmacm's ucmatose: several rdma_cm connections, each carrying
 message_count SENDs each way. Without -s it is the server; -b is the local
 RoCE address (the client's default: the route's source toward -s).
 
   rxego ucmatose -b 198.18.0.1 -c 2           # server
   ucmatose -s 198.18.0.1 -c 2                 # the peer, elsewhere
-
-flags:
-`)
-		fs.PrintDefaults()
-	}
-	dst := fs.String("s", "", "server address (client mode)")
-	bind := fs.String("b", "", "local address")
-	conns := fs.Int("c", cmatose.DefaultConnections, "connections")
-	count := fs.Int("C", cmatose.DefaultCount, "messages each way per connection")
-	size := fs.Int("S", cmatose.DefaultSize, "message size")
-	port := fs.Uint("p", cmatose.DefaultPort, "rdma_cm port")
-	f := addCMFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *port > 0xffff {
-		return fmt.Errorf("port %d out of range", *port)
-	}
-	cfg := cmatose.Config{Connections: *conns, Count: *count, Size: *size, Out: os.Stdout}
-	report := func(res cmatose.Result, err error) error {
-		fmt.Printf("rxego ucmatose: %d connections, %d sent, %d received, %d verified\n",
-			res.Connections, res.Sent, res.Received, res.Verified)
-		return err
-	}
-	if *dst == "" {
-		local, err := netip.ParseAddr(*bind)
+`,
+	port: cmatose.DefaultPort, conns: cmatose.DefaultConnections, count: cmatose.DefaultCount, size: cmatose.DefaultSize,
+	check: func(c exchangeConfig) error { return cmatoseConfig(c).Check() },
+	serve: func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error) {
+		l, err := m.Listen(port)
 		if err != nil {
-			return fmt.Errorf("the server needs its local address: -b: %v", err)
+			return exchangeResult{}, err
 		}
-		return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
-			l, err := m.Listen(uint16(*port))
-			if err != nil {
-				return err
-			}
-			fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(local, uint16(*port)))
-			return report(cmatose.Serve(ctx, m, l, cfg))
-		})
-	}
-	peer, err := netip.ParseAddr(*dst)
-	if err != nil {
-		return fmt.Errorf("-s %q: %v", *dst, err)
-	}
-	local, err := localAddr(*bind, peer)
-	if err != nil {
-		return err
-	}
-	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
-		return report(cmatose.Dial(ctx, m, netip.AddrPortFrom(peer, uint16(*port)), cfg))
-	})
+		ready()
+		return cmatoseResult(cmatose.Serve(ctx, m, l, cmatoseConfig(c)))
+	},
+	dial: func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error) {
+		return cmatoseResult(cmatose.Dial(ctx, m, raddr, cmatoseConfig(c)))
+	},
+}
+
+func cmatoseConfig(c exchangeConfig) cmatose.Config {
+	return cmatose.Config{Connections: c.conns, Count: c.count, Size: c.size, Out: os.Stdout}
+}
+
+func cmatoseResult(r cmatose.Result, err error) (exchangeResult, error) {
+	return exchangeResult{r.Connections, r.Sent, r.Received, r.Verified}, err
 }

@@ -68,15 +68,12 @@ flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	files, err := parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
-	if (f.iface == "") != (fs.NArg() == 1) || fs.NArg() > 1 {
-		fs.Usage()
-		return errors.New("need exactly one capture file, or -i IFACE")
+	if (f.iface == "") != (len(files) == 1) || len(files) > 1 {
+		return usageErrorf("need exactly one capture file, or -i IFACE")
 	}
 	if f.iface == "" && (f.write != "" || f.count != 0 || f.duration != 0 || f.host != "") {
 		return errors.New("-w, --count, --duration and --host are for live capture (-i)")
@@ -89,7 +86,7 @@ flags:
 	}
 	f.colorOn = f.color == "always" || f.color == "auto" && out == io.Writer(os.Stdout) && progress.IsTerminal(os.Stdout)
 	w := bufio.NewWriter(out)
-	err := runTraceFlags(w, &f, fs.Arg(0))
+	err = runTraceFlags(w, &f, append(files, "")[0])
 	if ferr := w.Flush(); err == nil {
 		err = ferr
 	}

@@ -3,7 +3,10 @@ package perftest
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
+	"syscall"
 	"time"
 
 	"github.com/rxego/rxego"
@@ -26,10 +29,14 @@ func (s *session) txDepth() int {
 	return s.cfg.TxDepth
 }
 
+// cqMod is the signalling interval: at most the tx depth, so that a
+// signalled work request is always outstanding while the queue is full.
+func (s *session) cqMod() int { return min(s.cfg.cqMod, s.txDepth()) }
+
 // local returns the address (in rxego's MR) of QP i's k-th BW work
 // request of size.
 func (s *session) local(i, k, size int) uint64 {
-	return s.mr.IOVA() + uint64(s.lay.buf(i)+s.lay.slot(k, size))
+	return s.mr.IOVA() + uint64(s.lay.buf(i)+s.slotOf(k, size))
 }
 
 // bwWR builds QP i's k-th work request of a write, read or atomic BW test.
@@ -37,7 +44,7 @@ func (s *session) bwWR(i, k, size int) rxego.SendWR {
 	c := &s.cfg
 	wr := rxego.SendWR{ID: wrID(i, k), Flags: rxego.SendSignaled,
 		SGL:        []rxego.SGE{{Addr: s.local(i, k, size), Length: uint32(size), LKey: s.mr.LKey()}},
-		RemoteAddr: s.rem[i].VAddr + uint64(s.lay.slot(k, size)), RKey: s.rem[i].RKey}
+		RemoteAddr: s.rem[i].VAddr + uint64(s.slotOf(k, size)), RKey: s.rem[i].RKey}
 	switch c.Test.verb() {
 	case write:
 		wr.Opcode = rxego.WRWrite
@@ -81,77 +88,171 @@ func (a *atomicSeen) observe(s *session, slot int, v uint64) {
 	}
 }
 
-// bwLoop posts iters work requests of size on every QP, keeping at most
-// txDepth outstanding per QP, and returns the post and completion times
-// (run_iter_bw). Every work request is signalled; perftest signals every
-// cq_mod-th, which only changes what its host counts, not the wire.
-func (s *session) bwLoop(size int, wr func(i, k int) rxego.SendWR, done func(wc rxego.WC) error) (posted, completed []time.Duration, err error) {
+// bwTimes is what one bwLoop measured.
+type bwTimes struct {
+	// posted and completed hold each work request's post and completion
+	// time (in post and completion order) when the peak is measured;
+	// unsignalled work requests complete with the next signalled one.
+	posted, completed []time.Duration
+	// n work requests completed in span: the whole run, or a timed run's
+	// sample window.
+	n    int
+	span time.Duration
+}
+
+// bwLoop posts iters work requests of size on every QP (or, timed, for
+// cfg.Duration), keeping at most txDepth outstanding per QP, handing them
+// over postList at a time and signalling every cqMod-th and the last
+// (run_iter_bw). done, when set, sees every completed work request (i, k)
+// of QP i in order, signalled or not.
+func (s *session) bwLoop(wr func(i, k int) rxego.SendWR, done func(i, k int) error) (bwTimes, error) {
 	c := &s.cfg
 	n := c.NumQPs
-	tot := c.Iters * n
+	timed := c.Duration > 0 && !c.RunInfinitely
+	endless := timed || c.RunInfinitely
+	limit, tot := c.Iters, c.Iters*n
+	if endless {
+		limit, tot = int(^uint(0)>>1), 0
+	}
+	var t bwTimes
+	if !c.noPeak {
+		t.posted, t.completed = make([]time.Duration, 0, tot), make([]time.Duration, 0, tot)
+	}
 	scnt, ccnt := make([]int, n), make([]int, n)
-	posted, completed = make([]time.Duration, 0, tot), make([]time.Duration, 0, tot)
 	wcs := make([]rxego.WC, 16)
-	tx := s.txDepth()
+	wrs := make([]rxego.SendWR, 0, c.postList)
+	tx, pl, cqMod := s.txDepth(), c.postList, s.cqMod()
 	start := time.Now()
-	for len(completed) < tot {
+	// A timed run samples from Margin to Duration-Margin and stops posting
+	// at Duration; the work requests still outstanding then are left to
+	// complete behind the final exchange.
+	sampleFrom, sampleTo, end := c.Margin, c.Duration-c.Margin, c.Duration
+	var sampled, atSample int
+	var sampling bool
+	completedAll := 0
+	var tick time.Duration // --run_infinitely: the last report
+	for endless || completedAll < tot {
+		now := time.Since(start)
+		if c.RunInfinitely && now-tick >= c.Duration {
+			s.out.printBW(avgReport(c.Size, completedAll-atSample, now-tick))
+			tick, atSample = now, completedAll
+		}
+		if timed {
+			if !sampling && now >= sampleFrom && now < sampleTo {
+				sampling, atSample = true, completedAll
+			}
+			if sampling && now >= sampleTo {
+				sampled, t.span = completedAll-atSample, now-sampleFrom
+				sampling = false
+				sampleFrom = end + 1 // once
+			}
+			if now >= end {
+				break
+			}
+		}
 		for i, q := range s.qps {
-			for scnt[i] < c.Iters && scnt[i]-ccnt[i] < tx {
-				posted = append(posted, time.Since(start))
-				if err := q.PostSend(wr(i, scnt[i])); err != nil {
-					return nil, nil, fmt.Errorf("perftest: couldn't post send: qp %d scnt=%d: %w", i, scnt[i], err)
+			for scnt[i] < limit && scnt[i]-ccnt[i]+pl <= tx {
+				wrs = wrs[:0]
+				for j := 0; j < pl && scnt[i]+j < limit; j++ {
+					k := scnt[i] + j
+					w := wr(i, k)
+					w.Flags &^= rxego.SendSignaled
+					if (k+1)%cqMod == 0 || k == limit-1 {
+						w.Flags |= rxego.SendSignaled
+					}
+					wrs = append(wrs, w)
 				}
-				scnt[i]++
+				if !c.noPeak {
+					at := time.Since(start)
+					for range wrs {
+						t.posted = append(t.posted, at)
+					}
+				}
+				if err := q.PostSend(wrs...); err != nil {
+					return t, fmt.Errorf("perftest: couldn't post send: qp %d scnt=%d: %w", i, scnt[i], err)
+				}
+				scnt[i] += len(wrs)
 			}
 		}
 		k, err := s.poll(s.scq, wcs)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w (posted %d, completed %d of %d)", err, len(posted), len(completed), tot)
+		if err != nil && c.RunInfinitely && s.ctx.Err() != nil {
+			return t, nil // the end of an endless run
 		}
+		if err != nil {
+			return t, fmt.Errorf("%w (posted %d, completed %d of %d)", err, sum(scnt), completedAll, tot)
+		}
+		at := time.Since(start)
 		for _, wc := range wcs[:k] {
-			i, _ := unpackID(wc.ID)
-			if i >= n {
-				return nil, nil, fmt.Errorf("perftest: completion with unknown wr_id %#x", wc.ID)
+			i, last := unpackID(wc.ID)
+			if i >= n || last < ccnt[i] || last >= scnt[i] {
+				return t, fmt.Errorf("perftest: completion with unknown wr_id %#x", wc.ID)
 			}
-			if done != nil {
-				if err := done(wc); err != nil {
-					return nil, nil, err
+			for ; ccnt[i] <= last; ccnt[i]++ {
+				if done != nil {
+					if err := done(i, ccnt[i]); err != nil {
+						return t, err
+					}
 				}
+				if !c.noPeak {
+					t.completed = append(t.completed, at)
+				}
+				completedAll++
 			}
-			ccnt[i]++
-			completed = append(completed, time.Since(start))
 		}
 	}
-	return posted, completed, nil
+	if timed {
+		t.n = sampled
+		if t.span == 0 { // the sample window never closed
+			t.n, t.span = completedAll, time.Since(start)
+		}
+		return t, nil
+	}
+	t.n, t.span = completedAll, time.Since(start)
+	if len(t.posted) > 0 && len(t.completed) > 0 {
+		t.span = t.completed[len(t.completed)-1] - t.posted[0]
+	}
+	return t, nil
+}
+
+func sum(v []int) (n int) {
+	for _, x := range v {
+		n += x
+	}
+	return n
 }
 
 // rdmaBW runs ib_write_bw, ib_read_bw or ib_atomic_bw. The client posts
 // and measures; the server only waits for the client's final handshake
-// and report, as perftest's server does.
+// and report, as perftest's server does. With -b both sides post.
 func (s *session) rdmaBW() error {
 	c := &s.cfg
 	s.out.s(resultLine)
-	s.out.s(resultFmtBW)
+	s.out.bwHeader()
+	if c.RunInfinitely {
+		return s.rdmaBWInfinitely()
+	}
+	if c.Bidirectional {
+		return s.rdmaBWDuplex()
+	}
 	if !s.client {
 		return s.rdmaBWServer()
 	}
 	var rep Report
 	seen := atomicSeen{last: map[int]uint64{}}
 	for _, size := range c.sizes() {
-		var done func(wc rxego.WC) error
+		var done func(i, k int) error
 		if c.Test.verb() == atomic {
-			done = func(wc rxego.WC) error {
-				i, k := unpackID(wc.ID)
-				off := s.lay.buf(i) + s.lay.slot(k, size)
-				seen.observe(s, i<<32|s.lay.slot(k, size), binary.LittleEndian.Uint64(s.buf[off:]))
+			done = func(i, k int) error {
+				off := s.lay.buf(i) + s.slotOf(k, size)
+				seen.observe(s, i<<32|s.slotOf(k, size), binary.LittleEndian.Uint64(s.buf[off:]))
 				return nil
 			}
 		}
-		posted, completed, err := s.bwLoop(size, func(i, k int) rxego.SendWR { return s.bwWR(i, k, size) }, done)
+		t, err := s.bwLoop(func(i, k int) rxego.SendWR { return s.bwWR(i, k, size) }, done)
 		if err != nil {
 			return err
 		}
-		rep = bwReport(size, c.Iters, posted, completed, c.cqMod)
+		rep = s.bwReport(size, t)
 		s.out.printBW(rep)
 		s.res.BW = append(s.res.BW, rep)
 	}
@@ -160,7 +261,11 @@ func (s *session) rdmaBW() error {
 		s.res.What = fmt.Sprintf("each %s returned the value the previous one on the same word left", c.Atomic)
 	}
 	last := c.sizes()[len(c.sizes())-1]
-	if _, err := s.ex.HandShakeHold(s.my[0], s.holdFunc(func() []PeerCheck { return s.rdmaClientChecks(last, seen) })); err != nil {
+	var checks func() []PeerCheck
+	if c.Duration == 0 { // a timed run leaves work requests in flight
+		checks = func() []PeerCheck { return s.rdmaClientChecks(last, seen) }
+	}
+	if _, err := s.ex.HandShakeHold(s.my[0], s.holdFunc(checks)); err != nil {
 		return err
 	}
 	if _, err := s.ex.Reports(rep); err != nil {
@@ -169,8 +274,81 @@ func (s *session) rdmaBW() error {
 	return s.ex.Close(s.my[0], nil)
 }
 
+// rdmaBWInfinitely is --run_infinitely: the client posts and prints a
+// line every Duration until ctx ends (perftest's ends with a signal); the
+// server waits for the client to go away, as perftest's waits forever.
+func (s *session) rdmaBWInfinitely() error {
+	if !s.client {
+		_, err := s.ex.HandShake(s.my[0])
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			fmt.Fprintln(s.cfg.Out, "rxego: the client ended its endless run")
+			return nil
+		}
+		return err
+	}
+	_, err := s.bwLoop(func(i, k int) rxego.SendWR { return s.bwWR(i, k, s.cfg.Size) }, nil)
+	return err
+}
+
+// bwReport is the report of one bwLoop of size.
+func (s *session) bwReport(size int, t bwTimes) Report {
+	if !s.cfg.noPeak {
+		return bwReport(size, t.posted, t.completed, s.cqMod())
+	}
+	return avgReport(size, t.n, t.span)
+}
+
+// rdmaBWDuplex is -b for write_bw and read_bw: per size both sides
+// synchronise, post, synchronise again, and swap reports; each prints the
+// sum of both (write_bw.c's duplex path). Neither side can tell its own
+// memory from the peer's work requests apart, so no data checks run.
+func (s *session) rdmaBWDuplex() error {
+	c := &s.cfg
+	for _, size := range c.sizes() {
+		if _, err := s.ex.HandShake(s.my[0]); err != nil {
+			return err
+		}
+		t, err := s.bwLoop(func(i, k int) rxego.SendWR { return s.bwWR(i, k, size) }, nil)
+		if err != nil {
+			return err
+		}
+		if c.All {
+			if _, err := s.ex.HandShake(s.my[0]); err != nil {
+				return err
+			}
+		}
+		mine := s.bwReport(size, t)
+		theirs, err := s.ex.Reports(mine)
+		if err != nil {
+			return err
+		}
+		both := mine
+		both.BWPeak += theirs.BWPeak
+		both.BWAvg += theirs.BWAvg
+		both.MsgRate += theirs.MsgRate
+		s.out.printBW(both)
+		s.res.BW = append(s.res.BW, both)
+	}
+	s.out.s(resultLine)
+	return s.ex.Close(s.my[0], nil)
+}
+
+// period is how many work requests of size walk through the slots before
+// the walk starts again: the slots of a page, or with a post list its
+// length, as perftest posts the same list of work requests (slots 0 to
+// post_list-1) over and over.
+func (s *session) period(size int) int {
+	if s.cfg.postList > 1 {
+		return s.cfg.postList
+	}
+	return s.lay.slots(size)
+}
+
+// slotOf is the offset of BW work request k's slot.
+func (s *session) slotOf(k, size int) int { return s.lay.slot(k%s.period(size), size) }
+
 // written is how many slots a QP's iters work requests of size touched.
-func (s *session) written(size, iters int) int { return min(iters, s.lay.slots(size)) }
+func (s *session) written(size, iters int) int { return min(iters, s.period(size)) }
 
 // rdmaClientChecks says what the peer's memory holds after a write, read
 // or atomic BW run: per QP and slot, what rxego wrote there, what rxego
@@ -213,7 +391,11 @@ func (s *session) peerBuf(i int) uint64 {
 func (s *session) rdmaBWServer() error {
 	c := &s.cfg
 	last := c.sizes()[len(c.sizes())-1]
-	if _, err := s.ex.HandShakeHold(s.my[0], s.holdFunc(func() []PeerCheck { return s.rdmaServerChecks(last) })); err != nil {
+	checks := func() []PeerCheck { return s.rdmaServerChecks(last) }
+	if c.Duration > 0 {
+		checks = nil
+	}
+	if _, err := s.ex.HandShakeHold(s.my[0], s.holdFunc(checks)); err != nil {
 		return err
 	}
 	rem, err := s.ex.Reports(Report{Size: uint64(last), Iters: uint64(c.Iters * c.NumQPs)})
@@ -225,6 +407,9 @@ func (s *session) rdmaBWServer() error {
 	s.res.BW = append(s.res.BW, rem)
 	if err := s.ex.Close(s.my[0], nil); err != nil {
 		return err
+	}
+	if c.Duration > 0 {
+		return nil // the client's report counts a sample window, not what reached rxego's memory
 	}
 	iters := c.Iters
 	if rem.Iters > 0 && rem.Iters%uint64(c.NumQPs) == 0 && rem.Iters/uint64(c.NumQPs) < 1<<31 {
@@ -313,7 +498,7 @@ func (s *session) checkServerMemory(size, iters int) {
 		for i := range s.qps {
 			for k := 0; k < s.written(size, iters); k++ {
 				off := s.lay.vaddr(i) + s.lay.slot(k, size)
-				hits := (iters - k + s.lay.slots(size) - 1) / s.lay.slots(size)
+				hits := (iters - k + s.period(size) - 1) / s.period(size)
 				want := binary.LittleEndian.Uint64(s.fill[off:])
 				if c.Atomic == FetchAndAdd {
 					want += uint64(hits) * atomicAdd
@@ -332,7 +517,7 @@ func (s *session) checkServerMemory(size, iters int) {
 func (s *session) sendBW() error {
 	c := &s.cfg
 	s.out.s(resultLine)
-	s.out.s(resultFmtBW)
+	s.out.bwHeader()
 	var checks func() []PeerCheck
 	for _, size := range c.sizes() {
 		var rep Report
@@ -364,14 +549,14 @@ func (s *session) sendBWClient(size int) (Report, error) {
 	if _, err := s.ex.HandShake(s.my[0]); err != nil {
 		return Report{}, err
 	}
-	posted, completed, err := s.bwLoop(size, func(i, k int) rxego.SendWR {
+	t, err := s.bwLoop(func(i, k int) rxego.SendWR {
 		return rxego.SendWR{ID: wrID(i, k), Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
 			SGL: []rxego.SGE{{Addr: s.local(i, k, size), Length: uint32(size), LKey: s.mr.LKey()}}}
 	}, nil)
 	if err != nil {
 		return Report{}, err
 	}
-	return bwReport(size, s.cfg.Iters, posted, completed, s.cfg.cqMod), nil
+	return s.bwReport(size, t), nil
 }
 
 // postRecv posts QP i's receive for its message k at offset off.
@@ -456,7 +641,7 @@ func (s *session) sendClientChecks(size int) []PeerCheck {
 	for i := range s.qps {
 		peer0 := s.peerBuf(i) - uint64(s.lay.buf(i))
 		for off, k := range lastPerOffset(s.lay.recvOffsets(i, size, c.RxDepth, c.Iters, false)) {
-			src := s.lay.buf(i) + s.lay.slot(k, size)
+			src := s.lay.buf(i) + s.slotOf(k, size)
 			out = append(out, PeerCheck{Addr: peer0 + uint64(off), Data: bytes.Clone(s.buf[src:][:size]),
 				What: fmt.Sprintf("QP %d: the server's receive buffer for message %d", i, k)})
 		}
@@ -472,7 +657,7 @@ func (s *session) sendServerChecks(size int) []PeerCheck {
 	var out []PeerCheck
 	for i := range s.qps {
 		for off, k := range lastPerOffset(s.lay.recvOffsets(i, size, c.RxDepth, c.Iters, false)) {
-			out = append(out, PeerCheck{Addr: s.peerBuf(i) + uint64(s.lay.slot(k, size)),
+			out = append(out, PeerCheck{Addr: s.peerBuf(i) + uint64(s.slotOf(k, size)),
 				Data: bytes.Clone(s.buf[off:][:size]), What: fmt.Sprintf("QP %d: the client's source of message %d", i, k)})
 		}
 	}

@@ -156,7 +156,59 @@ type Config struct {
 	// Seed makes the fill pattern of rxego's buffer reproducible; 0 picks
 	// one at random.
 	Seed uint64
+
+	// CQMod is -Q: a completion is requested for every CQMod-th work
+	// request (0: perftest's 100, at most the tx depth; 1 above 8 KiB).
+	CQMod int
+	// PostList is -l: work requests handed over in one PostSend (0: 1).
+	// With PostList > 1 and no CQMod, the last of each list is signalled.
+	PostList int
+	// QPTimeout is -u: the ACK timeout exponent of the QPs (4.096 us x
+	// 2^QPTimeout; 0 waits forever); nil means perftest's 14.
+	QPTimeout *uint8
+	// Events is -e: sleep on completion events instead of polling. rxego
+	// always sleeps in CQ.PollWait once the device's busy-poll spin (if
+	// any) found nothing, so this changes nothing but is checked as
+	// perftest checks it (not with Duration).
+	Events bool
+	// Duration is -D: a BW client posts for this long instead of Iters
+	// work requests per QP, and reports what completed between Margin
+	// after the start and Margin before the end; no BW peak then.
+	Duration time.Duration
+	// Margin is -f: see Duration (0: perftest's 2 s).
+	Margin time.Duration
+	// RunInfinitely is --run_infinitely: a BW client posts until ctx ends
+	// and prints a report line every Duration (0: perftest's 5 s).
+	RunInfinitely bool
+	// ReportGbits is --report_gbits: bandwidth in Gb/s (10^9 bits) instead
+	// of MB/s (2^20 bytes).
+	ReportGbits bool
+	// Bidirectional is -b: both sides post (write_bw and read_bw), each
+	// measures its own work requests and prints the sum of both reports.
+	// The peer must be run with -b too.
+	Bidirectional bool
 }
+
+// Defaults of the timed modes (perftest's DEF_DURATION and
+// DEF_INIT_MARGIN).
+const (
+	defDuration = 5 * time.Second
+	defMargin   = 2 * time.Second
+)
+
+// maxPeakWRs bounds the work requests whose post and completion times a BW
+// run keeps to compute the peak (two timestamps each); beyond it, or
+// beyond noPeakIters per QP, the peak is not measured, with perftest's
+// warning.
+const maxPeakWRs = 1 << 22
+
+// maxLatIters bounds a latency test's iterations: one timestamp each
+// (128 MiB at most).
+const maxLatIters = 1 << 24
+
+// noPeakWarning is what perftest prints when it will not measure the BW
+// peak.
+const noPeakWarning = " WARNING: BW peak won't be measured in this run.\n"
 
 // normalised holds the values a run actually uses after perftest's
 // defaults and its dependency rules (force_dependecies).
@@ -164,6 +216,11 @@ type normalised struct {
 	Config
 	mtu   qp.MTU
 	cqMod int
+	// postList is PostList, at least 1.
+	postList int
+	// noPeak says the BW peak is not measured (a timed run, or too many
+	// work requests to keep the times of).
+	noPeak bool
 	// serverAddr is Server resolved, for an RDMACM client.
 	serverAddr netip.Addr
 }
@@ -212,6 +269,9 @@ func normalise(c Config) (normalised, error) {
 	}
 	if n.Iters < minIters || n.Iters > 100_000_000 {
 		return n, fmt.Errorf("perftest: iterations %d: want %d to 100000000", n.Iters, minIters)
+	}
+	if c.Test.Lat() && n.Iters > maxLatIters {
+		return n, fmt.Errorf("perftest: iterations %d: a latency test keeps one timestamp per iteration, at most %d", n.Iters, maxLatIters)
 	}
 	if n.NumQPs == 0 {
 		n.NumQPs = 1
@@ -265,9 +325,8 @@ func normalise(c Config) (normalised, error) {
 	} else {
 		n.OutReads = 1
 	}
-	n.cqMod = min(defCQMod, n.TxDepth)
-	if n.Size > cqModSizeLimit && !n.All {
-		n.cqMod = 1
+	if err := n.checkModes(); err != nil {
+		return n, err
 	}
 	if n.Timeout == 0 {
 		n.Timeout = 2 * time.Minute
@@ -284,6 +343,74 @@ func normalise(c Config) (normalised, error) {
 		}
 	}
 	return n, nil
+}
+
+// checkModes applies and checks -Q, -l, -u, -e, -D, --run_infinitely and
+// -b, as perftest's force_dependecies does.
+func (n *normalised) checkModes() error {
+	lat := n.Test.Lat()
+	if lat && (n.CQMod != 0 || n.PostList > 1 || n.Duration != 0 || n.RunInfinitely || n.Bidirectional) {
+		return errors.New("perftest: -Q, -l, -D, --run_infinitely and -b are for the BW tests")
+	}
+	n.postList = max(n.PostList, 1)
+	if n.PostList < 0 || n.postList > n.TxDepth {
+		return fmt.Errorf("perftest: post list %d: want 1 to the tx depth (%d)", n.PostList, n.TxDepth)
+	}
+	switch {
+	case n.CQMod != 0:
+		if n.CQMod < 1 || n.CQMod > n.TxDepth {
+			return fmt.Errorf("perftest: CQ moderation %d: want 1 to the tx depth (%d)", n.CQMod, n.TxDepth)
+		}
+		n.cqMod = n.CQMod
+	case n.postList > 1:
+		n.cqMod = n.postList
+	default:
+		n.cqMod = min(defCQMod, n.TxDepth)
+		if n.Size > cqModSizeLimit && !n.All {
+			n.cqMod = 1
+		}
+	}
+	if n.postList > 1 && n.postList%n.cqMod != 0 {
+		return fmt.Errorf("perftest: post list %d must be a multiple of the CQ moderation %d", n.postList, n.cqMod)
+	}
+	timed := n.Duration != 0 || n.RunInfinitely
+	if !timed && n.Iters%n.postList != 0 {
+		return fmt.Errorf("perftest: iterations %d must be a multiple of the post list %d", n.Iters, n.postList)
+	}
+	if n.QPTimeout != nil && *n.QPTimeout > 31 {
+		return fmt.Errorf("perftest: QP timeout %d: want 0 to 31", *n.QPTimeout)
+	}
+	if n.Duration < 0 || n.Margin < 0 {
+		return errors.New("perftest: negative duration or margin")
+	}
+	if timed {
+		if n.Events {
+			return errors.New("perftest: duration mode doesn't work with events (-e)")
+		}
+		if n.All {
+			return errors.New("perftest: duration mode doesn't support running on all sizes (-a)")
+		}
+		if n.RunInfinitely && n.Bidirectional {
+			return errors.New("perftest: --run_infinitely runs one way only (no -b)")
+		}
+		if n.Margin == 0 {
+			n.Margin = defMargin
+		}
+		if n.RunInfinitely && n.Duration == 0 {
+			n.Duration = defDuration
+		}
+		if !n.RunInfinitely && n.Duration <= 2*n.Margin {
+			return fmt.Errorf("perftest: duration %v must be longer than twice the margin %v (-f)", n.Duration, n.Margin)
+		}
+	}
+	if timed && n.Test.verb() == send {
+		return errors.New("perftest: rxego runs -D and --run_infinitely on write_bw, read_bw and atomic_bw (a SEND server must know the count)")
+	}
+	if n.Bidirectional && n.Test != WriteBW && n.Test != ReadBW {
+		return fmt.Errorf("perftest: -b: rxego runs write_bw and read_bw bidirectionally, not %s", n.Test)
+	}
+	n.noPeak = !lat && (timed || n.Iters > noPeakIters || n.Iters*n.NumQPs > maxPeakWRs)
+	return nil
 }
 
 // sizes returns the message sizes a run goes through: the one size, or
@@ -348,4 +475,11 @@ func ResolveIPv4(host string) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("perftest: %s has no IPv4 address (-R runs over IPv4)", host)
+}
+
+// Check applies perftest's defaults and rules to c and reports whether
+// the run is possible, before anything is opened or allocated.
+func (c Config) Check() error {
+	_, err := normalise(c)
+	return err
 }

@@ -30,8 +30,12 @@ type LatStats struct {
 	Pct99, Pct999               float64
 }
 
-// printer writes perftest's report format.
-type printer struct{ w io.Writer }
+// printer writes perftest's report format; gbits prints bandwidth in
+// Gb/s (--report_gbits).
+type printer struct {
+	w     io.Writer
+	gbits bool
+}
 
 func (p *printer) f(format string, a ...any) { fmt.Fprintf(p.w, format, a...) }
 
@@ -45,6 +49,9 @@ func (s *session) printHeader() {
 	title := verbNames[c.Test.verb()] + " "
 	if c.Test.verb() == atomic {
 		title += string(c.Atomic) + " "
+	}
+	if c.Bidirectional {
+		title += "Bidirectional "
 	}
 	if c.Test.Lat() {
 		title += "Latency "
@@ -131,24 +138,16 @@ func cAltHex(v uint64, width int) string {
 }
 
 // bwReport computes perftest's BW figures (print_report_bw) from the post
-// and completion times of n work requests of size bytes, in post order
+// and completion times of the work requests of size bytes, in post order
 // and completion order; cqMod is the signalling interval the peak is
-// computed over, and peak is skipped beyond noPeakIters as perftest does.
-func bwReport(size, iters int, posted, completed []time.Duration, cqMod int) Report {
+// computed over.
+func bwReport(size int, posted, completed []time.Duration, cqMod int) Report {
 	n := len(posted)
 	r := Report{Size: uint64(size), Iters: uint64(n)}
 	if n == 0 || len(completed) != n {
 		return r
 	}
-	total := (completed[n-1] - posted[0]).Seconds()
-	if total <= 0 {
-		total = 1e-9
-	}
-	r.BWAvg = float64(size) * float64(n) / total / mb
-	r.MsgRate = float64(n) / total / 1e6
-	if iters > noPeakIters {
-		return r
-	}
+	r = avgReport(size, n, completed[n-1]-posted[0])
 	opt := completed[0] - posted[0]
 	for i := 0; i < n; i++ {
 		for j := (i+1+cqMod-1)/cqMod*cqMod - 1; j < n; j += cqMod {
@@ -170,9 +169,33 @@ func bwReport(size, iters int, posted, completed []time.Duration, cqMod int) Rep
 	return r
 }
 
+// avgReport is a report without the peak: n messages of size in span.
+func avgReport(size, n int, span time.Duration) Report {
+	total := max(span.Seconds(), 1e-9)
+	return Report{Size: uint64(size), Iters: uint64(n), BWAvg: float64(size) * float64(n) / total / mb,
+		MsgRate: float64(n) / total / 1e6}
+}
+
+// gbitsPerMB converts MB/s (2^20 bytes) to Gb/s (10^9 bits), perftest's
+// two report formats (--report_gbits).
+const gbitsPerMB = mb * 8 / 1e9
+
+// bwHeader prints the BW table's column titles.
+func (p *printer) bwHeader() {
+	if p.gbits {
+		p.s(strings.ReplaceAll(resultFmtBW, "MB/sec", "Gb/sec"))
+		return
+	}
+	p.s(resultFmtBW)
+}
+
 // printBW prints one line of the BW table.
 func (p *printer) printBW(r Report) {
-	p.f(reportFmtBW, r.Size, r.Iters, r.BWPeak, r.BWAvg, r.MsgRate)
+	f := 1.0
+	if p.gbits {
+		f = gbitsPerMB
+	}
+	p.f(reportFmtBW, r.Size, r.Iters, r.BWPeak*f, r.BWAvg*f, r.MsgRate)
 }
 
 // latStats computes a latency line (print_report_lat) from the times of

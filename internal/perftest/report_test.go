@@ -64,19 +64,28 @@ func TestBWReport(t *testing.T) {
 		posted = append(posted, time.Duration(i)*time.Millisecond)
 		completed = append(completed, time.Duration(i+1)*time.Millisecond)
 	}
-	r := bwReport(1<<20, 10, posted, completed, 1)
+	r := bwReport(1<<20, posted, completed, 1)
 	if r.Size != 1<<20 || r.Iters != 10 || math.Abs(r.BWAvg-1000) > 1e-6 || math.Abs(r.BWPeak-1000) > 1e-6 ||
 		math.Abs(r.MsgRate-0.001) > 1e-9 {
 		t.Fatalf("report %+v", r)
 	}
-	// Beyond noPeakIters perftest reports no peak.
-	if r := bwReport(1, noPeakIters+1, posted, completed, 1); r.BWPeak != 0 || r.BWAvg == 0 {
+	// Without the times, no peak: the average over the span.
+	if r := avgReport(1<<20, 10, 10*time.Millisecond); r.BWPeak != 0 || math.Abs(r.BWAvg-1000) > 1e-6 || r.Iters != 10 {
 		t.Fatalf("no-peak report %+v", r)
 	}
 	var b bytes.Buffer
 	(&printer{w: &b}).printBW(r)
 	if want := fmt.Sprintf(" %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", 1<<20, 10, 1000.0, 1000.0, 0.001); b.String() != want {
 		t.Fatalf("line %q, want %q", b.String(), want)
+	}
+	// --report_gbits: 1000 MiB/s is 8.388608 Gb/s, and the titles say so.
+	b.Reset()
+	p := &printer{w: &b, gbits: true}
+	p.bwHeader()
+	p.printBW(r)
+	if want := fmt.Sprintf(" %-7d    %-10d       %-7.2f            %-7.2f\t\t   %-7.6f\n", 1<<20, 10, 8.39, 8.39, 0.001); !strings.HasSuffix(b.String(), want) ||
+		!strings.Contains(b.String(), "BW peak[Gb/sec]    BW average[Gb/sec]") {
+		t.Fatalf("--report_gbits:\n%q\nwant a line %q", b.String(), want)
 	}
 }
 

@@ -93,7 +93,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	deadline := time.Now().Add(n.Timeout)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	s := &session{cfg: n, client: n.Server != "", ctx: ctx, out: &printer{w: n.Out}}
+	s := &session{cfg: n, client: n.Server != "", ctx: ctx, out: &printer{w: n.Out, gbits: n.ReportGbits}}
+	if n.noPeak {
+		fmt.Fprint(n.Out, noPeakWarning)
+	}
 	if n.RDMACM {
 		err = s.openDevice(n.Local)
 		if err == nil {
@@ -127,7 +130,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			s.dev.Close()
 		}
 	}
-	if err != nil && ctx.Err() != nil {
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (the %v timeout ran out)", err, n.Timeout)
+	} else if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w (%v)", err, ctx.Err())
 	}
 	return &s.res, err
@@ -166,28 +171,19 @@ func (s *session) quiesce() {
 	}
 }
 
-// connectTCP dials the server (retrying until it listens) or accepts one
-// client.
+// connectTCP dials the server or accepts one client. The client tries
+// once, as perftest's ethernet_client_connect does: a server that does
+// not listen is "couldn't connect" at once, not a wait.
 func (s *session) connectTCP(ctx context.Context) (net.Conn, error) {
 	c := s.cfg
 	if s.client {
 		addr := net.JoinHostPort(c.Server, strconv.Itoa(c.Port))
 		var d net.Dialer
-		for {
-			conn, err := d.DialContext(ctx, "tcp", addr)
-			if err == nil {
-				return conn, nil
-			}
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("perftest: couldn't connect to %s: %w", addr, err)
-			}
-			t := time.NewTimer(100 * time.Millisecond)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-			case <-t.C:
-			}
+		conn, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("perftest: couldn't connect to %s: %w", addr, err)
 		}
+		return conn, nil
 	}
 	ln := c.Listener
 	if ln == nil {
@@ -203,7 +199,7 @@ func (s *session) connectTCP(ctx context.Context) (net.Conn, error) {
 	conn, err := ln.Accept()
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("perftest: no client connected: %w", ctx.Err())
+			return nil, fmt.Errorf("perftest: no client connected on port %d within the %v timeout", c.Port, c.Timeout)
 		}
 		return nil, err
 	}
@@ -235,6 +231,9 @@ func (s *session) run() error {
 	}
 	if s.cm != nil {
 		if err := s.connectCM(); err != nil {
+			return err
+		}
+		if err := s.setQPTimeout(); err != nil {
 			return err
 		}
 	}
@@ -281,18 +280,30 @@ func localOf(conn net.Conn) netip.Addr {
 // else on local.
 func (s *session) openDevice(local netip.Addr) error {
 	c := &s.cfg
-	if s.dev = c.Device; s.dev != nil {
-		return nil
+	if s.dev = c.Device; s.dev == nil {
+		if c.Local.IsValid() {
+			local = c.Local
+		}
+		if !local.IsValid() {
+			return errors.New("perftest: no local address for the device")
+		}
+		var err error
+		if s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil); err != nil {
+			return err
+		}
 	}
-	if c.Local.IsValid() {
-		local = c.Local
+	s.clampMTU()
+	return nil
+}
+
+// clampMTU lowers -m to the port's active MTU, as perftest's set_mtu does
+// (a 1500-byte link carries 1024), so a pasted "-m 4096" still runs.
+func (s *session) clampMTU() {
+	c := &s.cfg
+	if active := s.dev.ActiveMTU(); c.mtu > active {
+		fmt.Fprintf(c.Out, "Requested mtu is higher than active mtu \nChanging to active mtu - %d\n", active.Bytes())
+		c.mtu = active
 	}
-	if !local.IsValid() {
-		return errors.New("perftest: no local address for the device")
-	}
-	var err error
-	s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
-	return err
 }
 
 // setup creates the buffer, MR, CQ and QPs in INIT, and this side's key
@@ -412,11 +423,29 @@ func (s *session) modify() error {
 		if out == 0 || out > qp.MaxRdAtomicLimit {
 			out = min(max(out, 1), qp.MaxRdAtomicLimit)
 		}
-		rts := qp.Attr{State: qp.RTS, SQPSN: s.my[i].PSN, Timeout: defQPTimeout, RetryCnt: 7, RNRRetry: 7,
+		timeout := uint8(defQPTimeout)
+		if s.cfg.QPTimeout != nil {
+			timeout = *s.cfg.QPTimeout
+		}
+		rts := qp.Attr{State: qp.RTS, SQPSN: s.my[i].PSN, Timeout: timeout, RetryCnt: 7, RNRRetry: 7,
 			MaxRdAtomic: uint8(out)}
 		if err := s.qps[i].Modify(&rts, qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|
 			qp.AttrRNRRetry|qp.AttrMaxQPRdAtomic); err != nil {
 			return fmt.Errorf("perftest: QP %d to RTS: %w", s.qps[i].Num(), err)
+		}
+	}
+	return nil
+}
+
+// setQPTimeout applies -u to the QPs the CM connected, RTS to RTS (the CM
+// sets its own ACK timeout when it moves them).
+func (s *session) setQPTimeout() error {
+	if s.cfg.QPTimeout == nil {
+		return nil
+	}
+	for _, q := range s.qps {
+		if err := q.Modify(&qp.Attr{State: qp.RTS, Timeout: *s.cfg.QPTimeout}, qp.AttrState|qp.AttrTimeout); err != nil {
+			return fmt.Errorf("perftest: -u %d: %w", *s.cfg.QPTimeout, err)
 		}
 	}
 	return nil

@@ -36,7 +36,7 @@ type Config struct {
 	Local    netip.Addr // local RoCE address (the GID); required
 	Server   string     // peer host name or address; empty means act as server
 	TCPPort  int        // -p, default 18515
-	Size     int        // -s, default 4096 (ud: 2048)
+	Size     int        // -s, default 4096 (ud: 2048, or the MTU when that is smaller)
 	Iters    int        // -n, default 1000
 	MTU      int        // -m, default 1024
 	RxDepth  int        // -r, default 500
@@ -67,9 +67,6 @@ const udQKey = 0x11111111
 const (
 	recvWRID = 1
 	sendWRID = 2
-	// A receive's wr_id carries its slot above the kind bits.
-	wrKindMask  = 0xff
-	wrSlotShift = 8
 )
 
 // fillByte is what the C tools memset their buffer to, except
@@ -79,6 +76,16 @@ const (
 	srqFillByte = 0x00
 )
 
+// Limits checked before anything is allocated. rxego gives every posted
+// receive its own slot (so a completion's bytes can be checked), so the
+// buffer is size x (rx depth + QPs), bounded by maxBuffer.
+const (
+	maxSize    = 1 << 30 // -s
+	maxRxDepth = 16384   // -r
+	maxIters   = 1 << 31 // -n
+	maxBuffer  = 1 << 30 // size x rx depth
+)
+
 // Result is what a run measured.
 type Result struct {
 	Bytes      int64
@@ -86,6 +93,10 @@ type Result struct {
 	Elapsed    time.Duration
 	Mismatches int
 }
+
+// Check reports whether c is usable, applying the defaults to a copy:
+// every limit is checked before Run allocates anything.
+func (c Config) Check() error { return c.defaults() }
 
 func (c *Config) defaults() error {
 	if c.Kind == "" {
@@ -99,17 +110,19 @@ func (c *Config) defaults() error {
 	if c.TCPPort == 0 {
 		c.TCPPort = 18515
 	}
+	if c.MTU == 0 {
+		c.MTU = 1024
+	}
 	if c.Size == 0 {
 		c.Size = 4096
 		if c.Kind == UD {
-			c.Size = 2048
+			// ibv_ud_pingpong's 2048 exceeds rxe's usual port MTU (1024
+			// on a 1500-byte link), where the tool refuses it.
+			c.Size = min(2048, c.MTU)
 		}
 	}
 	if c.Iters == 0 {
 		c.Iters = 1000
-	}
-	if c.MTU == 0 {
-		c.MTU = 1024
 	}
 	if c.RxDepth == 0 {
 		c.RxDepth = 500
@@ -126,8 +139,8 @@ func (c *Config) defaults() error {
 	if c.Out == nil {
 		c.Out = io.Discard
 	}
-	if c.Size <= 0 || c.Iters <= 0 || c.RxDepth <= 0 || c.NumQP <= 0 || c.NumQP > srqRecords {
-		return errors.New("pingpong: size, iterations, rx depth and QP count must be positive (QPs at most 256)")
+	if err := c.checkLimits(); err != nil {
+		return err
 	}
 	if _, ok := qp.MTUFromBytes(c.MTU); !ok {
 		return fmt.Errorf("pingpong: MTU %d is not 256, 512, 1024, 2048 or 4096", c.MTU)
@@ -144,6 +157,27 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+// checkLimits checks every size, count and depth against rxego's limits.
+func (c *Config) checkLimits() error {
+	for _, v := range []struct {
+		name  string
+		v, hi int
+	}{{"message size (-s)", c.Size, maxSize}, {"iterations (-n)", c.Iters, maxIters},
+		{"rx depth (-r)", c.RxDepth, maxRxDepth}, {"number of QPs (-q)", c.NumQP, srqRecords}} {
+		if v.v < 1 || v.v > v.hi {
+			return fmt.Errorf("pingpong: %s %d: want 1 to %d", v.name, v.v, v.hi)
+		}
+	}
+	if c.TCPPort < 0 || c.TCPPort > 0xffff {
+		return fmt.Errorf("pingpong: port %d: want 0 to 65535", c.TCPPort)
+	}
+	if b := (c.Size + qp.GRHLen) * (c.RxDepth + c.NumQP); b > maxBuffer {
+		return fmt.Errorf("pingpong: message size %d x (rx depth %d + %d QPs) needs a %d-byte buffer (one slot per receive and per sender), over rxego's %d; lower -s or -r",
+			c.Size, c.RxDepth, c.NumQP, b, maxBuffer)
+	}
+	return nil
+}
+
 type conn struct {
 	cfg    *Config
 	dev    *rxego.Device
@@ -152,7 +186,7 @@ type conn struct {
 	srq    *rxego.SRQ
 	qps    []*rxego.QP
 	mr     *rxego.MR
-	buf    []byte // receive slots then the send buffer
+	buf    []byte // receive slots then one send buffer per QP
 	send   []byte
 	slot   int
 	psn    uint32
@@ -163,8 +197,7 @@ type conn struct {
 	histNext int
 	seq      uint64
 	mismatch int
-	posted   int   // receives posted so far: slots never posted yet come first
-	freed    []int // slots whose receive completed, to post again
+	free     []int // receive slots not posted, most recently freed last
 	// rdma_cm mode
 	cm    *cm.Manager
 	conns []*cm.Conn
@@ -212,11 +245,17 @@ func (c *conn) setup() error {
 	if cfg.Kind == UD {
 		c.slot = cfg.Size + qp.GRHLen
 	}
-	c.buf = make([]byte, c.slot*cfg.RxDepth+cfg.Size)
+	// Each QP sends from its own buffer (the C tools share one): a QP's
+	// next message must not overwrite another's still going out, or what
+	// leaves is a mix and the echo cannot be checked.
+	c.buf = make([]byte, c.slot*cfg.RxDepth+cfg.Size*cfg.NumQP)
 	for i := range c.buf {
 		c.buf[i] = fillByte
 	}
 	c.send = c.buf[c.slot*cfg.RxDepth:]
+	for i := cfg.RxDepth - 1; i >= 0; i-- {
+		c.free = append(c.free, i)
+	}
 	if c.mr, err = c.pd.RegMR(c.buf, rxego.AccessLocalWrite); err != nil {
 		return err
 	}
@@ -279,15 +318,21 @@ func (c *conn) postRecvs() error {
 	return nil
 }
 
+// A receive's wr_id is recvWRID with its slot above wrKindBits: with an
+// SRQ, receives complete in the order the QPs consume them, not in the
+// order they were posted.
+const (
+	wrKindBits = 8
+	wrKindMask = 1<<wrKindBits - 1
+)
+
 func (c *conn) postRecv(qi int) error {
-	i := c.posted
-	if i < c.cfg.RxDepth {
-		c.posted++
-	} else {
-		i = c.freed[len(c.freed)-1]
-		c.freed = c.freed[:len(c.freed)-1]
+	if len(c.free) == 0 {
+		return errors.New("pingpong: no free receive slot")
 	}
-	wr := rxego.RecvWR{ID: recvWRID | uint64(i)<<wrSlotShift, SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(i*c.slot), Length: uint32(c.slot), LKey: c.mr.LKey()}}}
+	i := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	wr := rxego.RecvWR{ID: uint64(i)<<wrKindBits | recvWRID, SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(i*c.slot), Length: uint32(c.slot), LKey: c.mr.LKey()}}}
 	if c.srq != nil {
 		return c.srq.PostRecv(wr)
 	}
@@ -315,17 +360,11 @@ func (c *conn) exchange(ctx context.Context) error {
 	var tc net.Conn
 	var err error
 	if cfg.Server != "" {
-		var d net.Dialer
+		// One attempt, as the C tools make: a server that is not
+		// listening yet is an error at once, not a wait.
+		d := net.Dialer{Timeout: cfg.Timeout}
 		addr := net.JoinHostPort(cfg.Server, strconv.Itoa(cfg.TCPPort))
-		deadline := time.Now().Add(cfg.Timeout)
-		for {
-			tc, err = d.DialContext(ctx, "tcp", addr)
-			if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if err != nil {
+		if tc, err = d.DialContext(ctx, "tcp", addr); err != nil {
 			return fmt.Errorf("pingpong: couldn't connect to %s: %w", addr, err)
 		}
 		defer tc.Close()
@@ -366,7 +405,7 @@ func (c *conn) exchange(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(cfg.Timeout):
 			ln.Close()
-			return errors.New("pingpong: no client connected")
+			return fmt.Errorf("pingpong: no client connected on port %d within the %v timeout", cfg.TCPPort, cfg.Timeout)
 		}
 		defer tc.Close()
 		if c.remote, err = readDests(tc, n, len(c.qps)); err != nil {
@@ -433,7 +472,8 @@ func consistent(b []byte) bool {
 
 func (c *conn) postSend(qi int) error {
 	cfg := c.cfg
-	msg := c.send[:cfg.Size]
+	at := qi * cfg.Size
+	msg := c.send[at : at+cfg.Size]
 	if cfg.Verify {
 		c.seq++
 		pattern(msg, c.seq)
@@ -441,7 +481,7 @@ func (c *conn) postSend(qi int) error {
 		c.histNext = (c.histNext + 1) % len(c.history)
 	}
 	wr := rxego.SendWR{ID: sendWRID, Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
-		SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(len(c.buf)-len(c.send)), Length: uint32(cfg.Size), LKey: c.mr.LKey()}}}
+		SGL: []rxego.SGE{{Addr: c.mr.IOVA() + uint64(len(c.buf)-len(c.send)+at), Length: uint32(cfg.Size), LKey: c.mr.LKey()}}}
 	if cfg.Kind == UD {
 		wr.AH, wr.RemoteQPN, wr.RemoteQKey = c.ah, c.remote[0].QPN, udQKey
 	}
@@ -462,12 +502,39 @@ func (c *conn) check(got []byte) {
 	if bytes.Count(got, []byte{fill}) == len(got) || consistent(got) {
 		return
 	}
+	if c.cfg.Kind == SRQ {
+		if !c.pieced(got, fill) {
+			c.mismatch++
+		}
+		return
+	}
 	for _, h := range c.history {
 		if bytes.Equal(got, h) {
 			return
 		}
 	}
 	c.mismatch++
+}
+
+// pieced reports whether every MTU-sized piece of got is that piece of the
+// fill or of a message we sent recently. ibv_srq_pingpong receives for
+// all its QPs into one buffer and sends from it, so an echo of a
+// multi-packet message can mix packets of two of our messages.
+func (c *conn) pieced(got []byte, fill byte) bool {
+	for off := 0; off < len(got); off += c.cfg.MTU {
+		piece := got[off:min(off+c.cfg.MTU, len(got))]
+		ok := bytes.Count(piece, []byte{fill}) == len(piece)
+		for _, h := range c.history {
+			if ok {
+				break
+			}
+			ok = len(h) == len(got) && bytes.Equal(h[off:off+len(piece)], piece)
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *conn) qpIndex(num uint32) int {
@@ -505,7 +572,7 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 		if cfg.Events {
 			var err error
 			if n, err = c.cq.PollWait(ctx, wcs); err != nil {
-				return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
+				return Result{}, c.waitError(scnt, rcnt, err)
 			}
 		} else {
 			// rxego's engine runs on goroutines of this process: a busy
@@ -521,7 +588,7 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 			if n == 0 {
 				var err error
 				if n, err = c.cq.PollWait(ctx, wcs); err != nil {
-					return Result{}, fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
+					return Result{}, c.waitError(scnt, rcnt, err)
 				}
 			}
 		}
@@ -580,19 +647,29 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 	return res, nil
 }
 
-// checkRecv checks the slot a completion filled, named by its wr_id, and
-// frees it: with an SRQ, QPs of different shards complete receives out of
-// posting order (as verbs allows), so the oldest posted slot may still be
-// being written.
-func (c *conn) checkRecv(wc rxego.WC) {
-	i := int(wc.ID >> wrSlotShift)
-	c.freed = append(c.freed, i)
-	slot := c.buf[i*c.slot : (i+1)*c.slot]
-	if c.cfg.Kind == UD {
-		slot = slot[qp.GRHLen:]
+// waitError says why waiting for completions ended: the timeout is named
+// as such, with how far the run got.
+func (c *conn) waitError(scnt, rcnt int, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("pingpong: no completion within the %v timeout after %d of %d sends and %d receives (the peer stopped answering)",
+			c.cfg.Timeout, scnt, c.cfg.Iters, rcnt)
 	}
+	return fmt.Errorf("pingpong: after %d sends and %d receives: %w", scnt, rcnt, err)
+}
+
+// checkRecv checks the slot a receive completion names in its wr_id and
+// frees the slot.
+func (c *conn) checkRecv(wc rxego.WC) {
+	i := int(wc.ID >> wrKindBits)
+	if i >= c.cfg.RxDepth {
+		c.mismatch++
+		return
+	}
+	c.free = append(c.free, i)
+	slot := c.buf[i*c.slot : (i+1)*c.slot]
 	n := int(wc.ByteLen)
 	if c.cfg.Kind == UD {
+		slot = slot[qp.GRHLen:]
 		n -= qp.GRHLen
 	}
 	if n < 0 || n > len(slot) {

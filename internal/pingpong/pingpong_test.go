@@ -6,9 +6,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/internal/testaddr"
 )
@@ -108,5 +110,65 @@ func TestRDMACMKinds(t *testing.T) {
 		if err := c.defaults(); err == nil {
 			t.Errorf("%s accepted with rdma_cm", k)
 		}
+	}
+}
+
+// TestSRQCompletionOrder checks the receive side of SRQ verification as
+// ibv_srq_pingpong with several QPs exercises it: receive completions
+// come in the order the QPs consume the shared queue, not the posting
+// order, so each names its slot in its wr_id; and the tool echoes from one
+// buffer all its QPs receive into, so an echo of a two-packet message may
+// hold one packet of each of two of our messages.
+func TestSRQCompletionOrder(t *testing.T) {
+	cfg := Config{Kind: SRQ, Size: 2048, MTU: 1024, RxDepth: 4, NumQP: 8, Verify: true, Local: testaddr.Loopback()}
+	if err := cfg.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	c := &conn{cfg: &cfg, slot: cfg.Size, buf: make([]byte, 5*cfg.Size), history: make([][]byte, 4)}
+	for i := cfg.RxDepth - 1; i >= 0; i-- {
+		c.free = append(c.free, i)
+	}
+	a, b := make([]byte, cfg.Size), make([]byte, cfg.Size)
+	pattern(a, 1)
+	pattern(b, 2)
+	c.history[0], c.history[1] = a, b
+	slot := func(i int) []byte { return c.buf[i*c.slot : (i+1)*c.slot] }
+	copy(slot(2), a)
+	copy(slot(0), b[:1024])
+	copy(slot(0)[1024:], a[1024:]) // torn: B's first packet, A's second
+	slot(1)[5] ^= 0xff             // neither
+	wc := func(i int) rxego.WC { return rxego.WC{ID: uint64(i)<<wrKindBits | recvWRID, ByteLen: uint32(cfg.Size)} }
+	c.free = c.free[:0] // all four posted
+	for _, i := range []int{2, 0} {
+		c.checkRecv(wc(i))
+	}
+	if c.mismatch != 0 {
+		t.Fatalf("%d mismatches for an intact and a torn echo", c.mismatch)
+	}
+	c.checkRecv(wc(1))
+	if c.mismatch != 1 {
+		t.Fatalf("a corrupted message: %d mismatches, want 1", c.mismatch)
+	}
+	if want := []int{2, 0, 1}; !slices.Equal(c.free, want) {
+		t.Fatalf("free slots %v, want %v", c.free, want)
+	}
+}
+
+// TestLimits checks sizes, counts and depths before anything is
+// allocated.
+func TestLimits(t *testing.T) {
+	l := testaddr.Loopback()
+	for _, bad := range []Config{
+		{Local: l, Size: 99999999999}, {Local: l, Size: -1}, {Local: l, Iters: -5}, {Local: l, RxDepth: maxRxDepth + 1},
+		{Local: l, Kind: SRQ, NumQP: 257}, {Local: l, Size: 1 << 20, RxDepth: 2000}, {Local: l, TCPPort: 70000},
+		{Local: l, Kind: UD, Size: 2048}, {Local: l, MTU: 1500},
+	} {
+		if err := bad.Check(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	c := Config{Local: l, Kind: UD, MTU: 512}
+	if err := c.defaults(); err != nil || c.Size != 512 {
+		t.Errorf("ud at MTU 512: size %d, %v", c.Size, err)
 	}
 }

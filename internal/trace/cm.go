@@ -11,7 +11,7 @@ import (
 // QP1 carries: what rping, rdma_cm and perftest -R exchange to connect.
 // Fields a message does not carry are left out (nil).
 type CM struct {
-	Msg          string `json:"msg"` // REQ, MRA, REJ, REP, RTU, DREQ, DREP
+	Msg          string `json:"msg"` // REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP
 	AttrID       uint16 `json:"attr_id"`
 	TID          uint64 `json:"tid"` // MAD transaction ID
 	LocalCommID  uint32 `json:"local_comm_id"`
@@ -24,7 +24,7 @@ type CM struct {
 	StartingPSN *uint32 `json:"starting_psn,omitempty"`
 	// RemoteQPN is the receiver's QP (DREQ).
 	RemoteQPN *uint32 `json:"remote_qpn,omitempty"`
-	ServiceID *uint64 `json:"service_id,omitempty"` // REQ
+	ServiceID *uint64 `json:"service_id,omitempty"` // REQ, SIDR_REQ, SIDR_REP
 	Reason    *uint16 `json:"reason,omitempty"`     // REJ
 	// Error says why a MAD to QP1 did not decode as a CM connection
 	// message (another management class, a LAP, a short MAD).
@@ -58,6 +58,10 @@ func decodeCM(op bth.Opcode, dqpn uint32, payload []byte) *CM {
 		c.LocalCommID, c.RemoteCommID, c.RemoteQPN = m.LocalCommID, m.RemoteCommID, ptr(m.RemoteQPN)
 	case *cm.DREP:
 		c.LocalCommID, c.RemoteCommID = m.LocalCommID, m.RemoteCommID
+	case *cm.SIDRREQ: // UD (udaddy): the request ID stands for the IDs
+		c.LocalCommID, c.ServiceID = m.RequestID, ptr(m.ServiceID)
+	case *cm.SIDRREP:
+		c.LocalCommID, c.LocalQPN, c.ServiceID = m.RequestID, ptr(m.QPN), ptr(m.ServiceID)
 	}
 	return c
 }
@@ -72,7 +76,7 @@ func (c *CM) String() string {
 		return string(append(append(b, " error: "...), c.Error...))
 	}
 	b = hex(append(b, " local_id=0x"...), uint64(c.LocalCommID), 8)
-	if c.Msg != "REQ" {
+	if c.Msg != "REQ" && c.Msg != "SIDR_REQ" && c.Msg != "SIDR_REP" {
 		b = hex(append(b, " remote_id=0x"...), uint64(c.RemoteCommID), 8)
 	}
 	if c.LocalQPN != nil {

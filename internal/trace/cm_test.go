@@ -154,3 +154,32 @@ func TestCMMessages(t *testing.T) {
 	}
 	compare(t, ts, got, nil)
 }
+
+// TestCMSIDR decodes udaddy's SIDR_REQ and SIDR_REP: the request ID, the
+// UDP port space's service ID and the QPN the reply names.
+func TestCMSIDR(t *testing.T) {
+	msgs := []cm.Message{
+		&cm.SIDRREQ{RequestID: 0x33, PKey: 0xffff, ServiceID: cm.ServiceID(cm.PortSpaceUDP, 7174)},
+		&cm.SIDRREP{RequestID: 0x33, QPN: 0x789, ServiceID: cm.ServiceID(cm.PortSpaceUDP, 7174), QKey: cm.UDPQKey},
+	}
+	want := []string{
+		"CM SIDR_REQ local_id=0x00000033 service_id=0x0000000001111c06 len=256",
+		"CM SIDR_REP local_id=0x00000033 qpn=0x000789 service_id=0x0000000001111c06 len=256",
+	}
+	for i, m := range msgs {
+		mad, err := cm.Marshal(uint64(0x2000+i), m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := bth.Header{Opcode: bth.UDSendOnly, PKey: 0xffff, DestQP: 1, PSN: bth.PSN(i), AckReq: true,
+			DETH: bth.DETHFields{QKey: 0x80010000, SrcQP: 1}}
+		d := frame(t, rocelayer.Port, h, mad[:])
+		r, ok := trace.FromFrame(i+1, time.Unix(1700000000, 0).UTC(), layers.LinkTypeEthernet, d)
+		if !ok || r.CM == nil || r.CM.Error != "" {
+			t.Fatalf("frame %d: %+v", i+1, r)
+		}
+		if s := r.String(); !strings.Contains(s, want[i]) {
+			t.Errorf("frame %d:\n%s\nwant %s", i+1, s, want[i])
+		}
+	}
+}

@@ -3,8 +3,10 @@
 package cmtest
 
 import (
+	"context"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
@@ -49,4 +51,28 @@ func Node(t *testing.T, n *transport.PipeNetwork, a netip.Addr, cfg *cm.Config) 
 	}
 	t.Cleanup(func() { m.Close() })
 	return m
+}
+
+// ServeDial starts a server on a fresh Pair's server manager (start
+// listens and returns the serving function, which runs in a goroutine)
+// and runs dial on its client, both under one 20-second context; it
+// returns both results once both have ended.
+func ServeDial[R any](t *testing.T, start func(m *cm.Manager) (func(ctx context.Context) (R, error), error),
+	dial func(ctx context.Context, m *cm.Manager) (R, error)) (srv R, srvErr error, cli R, cliErr error) {
+	t.Helper()
+	s, c := Pair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	serve, err := start(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv, srvErr = serve(ctx)
+	}()
+	cli, cliErr = dial(ctx, c)
+	<-done
+	return srv, srvErr, cli, cliErr
 }

@@ -1,0 +1,300 @@
+// Package udaddy is rxego's peer for librdmacm's udaddy (udaddy.c): UD QPs
+// "connected" through rdma_cm's UDP port space (SIDR, see package cm),
+// each carrying a burst of datagrams each way.
+//
+// The protocol, per connection: both sides post Count receives of
+// Size+40 bytes (the GRH first) before resolving. The client sends Count
+// SEND with Immediate messages of Size bytes, the immediate being its own
+// QPN, to the QPN and Q_Key the SIDR reply named, then waits for Count
+// replies. The server waits for Count messages, addresses its replies to
+// the first one's source and immediate (ibv_create_ah_from_wc), and
+// sends Count back.
+//
+// udaddy sends from the buffer it receives into, so a server's replies
+// hold the GRH it received and then the client's message: rxego's client
+// sends a pattern and checks that each reply carries it after those 40
+// bytes. The server cannot check a C client's data (udaddy sends an
+// uninitialised buffer); it checks sizes and that every message names
+// the same QPN.
+package udaddy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+
+	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/qp"
+)
+
+// Defaults of udaddy.
+const (
+	DefaultPort        = 7174
+	DefaultConnections = 1
+	DefaultCount       = 10
+	DefaultSize        = 100
+	maxCount           = 4096
+)
+
+// Config is what both roles take; zero fields take udaddy's defaults.
+type Config struct {
+	Connections int // -c
+	Count       int // -C: messages each way per connection
+	Size        int // -S: message size (at most the path MTU)
+	// Out receives udaddy's progress lines; nil discards them.
+	Out io.Writer
+}
+
+// Check reports whether c is usable (after the defaults), so a command
+// can refuse bad arguments before it listens or dials.
+func (c Config) Check() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Connections == 0 {
+		c.Connections = DefaultConnections
+	}
+	if c.Count == 0 {
+		c.Count = DefaultCount
+	}
+	if c.Size == 0 {
+		c.Size = DefaultSize
+	}
+	if c.Connections < 1 || c.Connections > 1024 || c.Count < 1 || c.Count > maxCount || c.Size < 1 || c.Size > 4096 {
+		return c, fmt.Errorf("udaddy: connections %d (1..1024), count %d (1..%d), size %d (1..4096)",
+			c.Connections, c.Count, maxCount, c.Size)
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+	return c, nil
+}
+
+// Result counts what a run did over all connections.
+type Result struct {
+	Connections int
+	Sent        int // datagrams sent
+	Received    int // datagrams received
+	Verified    int // replies that carried the client's data (client only)
+}
+
+// ErrMismatch is returned when a reply or message is not what udaddy sends.
+var ErrMismatch = errors.New("udaddy: unexpected datagram")
+
+// node is one connection's resources, as udaddy's struct cmatest_node.
+type node struct {
+	slot int // receive slot size: Size + the GRH
+	cq   *rxego.CQ
+	q    *rxego.QP
+	mr   *rxego.MR
+	buf  []byte
+	ah   *rxego.AH
+	qpn  uint32 // the peer's QPN
+}
+
+func newNode(dev *rxego.Device, cfg Config) (*node, error) {
+	pd, err := dev.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	// One receive slot per message, so that a slot is never written while
+	// it is read, and one more to send from.
+	slot := cfg.Size + qp.GRHLen
+	n := &node{slot: slot, buf: make([]byte, (cfg.Count+1)*slot)}
+	if n.cq, err = dev.CreateCQ(2 * cfg.Count); err != nil {
+		return nil, err
+	}
+	if n.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: n.cq, RecvCQ: n.cq,
+		Caps: rxego.Caps{MaxSendWR: cfg.Count, MaxRecvWR: cfg.Count, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		return nil, err
+	}
+	if n.mr, err = pd.RegMR(n.buf, rxego.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	if err := rxego.ActivateUD(n.q, cm.UDPQKey, 0); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Count {
+		if err := n.q.PostRecv(rxego.RecvWR{ID: uint64(i), SGL: []rxego.SGE{{Addr: n.mr.IOVA() + uint64(i*slot), Length: uint32(slot), LKey: n.mr.LKey()}}}); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// at returns receive slot i, or the send slot for i = Count.
+func (n *node) at(i int) []byte { return n.buf[i*n.slot : (i+1)*n.slot] }
+
+// send posts count SEND with Immediate messages of size bytes from slot
+// from, the last one signaled so that one completion says all went.
+func (n *node) send(from, count, size int) error {
+	for i := range count {
+		wr := rxego.SendWR{Opcode: rxego.WRSendImm, Imm: n.q.Num(), AH: n.ah, RemoteQPN: n.qpn, RemoteQKey: cm.UDPQKey,
+			SGL: []rxego.SGE{{Addr: n.mr.IOVA() + uint64(from*n.slot), Length: uint32(size), LKey: n.mr.LKey()}}}
+		if i == count-1 {
+			wr.Flags = rxego.SendSignaled
+		}
+		if err := n.q.PostSend(wr); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// poll waits for count completions of kind op; check sees each.
+func (n *node) poll(ctx context.Context, count int, op qp.WCOpcode, check func(rxego.WC) error) error {
+	wcs := make([]rxego.WC, 8)
+	for done := 0; done < count; {
+		k, err := n.cq.PollWait(ctx, wcs[:min(len(wcs), count-done)])
+		if err != nil {
+			return err
+		}
+		for _, wc := range wcs[:k] {
+			if wc.Status != qp.WCSuccess {
+				return fmt.Errorf("udaddy: completion %v: %v", wc.Opcode, wc.Status)
+			}
+			if wc.Opcode != op {
+				continue
+			}
+			if err := check(wc); err != nil {
+				return err
+			}
+			done++
+		}
+	}
+	return nil
+}
+
+// pattern is what rxego's client sends: byte i of a message.
+func pattern(i int) byte { return byte(i*7 + 1) }
+
+// Serve answers cfg.Connections SIDR requests on l, as udaddy's server:
+// it receives Count messages on each, then replies with Count.
+func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Result, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return Result{}, err
+	}
+	fmt.Fprintln(cfg.Out, "udaddy: starting server")
+	var res Result
+	nodes := make([]*node, 0, cfg.Connections)
+	for len(nodes) < cfg.Connections {
+		r, err := l.Accept(ctx)
+		if err != nil {
+			return res, err
+		}
+		n, err := newNode(m.Device(), cfg)
+		if err != nil {
+			r.Reject()
+			return res, err
+		}
+		if err := r.Accept(n.q, nil); err != nil {
+			return res, err
+		}
+		nodes = append(nodes, n)
+		res.Connections++
+	}
+	fmt.Fprintln(cfg.Out, "receiving data transfers")
+	for _, n := range nodes {
+		err := n.poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
+			if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) || wc.Flags&qp.WCWithImm == 0 || (n.ah != nil && wc.Imm != n.qpn) {
+				return fmt.Errorf("%w: %d bytes, immediate %#x (flags %#x)", ErrMismatch, wc.ByteLen, wc.Imm, wc.Flags)
+			}
+			if n.ah == nil { // create_reply_ah
+				n.ah = &rxego.AH{Dest: netip.AddrPortFrom(wc.Src.Addr(), rxego.DefaultPort)}
+				n.qpn = wc.Imm
+			}
+			res.Received++
+			return nil
+		})
+		if err != nil {
+			return res, err
+		}
+	}
+	fmt.Fprintln(cfg.Out, "sending replies")
+	for _, n := range nodes {
+		// From the first message's slot: what udaddy's single buffer
+		// holds, the GRH and then the client's data.
+		if err := n.send(0, cfg.Count, cfg.Size); err != nil {
+			return res, err
+		}
+		if err := n.poll(ctx, 1, qp.WCSend, func(rxego.WC) error { return nil }); err != nil {
+			return res, err
+		}
+		res.Sent += cfg.Count
+	}
+	fmt.Fprintln(cfg.Out, "data transfers complete")
+	return res, nil
+}
+
+// Dial resolves cfg.Connections UD "connections" to raddr, as udaddy's
+// client, sends Count messages on each and waits for Count replies,
+// checking each carries its message back after the server's GRH.
+func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) (Result, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return Result{}, err
+	}
+	fmt.Fprintln(cfg.Out, "udaddy: starting client")
+	fmt.Fprintln(cfg.Out, "udaddy: connecting")
+	var res Result
+	nodes := make([]*node, 0, cfg.Connections)
+	for range cfg.Connections {
+		n, err := newNode(m.Device(), cfg)
+		if err != nil {
+			return res, err
+		}
+		peer, err := m.DialUD(ctx, raddr, nil)
+		if err != nil {
+			return res, err
+		}
+		if peer.QKey != cm.UDPQKey {
+			return res, fmt.Errorf("%w: SIDR reply Q_Key %#x", ErrMismatch, peer.QKey)
+		}
+		n.ah, n.qpn = &rxego.AH{Dest: peer.Addr}, peer.QPN
+		src := n.at(cfg.Count)
+		for i := range cfg.Size {
+			src[i] = pattern(i)
+		}
+		nodes = append(nodes, n)
+		res.Connections++
+	}
+	fmt.Fprintln(cfg.Out, "initiating data transfers")
+	for _, n := range nodes {
+		if err := n.send(cfg.Count, cfg.Count, cfg.Size); err != nil {
+			return res, err
+		}
+		res.Sent += cfg.Count
+	}
+	fmt.Fprintln(cfg.Out, "receiving data transfers")
+	want := make([]byte, max(cfg.Size-qp.GRHLen, 0))
+	for i := range want {
+		want[i] = pattern(i)
+	}
+	for _, n := range nodes {
+		err := n.poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
+			if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) {
+				return fmt.Errorf("%w: reply of %d bytes", ErrMismatch, wc.ByteLen)
+			}
+			res.Received++
+			// The reply is the server's buffer: the GRH it received, then
+			// our message; it landed after our own GRH.
+			if !bytes.Equal(n.at(int(wc.ID))[2*qp.GRHLen:qp.GRHLen+cfg.Size], want) {
+				return fmt.Errorf("%w: reply does not carry our message", ErrMismatch)
+			}
+			res.Verified++
+			return nil
+		})
+		if err != nil {
+			return res, err
+		}
+	}
+	fmt.Fprintln(cfg.Out, "data transfers complete")
+	return res, nil
+}

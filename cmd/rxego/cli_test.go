@@ -1,0 +1,320 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/internal/testaddr"
+)
+
+// TestMain lets the test binary stand in for rxego: run with
+// RXEGO_CLI_MAIN=1 it is the command itself, so the tests below see the
+// real exit codes and the split between stdout and stderr.
+func TestMain(m *testing.M) {
+	if os.Getenv("RXEGO_CLI_MAIN") == "1" {
+		os.Args = append([]string{"rxego"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// rxegoCmd runs the command line args and returns its stdout, stderr and
+// exit code.
+func rxegoCmd(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := exec.CommandContext(ctx, exe, args...)
+	c.Env = append(os.Environ(), "RXEGO_CLI_MAIN=1")
+	var o, e bytes.Buffer
+	c.Stdout, c.Stderr = &o, &e
+	err = c.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return o.String(), e.String(), c.ProcessState.ExitCode()
+}
+
+// TestHelp: -h, --help and `rxego help CMD` print the command's usage with
+// its flags on stdout and exit 0, for every command.
+func TestHelp(t *testing.T) {
+	for name := range commands {
+		if name == "help" {
+			continue
+		}
+		for _, args := range [][]string{{name, "-h"}, {name, "--help"}, {"help", name}} {
+			out, errOut, code := rxegoCmd(t, args...)
+			if code != 0 || errOut != "" || !strings.Contains(out, "usage: rxego "+name) {
+				t.Errorf("%q: exit %d, stderr %q, stdout:\n%s", args, code, errOut, out)
+			}
+			if name != "version" && !strings.Contains(out, "\n  -") {
+				t.Errorf("%q: no flags listed:\n%s", args, out)
+			}
+		}
+	}
+	out, _, code := rxegoCmd(t, "perf", "-h")
+	for _, want := range []string{"-s, --size int", "--report_gbits", "-D, --duration int", "-b, --bidirectional"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("perf -h: exit %d, no %q:\n%s", code, want, out)
+		}
+	}
+	if out, _, code := rxegoCmd(t, "--help"); code != 0 || !strings.Contains(out, "pingpong") {
+		t.Errorf("--help: exit %d:\n%s", code, out)
+	}
+}
+
+// TestUsageErrors: a command line rxego cannot use gets one line saying
+// why and one hint, on stderr, and exit 2; nothing runs.
+func TestUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pingpong", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"pingpong", "-g", "127.0.0.1", "-s", "99999999999"}, "message size (-s) 99999999999: want 1 to"},
+		{[]string{"pingpong", "-g", "127.0.0.1", "-s", "4194304"}, "one slot per receive"},
+		{[]string{"pingpong", "-g", "127.0.0.1", "-n", "0"}, "-n 0: must be at least 1"},
+		{[]string{"pingpong", "-g", "127.0.0.1", "--rx-depth", "0"}, "--rx-depth 0: must be at least 1"},
+		{[]string{"pingpong", "-g", "127.0.0.1", "-r", "100000"}, "rx depth (-r) 100000"},
+		{[]string{"pingpong", "-g", "127.0.0.1", "-p", "70000"}, "-p 70000"},
+		{[]string{"pingpong", "-t", "ud", "-g", "127.0.0.1", "-s", "2048"}, "UD message size 2048 exceeds the MTU 1024"},
+		{[]string{"perf", "write_bw", "-n", "0"}, "-n 0: must be at least 1"},
+		{[]string{"perf", "write_bw", "-s", "99999999999"}, "size 99999999999: want 1 to 8388608"},
+		{[]string{"perf", "write_bw", "-D", "5", "-e"}, "duration mode doesn't work with events"},
+		{[]string{"perf", "send_lat", "-b"}, "are for the BW tests"},
+		{[]string{"perf", "-s", "64"}, "name the test first"},
+		{[]string{"perf", "nope_bw"}, "unknown test"},
+		{[]string{"rping", "-a", "127.0.0.1"}, "give exactly one of -s and -c"},
+		{[]string{"ucmatose", "-b", "127.0.0.1", "-C", "99999"}, "count 99999"},
+		{[]string{"ucmatose", "-c", "0"}, "-c 0: must be at least 1"},
+		{[]string{"demo", "nosuch"}, "unknown scenario"},
+		{[]string{"trace", "--nope", "x"}, "flag provided but not defined"},
+		{[]string{"version", "extra"}, "no arguments"},
+	} {
+		out, errOut, code := rxegoCmd(t, c.args...)
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		cmd := c.args[0]
+		if code != 2 || out != "" || len(lines) != 2 || !strings.Contains(lines[0], c.want) ||
+			!strings.HasPrefix(lines[0], "rxego "+cmd+": ") || lines[1] != "try 'rxego "+cmd+" -h'" {
+			t.Errorf("%q: exit %d, stdout %q, stderr:\n%s", c.args, code, out, errOut)
+		}
+	}
+	if _, errOut, code := rxegoCmd(t, "nosuch"); code != 2 || !strings.Contains(errOut, "unknown command") {
+		t.Errorf("unknown command: exit %d: %s", code, errOut)
+	}
+}
+
+// TestVersion prints the module's version line.
+func TestVersion(t *testing.T) {
+	out, _, code := rxegoCmd(t, "version")
+	if code != 0 || !strings.HasPrefix(out, "rxego ") || !strings.Contains(out, " go1.") {
+		t.Errorf("exit %d: %q", code, out)
+	}
+}
+
+// TestExpandShort checks the getopt spellings against Go's flag forms.
+func TestExpandShort(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.Bool("v", false, "")
+	fs.Bool("V", false, "")
+	fs.Int("C", 0, "")
+	fs.String("a", "", "")
+	fs.Duration("timeout", 0, "")
+	alias(fs, "C", "count")
+	for _, c := range []struct{ in, want []string }{
+		{[]string{"-vV"}, []string{"-v", "-V"}},
+		{[]string{"-vC10"}, []string{"-v", "-C=10"}},
+		{[]string{"-vC", "10"}, []string{"-v", "-C", "10"}},
+		{[]string{"-C", "-1"}, []string{"-C", "-1"}},
+		{[]string{"-timeout", "3s", "-a1.2.3.4"}, []string{"-timeout", "3s", "-a=1.2.3.4"}},
+		{[]string{"--count", "5", "x", "--", "-vV"}, []string{"--count", "5", "x", "--", "-vV"}},
+		{[]string{"-vX"}, []string{"-vX"}}, // X is no flag: flag.Parse reports it
+	} {
+		if got := expandShort(fs, c.in); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%q: %q, want %q", c.in, got, c.want)
+		}
+	}
+	ops, err := parseArgs(fs, []string{"a1", "-vV", "--count=3", "a2", "--", "-v"})
+	if err != nil || !reflect.DeepEqual(ops, []string{"a1", "a2", "-v"}) || fs.Lookup("C").Value.String() != "3" {
+		t.Errorf("operands %q, err %v, C %v", ops, err, fs.Lookup("C").Value)
+	}
+	if err := positive(fs, "C"); err != nil {
+		t.Errorf("positive: %v", err)
+	}
+	fs.Set("count", "0")
+	if err := positive(fs, "C"); err == nil || !strings.Contains(err.Error(), "--count 0") {
+		t.Errorf("positive(--count 0): %v", err)
+	}
+}
+
+// refusedPort returns a loopback TCP port nobody listens on.
+func refusedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	return strconv.Itoa(port)
+}
+
+// TestClientRefused: a pingpong, perf or rping client whose server is not
+// there says "couldn't connect ... connection refused" and exits 1, with
+// a long -timeout it would otherwise have spent retrying.
+func TestClientRefused(t *testing.T) {
+	port := refusedPort(t)
+	local := testaddr.Loopback().String()
+	for _, args := range [][]string{
+		{"pingpong", "-g", local, "-p", port, "-timeout", "60s", "127.0.0.1"},
+		{"perf", "write_bw", "-p", port, "-timeout", "60s", "127.0.0.1"},
+	} {
+		_, errOut, code := rxegoCmd(t, args...)
+		if code != 1 || !strings.Contains(errOut, "couldn't connect to 127.0.0.1:"+port) || !strings.Contains(errOut, "connection refused") {
+			t.Errorf("%q: exit %d: %s", args, code, errOut)
+		}
+	}
+	// rdma_cm: a device with a connection manager but no listener answers
+	// the REQ with a REJ (reason 8), as the Linux CM does.
+	dev := testaddr.Open(t, nil)
+	m, err := cm.New(dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	srv := dev.Addr().Addr().String()
+	_, errOut, code := rxegoCmd(t, "rping", "-c", "-vV", "-a", srv, "-I", testaddr.Loopback().String(), "-C", "1", "-timeout", "60s")
+	if code != 1 || !strings.Contains(errOut, "couldn't connect to "+srv+":7174: connection refused") {
+		t.Errorf("rping: exit %d: %s", code, errOut)
+	}
+}
+
+// TestAddressInUse: a second process on the same address gets the hint.
+func TestAddressInUse(t *testing.T) {
+	dev := testaddr.Open(t, nil)
+	_, errOut, code := rxegoCmd(t, "pingpong", "-g", dev.Addr().Addr().String(), "-p", refusedPort(t), "127.0.0.1")
+	if code != 1 || !strings.Contains(errOut, "address already in use") || !strings.Contains(errOut, "hint: another rxego, or the kernel's rdma_rxe") {
+		t.Errorf("exit %d: %s", code, errOut)
+	}
+}
+
+// TestPingpongLongOptions runs a UD pingpong with its default size (the
+// 1024-byte MTU: 2 x 20 x 1024 bytes) and the
+// C tools' long options and clustered flags, server and client as two
+// processes.
+func TestPingpongLongOptions(t *testing.T) {
+	srv, cli := testaddr.Loopback(), testaddr.Loopback()
+	port := refusedPort(t)
+	done := make(chan string, 1)
+	go func() {
+		out, errOut, code := rxegoCmd(t, "pingpong", "-t", "ud", "--gid-idx", srv.String(), "--port", port, "--iters=20", "-ce")
+		done <- strconv.Itoa(code) + errOut + out
+	}()
+	var out, errOut string
+	var code int
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		out, errOut, code = rxegoCmd(t, "pingpong", "-t", "ud", "-g", cli.String(), "--port", port, "--iters", "20", "-ec", srv.String())
+		if !strings.Contains(errOut, "connection refused") { // the server was not listening yet
+			break
+		}
+	}
+	if code != 0 || !strings.Contains(out, "40960 bytes in") || !strings.Contains(out, "verify: 20 of 20") {
+		t.Errorf("client: exit %d\n%s%s", code, out, errOut)
+	}
+	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "verify: 20 of 20") {
+		t.Errorf("server: %s", s)
+	}
+}
+
+// TestRpingServerEveryAddress: rping -s without -a listens on every
+// address (here two loopback addresses stand for the host's) and serves
+// the client that comes to either.
+func TestRpingServerEveryAddress(t *testing.T) {
+	a, b := testaddr.Loopback(), testaddr.Loopback()
+	listenAddrs = func() ([]netip.Addr, error) { return []netip.Addr{a, b}, nil }
+	defer func() { listenAddrs = localAddrs }()
+	errc := make(chan error, 1)
+	port := strconv.Itoa(7000 + int(time.Now().UnixNano()%1000))
+	go func() { errc <- runRping([]string{"-s", "-p", port, "-timeout", "20s"}) }()
+	var err error
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		_, errOut, code := rxegoCmd(t, "rping", "-c", "-a", b.String(), "-I", testaddr.Loopback().String(), "-p", port, "-C", "3", "-V")
+		if err = nil; code != 0 {
+			err = errors.New(errOut)
+		}
+		if err == nil || !strings.Contains(err.Error(), "refused") {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+}
+
+// TestDemoFlagsAfterScenario: flags may follow the scenario names.
+func TestDemoFlagsAfterScenario(t *testing.T) {
+	var out bytes.Buffer
+	addrs := testaddr.Loopback().String() + "," + testaddr.Loopback().String()
+	if err := demoTo(&out, []string{"write", "--no-capture", "--addrs", addrs}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "Bob") {
+		t.Errorf("no tour:\n%s", out.String())
+	}
+}
+
+// TestExitCode checks the mapping from errors to status and messages.
+func TestExitCode(t *testing.T) {
+	var w bytes.Buffer
+	if exitCode(&w, "x", nil) != 0 || exitCode(&w, "x", errHelp) != 0 || w.Len() != 0 {
+		t.Errorf("nil or help: %q", w.String())
+	}
+	if exitCode(&w, "pingpong", errors.New("pingpong: rxego: boom")) != 1 || w.String() != "rxego pingpong: boom\n" {
+		t.Errorf("runtime error: %q", w.String())
+	}
+	w.Reset()
+	if exitCode(&w, "perf", usageErrorf("perftest: bad")) != 2 || w.String() != "rxego perf: bad\ntry 'rxego perf -h'\n" {
+		t.Errorf("usage error: %q", w.String())
+	}
+}
+
+// TestTimeoutSays: a server nobody comes to says that it waited for a
+// client and which timeout ran out.
+func TestTimeoutSays(t *testing.T) {
+	port := refusedPort(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pingpong", "-g", testaddr.Loopback().String(), "-p", port, "-timeout", "300ms"},
+			"no client connected on port " + port + " within the 300ms timeout"},
+		{[]string{"perf", "write_bw", "-p", port, "-timeout", "300ms"},
+			"no client connected on port " + port + " within the 300ms timeout"},
+	} {
+		_, errOut, code := rxegoCmd(t, c.args...)
+		if code != 1 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%q: exit %d: %s", c.args, code, errOut)
+		}
+	}
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/netip"
+
+	"github.com/rxego/rxego/cm"
+)
+
+// exchange is one of the rdma_cm burst tools (ucmatose, udaddy): the same
+// flags, a server and a client, and one summary line.
+type exchange struct {
+	name, usage string
+	port        uint
+	conns       int // default -c
+	count       int // default -C
+	size        int // default -S
+	// check refuses settings before anything listens or dials.
+	check func(c exchangeConfig) error
+	// serve runs the server on the manager, listening on port, and calls
+	// ready once it listens; dial runs the client toward raddr. Both
+	// return the run's counts.
+	serve func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error)
+	dial  func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error)
+}
+
+// exchangeConfig is what the flags set.
+type exchangeConfig struct{ conns, count, size int }
+
+// exchangeResult is what the summary line reports.
+type exchangeResult struct{ conns, sent, received, verified int }
+
+// run parses args and runs the tool.
+func (x exchange) run(args []string) error {
+	fs := flag.NewFlagSet(x.name, flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: rxego %s [-s server_address] [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]\n\n%s\nflags:\n", x.name, x.usage)
+		printFlags(fs)
+	}
+	dst := fs.String("s", "", "server address (client mode)")
+	bind := fs.String("b", "", "local address")
+	conns := fs.Int("c", x.conns, "connections")
+	count := fs.Int("C", x.count, "messages each way per connection")
+	size := fs.Int("S", x.size, "message size")
+	port := fs.Uint("p", x.port, "rdma_cm port")
+	f := addCMFlags(fs)
+	operands, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(operands) > 0 {
+		return usageErrorf("unexpected argument %q", operands[0])
+	}
+	if *port > 0xffff {
+		return usageErrorf("port %d out of range", *port)
+	}
+	if err := positive(fs, "c", "C", "S"); err != nil {
+		return err
+	}
+	cfg := exchangeConfig{*conns, *count, *size}
+	// Checked before anything listens or dials.
+	if err := x.check(cfg); err != nil {
+		return &usageError{err.Error()}
+	}
+	report := func(res exchangeResult, err error) error {
+		fmt.Printf("rxego %s: %d connections, %d sent, %d received, %d verified\n",
+			x.name, res.conns, res.sent, res.received, res.verified)
+		return err
+	}
+	if *dst == "" {
+		local, err := netip.ParseAddr(*bind)
+		if err != nil {
+			return usageErrorf("the server needs its local address: -b: %v", err)
+		}
+		return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
+			ready := func() { fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(local, uint16(*port))) }
+			return report(x.serve(ctx, m, uint16(*port), cfg, ready))
+		})
+	}
+	peer, err := netip.ParseAddr(*dst)
+	if err != nil {
+		return usageErrorf("-s %q: %v", *dst, err)
+	}
+	local, err := localAddr(*bind, peer)
+	if err != nil {
+		return err
+	}
+	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
+		to := netip.AddrPortFrom(peer, uint16(*port))
+		return dialError(to, report(x.dial(ctx, m, to, cfg)))
+	})
+}
