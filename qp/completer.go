@@ -20,8 +20,14 @@ func (e *Engine) complete(q *QP, in *InPacket, now time.Duration) {
 		e.drop(DropBadState)
 		return
 	}
-	// A response for a PSN never sent, or one already acknowledged, is stale.
-	if !psn.Before(r.maxSent) || psn.Before(r.compPSN) && p.Info.Op != bth.OpAck {
+	// A response for a PSN not sent since the last rewind, or one already
+	// acknowledged, is stale. After a Go-back-N rewind the PSNs from r.psn
+	// on wait to be sent again, and a response to their earlier
+	// transmission completes nothing until they are: so the
+	// acknowledged PSNs never pass the send position, and the requester
+	// never resumes from a WQE that has completed (rxe's completer
+	// likewise ignores responses for WQEs a retry set back to posted).
+	if !psn.Before(r.psn) || psn.Before(r.compPSN) && p.Info.Op != bth.OpAck {
 		e.drop(DropStaleResponse)
 		return
 	}
@@ -68,9 +74,10 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		if r.rnrLeft != 7 {
 			r.rnrLeft--
 		}
-		// Not a retry in completer_retry_err: rxe counts an RNR NAK
-		// in rcvd_rnr_err only.
-		e.rewind(q, psn)
+		// The rewind waits for the timer (rnrTimerExpired), as rxe's
+		// req_retry does: responses that overtook this NAK may yet
+		// acknowledge the PSNs it names, and the retry must start from
+		// what is acknowledged then.
 		r.rnrWait = true
 		e.cancel(q, timerRetransmit)
 		e.schedule(q, timerRNR, now+RNRWait(syn.Value(), e.cfg.RNRTick))

@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"container/heap"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -51,6 +52,66 @@ type fabric struct {
 	batch    bool
 	batched  map[*node][]InPacket
 	batchOrd []*node
+	// delay, if set, gives each packet (each copy of a duplicated one) a
+	// flight time: it arrives that much virtual time after it was sent,
+	// so delays, jitter and hold-backs reorder packets as a network does.
+	delay func(p wirePkt) time.Duration
+	held  heldQueue
+	// events are application actions due at a virtual time (see after).
+	events eventQueue
+	seq    uint64 // orders held packets and events with equal times
+}
+
+// heldPkt is a packet in flight until at.
+type heldPkt struct {
+	at  time.Duration
+	seq uint64
+	p   wirePkt
+}
+
+// heldQueue is a min-heap of packets in flight by arrival time.
+type heldQueue []heldPkt
+
+func (h heldQueue) Len() int { return len(h) }
+func (h heldQueue) Less(i, j int) bool {
+	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
+}
+func (h heldQueue) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *heldQueue) Push(x any)   { *h = append(*h, x.(heldPkt)) }
+func (h *heldQueue) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// fabEvent is an application action due at a virtual time.
+type fabEvent struct {
+	at  time.Duration
+	seq uint64
+	fn  func()
+}
+
+// eventQueue is a min-heap of application events by time.
+type eventQueue []fabEvent
+
+func (h eventQueue) Len() int { return len(h) }
+func (h eventQueue) Less(i, j int) bool {
+	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
+}
+func (h eventQueue) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventQueue) Push(x any)   { *h = append(*h, x.(fabEvent)) }
+func (h *eventQueue) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// after runs fn d of virtual time from now, between deliveries.
+func (f *fabric) after(d time.Duration, fn func()) {
+	f.seq++
+	heap.Push(&f.events, fabEvent{f.clock.now + d, f.seq, fn})
 }
 
 type node struct {
@@ -92,47 +153,83 @@ func (f *fabric) node(addr string) *node {
 func (f *fabric) run(limit time.Duration) {
 	end := f.clock.now + limit
 	for steps := 0; steps < 10_000_000; steps++ {
-		if len(f.queue) > 0 {
-			q := f.queue
-			f.queue = nil
-			if f.reorder > 0 {
-				for i := 0; i+1 < len(q); i++ {
-					if f.rng.Float64() < f.reorder {
-						q[i], q[i+1] = q[i+1], q[i]
-					}
-				}
-			}
-			for _, p := range q {
-				if f.drop != nil && f.drop(p) {
-					f.dropped++
-					continue
-				}
-				f.deliver(p)
-				if f.dup > 0 && f.rng.Float64() < f.dup || f.dupIf != nil && f.dupIf(p) {
-					f.deliver(p)
-				}
-			}
-			f.flushBatches()
-			continue
-		}
-		// Nothing in flight: jump to the next timer.
-		next := time.Duration(-1)
-		for _, n := range f.nodes {
-			if at, ok := n.e.NextDeadline(); ok && (next < 0 || at < next) {
-				next = at
-			}
-		}
-		if next < 0 || next > end {
+		if !f.step(end) {
 			return
-		}
-		if next > f.clock.now {
-			f.clock.now = next
-		}
-		for _, n := range f.nodes {
-			n.e.Tick()
 		}
 	}
 	f.t.Fatal("fabric: step limit reached")
+}
+
+// step does one round of work: it delivers the packets sent since the
+// last round or, when there are none, moves the clock to the next timer,
+// packet arrival or application event, if that is not after end, and
+// runs what is due then. It reports whether it did anything.
+func (f *fabric) step(end time.Duration) bool {
+	if len(f.queue) > 0 {
+		q := f.queue
+		f.queue = nil
+		if f.reorder > 0 {
+			for i := 0; i+1 < len(q); i++ {
+				if f.rng.Float64() < f.reorder {
+					q[i], q[i+1] = q[i+1], q[i]
+				}
+			}
+		}
+		for _, p := range q {
+			if f.drop != nil && f.drop(p) {
+				f.dropped++
+				continue
+			}
+			f.send(p)
+			if f.dup > 0 && f.rng.Float64() < f.dup || f.dupIf != nil && f.dupIf(p) {
+				f.send(p)
+			}
+		}
+		f.flushBatches()
+		return true
+	}
+	// Nothing sent: jump to the next timer, arrival or event.
+	next := time.Duration(-1)
+	for _, n := range f.nodes {
+		if at, ok := n.e.NextDeadline(); ok && (next < 0 || at < next) {
+			next = at
+		}
+	}
+	if len(f.held) > 0 && (next < 0 || f.held[0].at < next) {
+		next = f.held[0].at
+	}
+	if len(f.events) > 0 && (next < 0 || f.events[0].at < next) {
+		next = f.events[0].at
+	}
+	if next < 0 || next > end {
+		return false
+	}
+	if next > f.clock.now {
+		f.clock.now = next
+	}
+	for len(f.held) > 0 && f.held[0].at <= f.clock.now {
+		f.deliver(heap.Pop(&f.held).(heldPkt).p)
+	}
+	f.flushBatches()
+	for len(f.events) > 0 && f.events[0].at <= f.clock.now {
+		heap.Pop(&f.events).(fabEvent).fn()
+	}
+	for _, n := range f.nodes {
+		n.e.Tick()
+	}
+	return true
+}
+
+// send puts p on the wire: delivered now, or held for its flight time.
+func (f *fabric) send(p wirePkt) {
+	if f.delay != nil {
+		if d := f.delay(p); d > 0 {
+			f.seq++
+			heap.Push(&f.held, heldPkt{f.clock.now + d, f.seq, p})
+			return
+		}
+	}
+	f.deliver(p)
 }
 
 func (f *fabric) deliver(p wirePkt) {

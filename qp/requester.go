@@ -481,9 +481,14 @@ func (e *Engine) retry(q *QP, from bth.PSN) {
 	e.rewind(q, from)
 }
 
-// rewind moves the requester's send position back to PSN from.
+// rewind moves the requester's send position back to PSN from. It never
+// rewinds past what is acknowledged: a NAK that a later response
+// overtook names PSNs that are done.
 func (e *Engine) rewind(q *QP, from bth.PSN) {
 	r := &q.req
+	if from.Before(r.compPSN) {
+		from = r.compPSN
+	}
 	for i := q.sqHead; i != q.sqTail; i++ {
 		w := q.wqe(i)
 		if !w.started {
@@ -527,8 +532,18 @@ func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
 	e.kick(q)
 }
 
+// rnrTimerExpired ends an RNR pause: the requester goes back to the
+// oldest PSN not acknowledged by now (acknowledgements that came during
+// the pause count) and sends from there.
 func (e *Engine) rnrTimerExpired(q *QP, now time.Duration) {
-	q.req.rnrWait = false
+	r := &q.req
+	if !r.rnrWait {
+		return
+	}
+	r.rnrWait = false
+	if (q.state == RTS || q.state == SQD) && r.compPSN.Before(r.maxSent) {
+		e.retry(q, r.compPSN)
+	}
 	e.kick(q)
 }
 

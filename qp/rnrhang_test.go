@@ -1,0 +1,225 @@
+package qp
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/reth"
+)
+
+// roundsRig is issue 16's workload: A runs rounds of WRITE 4 KiB, READ
+// 4 KiB back, SEND 1 KiB and FETCH_ADD against B, each round verified;
+// B keeps one receive posted and reposts it 300 us after each
+// completion, so RNR NAKs come often (B's minimum RNR timer is 10 us).
+type roundsRig struct {
+	t      *testing.T
+	f      *fabric
+	a, b   *endpoint
+	round  int
+	posted bool
+	// A's buffers: 4 KiB to write, 4 KiB to read into, 1 KiB to send, 8
+	// bytes for the atomic result. B's: the WRITE target, the READ
+	// source, the receive buffer and the counter.
+	aw, ar, as, aa []byte
+	bw, br, brx    []byte
+	bc             []byte
+	lmr, rmr       [2]uint32 // lkey/rkey pairs, see setup
+	aIOVA, bIOVA   uint64
+	got            []WC
+}
+
+const (
+	rwSize    = 4096
+	rSendSize = 1024
+)
+
+func newRoundsRig(t *testing.T, seed uint64) *roundsRig {
+	o := defaultConn()
+	o.apsn, o.bpsn = 0xFFFFFF-40, 7
+	f, a, b := pair(t, RC, o)
+	f.rng = rand.New(rand.NewPCG(seed, seed+1))
+	g := &roundsRig{t: t, f: f, a: a, b: b}
+	am, abuf := a.n.reg(t, 3*rwSize, allAccess)
+	bm, bbuf := b.n.reg(t, 3*rwSize+16, allAccess)
+	g.aw, g.ar, g.as, g.aa = abuf[:rwSize], abuf[rwSize:2*rwSize], abuf[2*rwSize:2*rwSize+rSendSize], abuf[2*rwSize+rSendSize:2*rwSize+rSendSize+8]
+	co := aligned8(bm, 3*rwSize)
+	g.bw, g.br, g.brx, g.bc = bbuf[:rwSize], bbuf[rwSize:2*rwSize], bbuf[2*rwSize:2*rwSize+rSendSize], bbuf[co:co+8]
+	g.lmr = [2]uint32{am.LKey(), am.RKey()}
+	g.rmr = [2]uint32{bm.LKey(), bm.RKey()}
+	g.aIOVA, g.bIOVA = am.IOVA(), bm.IOVA()
+	g.repost()
+	return g
+}
+
+func (g *roundsRig) aSGE(buf []byte) []SGE {
+	return []SGE{{Addr: g.aIOVA + uint64(addrOf(buf)-addrOf(g.aw)), Length: uint32(len(buf)), LKey: g.lmr[0]}}
+}
+
+func (g *roundsRig) bAddr(buf []byte) uint64 { return g.bIOVA + uint64(addrOf(buf)-addrOf(g.bw)) }
+
+func (g *roundsRig) repost() {
+	if err := g.b.qp.PostRecv(RecvWR{ID: 1, SGL: []SGE{{Addr: g.bAddr(g.brx), Length: rSendSize, LKey: g.rmr[0]}}}); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// post starts round g.round.
+func (g *roundsRig) post() {
+	r := uint64(g.round)
+	fastFill(g.aw, 2*r)
+	fastFill(g.br, 2*r+1)
+	fastFill(g.as, ^r)
+	clear(g.ar)
+	id := 4 * r
+	err := g.a.qp.PostSend(
+		SendWR{ID: id, Opcode: WRWrite, Flags: SendSignaled, SGL: g.aSGE(g.aw), RemoteAddr: g.bAddr(g.bw), RKey: g.rmr[1]},
+		SendWR{ID: id + 1, Opcode: WRRead, Flags: SendSignaled, SGL: g.aSGE(g.ar), RemoteAddr: g.bAddr(g.br), RKey: g.rmr[1]},
+		SendWR{ID: id + 2, Opcode: WRSend, Flags: SendSignaled, SGL: g.aSGE(g.as)},
+		SendWR{ID: id + 3, Opcode: WRFetchAdd, Flags: SendSignaled, SGL: g.aSGE(g.aa), RemoteAddr: g.bAddr(g.bc), RKey: g.rmr[1], CompareAdd: 1},
+	)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.posted = true
+}
+
+// poll takes completions: B's receive (reposted 300 us later, after its
+// bytes were checked) and A's four, which end the round once all came.
+func (g *roundsRig) poll() error {
+	for _, wc := range pollAll(g.b.rcq) {
+		if wc.Status != WCSuccess {
+			return fmt.Errorf("round %d: receive completed %v", g.round, wc.Status)
+		}
+		var want [rSendSize]byte
+		fastFill(want[:], ^uint64(g.round))
+		if !bytes.Equal(g.brx, want[:]) {
+			return fmt.Errorf("round %d: SEND bytes differ", g.round)
+		}
+		clear(g.brx)
+		g.f.after(300*time.Microsecond, g.repost)
+	}
+	g.got = append(g.got, pollAll(g.a.scq)...)
+	if len(g.got) < 4 {
+		return nil
+	}
+	r := uint64(g.round)
+	for i, wc := range g.got {
+		if wc.Status != WCSuccess || wc.ID != 4*r+uint64(i) {
+			return fmt.Errorf("round %d: completions %s", g.round, fmtWCs(g.got))
+		}
+	}
+	if !bytes.Equal(g.bw, g.aw) {
+		return fmt.Errorf("round %d: WRITE bytes differ", g.round)
+	}
+	if !bytes.Equal(g.ar, g.br) {
+		return fmt.Errorf("round %d: READ bytes differ", g.round)
+	}
+	if v := binary.NativeEndian.Uint64(g.aa); v != r {
+		return fmt.Errorf("round %d: FETCH_ADD returned %d", g.round, v)
+	}
+	g.got, g.posted = g.got[:0], false
+	g.round++
+	return nil
+}
+
+// run plays rounds until n are done, and fails on a wrong result or when
+// 200 ms of virtual time pass without a round finishing (the QP's
+// timeout is 67 ms: a live requester retries well within that).
+func (g *roundsRig) run(n int) {
+	g.t.Helper()
+	last, lastRound := g.f.clock.now, 0
+	for g.round < n {
+		if !g.posted {
+			g.post()
+		}
+		if g.round != lastRound {
+			last, lastRound = g.f.clock.now, g.round
+		}
+		if g.f.clock.now-last > time.Second || !g.f.step(last+time.Second) {
+			g.t.Fatalf("hang in round %d at %v:\nA %s\nB %s", g.round, g.f.clock.now, dumpQP(g.a.qp), dumpQP(g.b.qp))
+		}
+		if err := g.poll(); err != nil {
+			g.t.Fatalf("%v\nA %s", err, dumpQP(g.a.qp))
+		}
+	}
+}
+
+// toA reports whether p goes to A (A's receive path, where the issue's
+// reporter put the impairment).
+func (g *roundsRig) toA(p wirePkt) bool { return p.dst == g.a.n.addr }
+
+// TestRNROvertakenJitter is issue 16's first report: with 200 us of
+// jitter on A's receive path, responses overtake the RNR NAKs they
+// follow. At 8669e99 the requester resumed from a retired ring slot and
+// hung within a few thousand rounds.
+func TestRNROvertakenJitter(t *testing.T) {
+	g := newRoundsRig(t, 1)
+	g.f.delay = func(p wirePkt) time.Duration {
+		if !g.toA(p) {
+			return 0
+		}
+		return time.Duration(g.f.rng.Int64N(int64(200 * time.Microsecond)))
+	}
+	g.run(3000)
+	checkRNRHappened(t, g)
+}
+
+// TestRNROvertakenReorder is the same with 5% of A's packets held back
+// (others overtake them) instead of jitter.
+func TestRNROvertakenReorder(t *testing.T) {
+	g := newRoundsRig(t, 2)
+	g.f.delay = func(p wirePkt) time.Duration {
+		if g.toA(p) && g.f.rng.Float64() < 0.05 {
+			return time.Duration(5+g.f.rng.IntN(50)) * time.Microsecond
+		}
+		return 0
+	}
+	g.run(3000)
+	checkRNRHappened(t, g)
+}
+
+func checkRNRHappened(t *testing.T, g *roundsRig) {
+	t.Helper()
+	if g.a.n.e.Stats.RcvdRNRErr.Load() == 0 {
+		t.Fatal("no RNR NAK happened: the test lost its point")
+	}
+}
+
+// TestForgedRNRInWindow: one forged RNR NAK with a PSN inside the
+// window, arriving while B's real responses are delayed, must cost at
+// most a pause, not the QP (issue 16).
+func TestForgedRNRInWindow(t *testing.T) {
+	g := newRoundsRig(t, 3)
+	g.run(20)
+	g.f.runFor(time.Millisecond) // B's receive is posted again: the real SEND gets no RNR NAK
+	var forged []byte
+	g.f.delay = func(p wirePkt) time.Duration {
+		if g.toA(p) && &p.data[0] != &forged[0] {
+			return 100 * time.Microsecond
+		}
+		return 0
+	}
+	g.post()
+	g.f.step(g.f.clock.now) // A's requests leave
+	q := g.a.qp
+	q.e.mu.Lock()
+	psn := q.wqe(q.sqTail - 2).firstPSN // the round's SEND
+	q.e.mu.Unlock()
+	forged = make([]byte, bth.Len+reth.AETHLen+bth.ICRCLen)
+	h := bth.BTH(forged)
+	h.SetOpcode(bth.RCAck)
+	h.SetPKey(bth.DefaultPKey)
+	h.SetDestQP(q.Num())
+	h.SetPSN(psn)
+	reth.AETH(forged[bth.Len:]).Set(reth.RNRSyndrome(20), 0) // 10 ms, far beyond the responses
+	g.f.queue = append(g.f.queue, wirePkt{data: forged, src: g.b.n.addr, dst: g.a.n.addr})
+	g.run(40)
+	if g.a.n.e.Stats.RcvdRNRErr.Load() == 0 {
+		t.Fatal("the forged RNR NAK was not taken")
+	}
+}
