@@ -68,7 +68,10 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		}
 		if r.rnrLeft == 0 {
 			e.Stats.RetryRNRExceededErr.Add(1)
-			e.failWQE(q, e.wqeAt(q, psn), WCRNRRetryExcErr)
+			// The retry budget is the oldest WQE's (rxe fails the WQE its
+			// completer is on): a READ or atomic still waiting before the
+			// NAKed PSN must not complete flushed ahead of the error.
+			e.failWQE(q, q.wqe(q.sqHead), WCRNRRetryExcErr)
 			return
 		}
 		if r.rnrLeft != 7 {
@@ -91,7 +94,7 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 			e.Stats.RcvdSeqErr.Add(1)
 			if r.retryLeft == 0 {
 				e.Stats.RetryExceededErr.Add(1)
-				e.failWQE(q, e.wqeAt(q, psn), WCRetryExcErr)
+				e.failWQE(q, q.wqe(q.sqHead), WCRetryExcErr) // as for RNR above
 				return
 			}
 			if r.retryLeft != 7 {

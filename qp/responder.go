@@ -904,6 +904,15 @@ func (e *Engine) respondUC(q *QP, in *InPacket) {
 	rs := &q.resp
 	psn := p.BTH().PSN()
 	info := p.Info
+	if psn.Before(rs.ePSN) {
+		// An older PSN is a duplicate (or a straggler the next message
+		// overtook): taking it as a new message would deliver a message
+		// twice. rxe starts a message at any first packet; rxego drops
+		// what it has passed, which UC allows (it may lose, never repeat).
+		e.Stats.DuplicateRequest.Add(1)
+		e.drop(DropDuplicate)
+		return
+	}
 	if psn != rs.ePSN {
 		e.Stats.OutOfSeqRequest.Add(1)
 		rs.inMsg = false
