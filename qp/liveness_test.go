@@ -73,7 +73,7 @@ func TestLiveness(t *testing.T) {
 // lvSum totals what the seeds did, to show that they did it.
 type lvSum struct {
 	WRs, Errors, Received, Retransmits, RNRNAKs, SeqNAKs, CNPs, Dropped, Packets uint64
-	VirtualTime                                                               time.Duration
+	VirtualTime                                                                  time.Duration
 }
 
 // lvImpair is one seed's network.
@@ -136,11 +136,11 @@ type lvFlow struct {
 	posted int // WRs posted
 	seen   int // send completions seen
 	// receives
-	recvOrder []int  // RC: WR indexes that consume a receive, in post order
-	recvd     int    // receive completions seen
+	recvOrder []int // RC: WR indexes that consume a receive, in post order
+	recvd     int   // receive completions seen
 	got       []int // UC/UD: deliveries of each WR
 	copies    []int // UD: copies of each WR the network delivered
-	free      []int  // receive buffers not posted
+	free      []int // receive buffers not posted
 	repost    time.Duration
 	errSeen   bool
 	fail      string
