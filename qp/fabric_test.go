@@ -56,6 +56,8 @@ type fabric struct {
 	// flight time: it arrives that much virtual time after it was sent,
 	// so delays, jitter and hold-backs reorder packets as a network does.
 	delay func(p wirePkt) time.Duration
+	// engineCfg, if set, adjusts the configuration of engines node makes.
+	engineCfg func(*Config)
 	held  heldQueue
 	// events are application actions due at a virtual time (see after).
 	events eventQueue
@@ -138,7 +140,11 @@ func (o nodeOut) Emit(pkts []OutPacket) {
 func (f *fabric) node(addr string) *node {
 	a := netip.MustParseAddr(addr)
 	n := &node{f: f, addr: netip.AddrPortFrom(a, 4791), mrs: mr.NewTable()}
-	e, err := NewEngine(Config{Local: a, Clock: f.clock, Out: nodeOut{n}, MRs: n.mrs})
+	cfg := Config{Local: a, Clock: f.clock, Out: nodeOut{n}, MRs: n.mrs}
+	if f.engineCfg != nil {
+		f.engineCfg(&cfg)
+	}
+	e, err := NewEngine(cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}

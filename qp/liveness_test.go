@@ -33,7 +33,7 @@ var (
 // CI (the RC run dominates; measured in docs/reliability.md), many more
 // with -long.
 func livenessSeedCount(typ Type) uint64 {
-	n := map[Type]uint64{RC: 1500, UC: 300, UD: 300}[typ]
+	n := map[Type]uint64{RC: 1000, UC: 300, UD: 300}[typ]
 	if testing.Short() {
 		n /= 10
 	}
@@ -75,6 +75,9 @@ type lvSum struct {
 	WRs, Errors, Received, Retransmits, RNRNAKs, SeqNAKs, CNPs, Dropped, Packets uint64
 	VirtualTime                                                                  time.Duration
 }
+
+// lvOverride, if set, adjusts each seed's impairments (for experiments).
+var lvOverride func(*lvImpair)
 
 // lvImpair is one seed's network.
 type lvImpair struct {
@@ -146,11 +149,19 @@ type lvFlow struct {
 	fail      string
 }
 
-const lvDepth = 32
+// lvDepth is each QP's send and receive queue depth; lvLong*MTU+5 bytes
+// is the longest message (at MTUs up to 1024).
+const (
+	lvDepth = 32
+	lvLong  = 20
+)
 
 func newFlow(f *fabric, rng *rand.Rand, typ Type, rq, rs *endpoint, mtu, n int, t *testing.T) *lvFlow {
 	fl := &lvFlow{f: f, rng: rng, typ: typ, rq: rq, rs: rs, mtu: mtu}
 	maxSize := 2*mtu + 3
+	if mtu <= 1024 {
+		maxSize = lvLong*mtu + 5
+	}
 	if typ == UD {
 		maxSize = mtu
 	}
@@ -179,6 +190,9 @@ func (fl *lvFlow) plan(n int) {
 		ops = ops[:2]
 	}
 	sizes := []int{0, 1, mtu - 1, mtu, mtu + 1, 2*mtu + 3, 8 + rng.IntN(mtu)}
+	if fl.typ != UD && mtu <= 1024 {
+		sizes = append(sizes, lvLong*mtu+5) // a long READ response, ACK requests inside messages
+	}
 	ctr := fl.ctr
 	for i := range n {
 		op := ops[rng.IntN(len(ops))]
@@ -196,6 +210,16 @@ func (fl *lvFlow) plan(n int) {
 			RemoteAddr: fl.rm.IOVA() + uint64(off), RKey: fl.rm.RKey(), Imm: uint32(i)}
 		if fl.typ != RC {
 			binary.LittleEndian.PutUint32(fl.lb[off:], uint32(i))
+		}
+		if rng.IntN(5) == 0 && i != n-1 {
+			w.wr.Flags &^= SendSignaled
+		}
+		if fl.typ == RC && rng.IntN(10) == 0 {
+			w.wr.Flags |= SendFence
+		}
+		if (op == WRSend || op == WRSendImm || op == WRWrite || op == WRWriteImm) && size <= 256 && rng.IntN(3) == 0 {
+			w.wr.Flags |= SendInline
+			w.wr.Inline, w.wr.SGL = fl.lb[off:off+size], nil
 		}
 		switch op {
 		case WRSend, WRSendImm, WRWriteImm:
@@ -312,6 +336,12 @@ func (fl *lvFlow) poll() {
 // sendDone checks a send completion: in order, once, with success or a
 // verbs error, and the data or atomic result right.
 func (fl *lvFlow) sendDone(wc WC) {
+	// Unsignaled WRs before this one completed silently, with success:
+	// an error would have made a completion.
+	for fl.seen < len(fl.wrs) && uint64(fl.seen) < wc.ID && fl.wrs[fl.seen].wr.Flags&SendSignaled == 0 {
+		fl.wrs[fl.seen].done = true
+		fl.seen++
+	}
 	if wc.ID != uint64(fl.seen) {
 		fl.failf("send completion for WR %d, expected WR %d (%v)", wc.ID, fl.seen, wc.Status)
 		return
@@ -467,6 +497,8 @@ func runLiveness(t *testing.T, typ Type, seed uint64, sum *lvSum) string {
 	f := newFabric(t)
 	f.rng = rand.New(rand.NewPCG(seed^1, seed))
 	f.trace = *livenessTrace
+	window, ackEvery := []int{0, 0, 8, 32}[rng.IntN(4)], []int{0, 0, 1, 3}[rng.IntN(4)]
+	f.engineCfg = func(c *Config) { c.Window, c.AckEvery = window, ackEvery }
 	mtus := []MTU{MTU256, MTU1024, MTU4096}
 	o := defaultConn()
 	o.mtu = mtus[rng.IntN(len(mtus))]
@@ -495,6 +527,9 @@ func runLiveness(t *testing.T, typ Type, seed uint64, sum *lvSum) string {
 		mtu = 1024
 	}
 	m := drawImpair(rng)
+	if lvOverride != nil {
+		lvOverride(&m)
+	}
 	var flows []*lvFlow
 	f.drop = func(wirePkt) bool { return m.loss > 0 && f.rng.Float64() < m.loss }
 	f.dup = m.dup
@@ -529,8 +564,8 @@ func runLiveness(t *testing.T, typ Type, seed uint64, sum *lvSum) string {
 	}
 	describe := func(why string) string {
 		var s strings.Builder
-		fmt.Fprintf(&s, "%s at %v\n  %v mtu %d apsn %#x timeout %d retry %d rnr %d minRNR %d rdAtomic %d; %v", why, f.clock.now,
-			typ, mtu, o.apsn, o.timeout, o.retry, o.rnr, o.minRN, o.rdAtomic, m)
+		fmt.Fprintf(&s, "%s at %v\n  %v mtu %d apsn %#x timeout %d retry %d rnr %d minRNR %d rdAtomic %d window %d ackEvery %d; %v", why, f.clock.now,
+			typ, mtu, o.apsn, o.timeout, o.retry, o.rnr, o.minRN, o.rdAtomic, window, ackEvery, m)
 		for i, fl := range flows {
 			fmt.Fprintf(&s, "\n  flow %d: %d WRs, %d posted, %d completed, %d received", i, len(fl.wrs), fl.posted, fl.seen, fl.recvd)
 		}

@@ -541,7 +541,10 @@ func (e *Engine) rnrTimerExpired(q *QP, now time.Duration) {
 		return
 	}
 	r.rnrWait = false
-	if (q.state == RTS || q.state == SQD) && r.compPSN.Before(r.maxSent) {
+	if q.state != Err && r.compPSN.Before(r.maxSent) {
+		// In any state that keeps the send queue: the RNR NAK stopped the
+		// retransmission timer, so without the rewind nothing would send
+		// these PSNs again once the QP can send.
 		e.retry(q, r.compPSN)
 	}
 	e.kick(q)
