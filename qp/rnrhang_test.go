@@ -223,3 +223,87 @@ func TestForgedRNRInWindow(t *testing.T) {
 		t.Fatal("the forged RNR NAK was not taken")
 	}
 }
+
+// TestAckPastPacedRewind: the same family through a timeout. The
+// requester times out and rewinds while its pacer holds it (here the
+// test holds the pacer), and the first pass's ACKs, late, then
+// acknowledge PSNs the rewound requester has not sent again. Those must
+// not complete WQEs past the send position: the application, keeping its
+// queue full, posts new WQEs into the retired slots the requester would
+// resume from, and they would go out under old PSNs.
+func TestAckPastPacedRewind(t *testing.T) {
+	const depth, total = 32, 96
+	f := newFabric(t)
+	a := f.node("198.18.0.1").newQP(t, RC, depth)
+	b := f.node("198.18.0.2").newQP(t, RC, depth)
+	o := defaultConn()
+	o.timeout = 12 // 16.8 ms
+	connect(t, a, b, o)
+	smr, sbuf := a.n.reg(t, depth*64, allAccess)
+	rmr, rbuf := b.n.reg(t, depth*64, allAccess)
+	cmr, _ := b.n.reg(t, 16, allAccess)
+	co := aligned8(cmr, 0)
+	late := true
+	f.delay = func(p wirePkt) time.Duration {
+		if late && p.dst == a.n.addr {
+			return 30 * time.Millisecond
+		}
+		return 0
+	}
+	posted, recvd, sent := 0, 0, 0
+	post := func() {
+		for posted < total && posted-sent < depth {
+			i := posted % depth
+			binary.LittleEndian.PutUint64(sbuf[i*64:], uint64(posted))
+			wr := SendWR{ID: uint64(posted), Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, i*64, 64)}
+			if posted%4 == 3 { // as in the issue: an atomic among the SENDs
+				wr = SendWR{ID: uint64(posted), Opcode: WRFetchAdd, Flags: SendSignaled, SGL: sge(smr, i*64, 8),
+					RemoteAddr: cmr.IOVA() + uint64(co), RKey: cmr.RKey(), CompareAdd: 1}
+			}
+			a.post(t, wr)
+			posted++
+		}
+	}
+	for i := range depth {
+		b.recv(t, uint64(i), rmr, i*64, 64)
+	}
+	post()
+	f.after(16*time.Millisecond, func() {
+		// The pacer holds the QP from just before the timeout to after
+		// the late ACKs.
+		q := a.qp
+		q.e.mu.Lock()
+		q.e.schedule(q, timerPace, 45*time.Millisecond)
+		q.e.mu.Unlock()
+		late = false
+	})
+	for end := f.clock.now + 10*time.Second; sent < total; {
+		if !f.step(end) {
+			t.Fatalf("hang after %d of %d SENDs:\n%s", sent, total, dumpQP(a.qp))
+		}
+		for _, wc := range pollAll(a.scq) {
+			if wc.Status != WCSuccess || wc.ID != uint64(sent) {
+				t.Fatalf("completion %+v, want WR %d", wc, sent)
+			}
+			if got := binary.NativeEndian.Uint64(sbuf[sent%depth*64:]); sent%4 == 3 && got != uint64(sent/4) {
+				t.Fatalf("FETCH_ADD %d returned %d, want %d", sent, got, sent/4)
+			}
+			sent++
+		}
+		for _, wc := range pollAll(b.rcq) {
+			k := int(wc.ID)
+			if recvd%4 == 3 {
+				recvd++ // the FETCH_ADD's number
+			}
+			if got := binary.LittleEndian.Uint64(rbuf[k*64:]); wc.Status != WCSuccess || got != uint64(recvd) {
+				t.Fatalf("receive %d: %v, message %d", recvd, wc.Status, got)
+			}
+			recvd++
+			b.recv(t, wc.ID, rmr, k*64, 64)
+		}
+		post()
+	}
+	if a.n.e.Stats.CompleterRetryErr.Load() == 0 {
+		t.Fatal("no timeout: the test lost its point")
+	}
+}
