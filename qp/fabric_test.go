@@ -58,7 +58,7 @@ type fabric struct {
 	delay func(p wirePkt) time.Duration
 	// engineCfg, if set, adjusts the configuration of engines node makes.
 	engineCfg func(*Config)
-	held  heldQueue
+	held      heldQueue
 	// events are application actions due at a virtual time (see after).
 	events eventQueue
 	seq    uint64 // orders held packets and events with equal times
