@@ -424,7 +424,7 @@ func (fl *lvFlow) recvDone(wc WC) {
 			// UD has no duplicate detection (IBTA, rxe, RNICs): a
 			// datagram the network delivered twice arrives twice. The
 			// engine itself must never deliver one more often.
-			fl.failf("WR %d delivered %d times (the network delivered %d copies)", i, fl.got[i], fl.copies[i])
+			fl.failf("WR %d delivered %d times (UD: the network delivered %d copies)", i, fl.got[i], fl.copies[i])
 			return
 		}
 	}
