@@ -58,52 +58,30 @@ type fabric struct {
 	delay func(p wirePkt) time.Duration
 	// engineCfg, if set, adjusts the configuration of engines node makes.
 	engineCfg func(*Config)
-	held      heldQueue
+	held      timedQueue[wirePkt] // packets in flight
 	// events are application actions due at a virtual time (see after).
-	events eventQueue
+	events timedQueue[func()]
 	seq    uint64 // orders held packets and events with equal times
 }
 
-// heldPkt is a packet in flight until at.
-type heldPkt struct {
+// timed is an item due at a virtual time; seq orders equal times in the
+// order they were queued.
+type timed[T any] struct {
 	at  time.Duration
 	seq uint64
-	p   wirePkt
+	v   T
 }
 
-// heldQueue is a min-heap of packets in flight by arrival time.
-type heldQueue []heldPkt
+// timedQueue is a min-heap of timed items (container/heap).
+type timedQueue[T any] []timed[T]
 
-func (h heldQueue) Len() int { return len(h) }
-func (h heldQueue) Less(i, j int) bool {
+func (h timedQueue[T]) Len() int { return len(h) }
+func (h timedQueue[T]) Less(i, j int) bool {
 	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
 }
-func (h heldQueue) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *heldQueue) Push(x any)   { *h = append(*h, x.(heldPkt)) }
-func (h *heldQueue) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
-
-// fabEvent is an application action due at a virtual time.
-type fabEvent struct {
-	at  time.Duration
-	seq uint64
-	fn  func()
-}
-
-// eventQueue is a min-heap of application events by time.
-type eventQueue []fabEvent
-
-func (h eventQueue) Len() int { return len(h) }
-func (h eventQueue) Less(i, j int) bool {
-	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
-}
-func (h eventQueue) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventQueue) Push(x any)   { *h = append(*h, x.(fabEvent)) }
-func (h *eventQueue) Pop() any {
+func (h timedQueue[T]) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *timedQueue[T]) Push(x any)   { *h = append(*h, x.(timed[T])) }
+func (h *timedQueue[T]) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]
@@ -113,7 +91,7 @@ func (h *eventQueue) Pop() any {
 // after runs fn d of virtual time from now, between deliveries.
 func (f *fabric) after(d time.Duration, fn func()) {
 	f.seq++
-	heap.Push(&f.events, fabEvent{f.clock.now + d, f.seq, fn})
+	heap.Push(&f.events, timed[func()]{f.clock.now + d, f.seq, fn})
 }
 
 type node struct {
@@ -214,11 +192,11 @@ func (f *fabric) step(end time.Duration) bool {
 		f.clock.now = next
 	}
 	for len(f.held) > 0 && f.held[0].at <= f.clock.now {
-		f.deliver(heap.Pop(&f.held).(heldPkt).p)
+		f.deliver(heap.Pop(&f.held).(timed[wirePkt]).v)
 	}
 	f.flushBatches()
 	for len(f.events) > 0 && f.events[0].at <= f.clock.now {
-		heap.Pop(&f.events).(fabEvent).fn()
+		heap.Pop(&f.events).(timed[func()]).v()
 	}
 	for _, n := range f.nodes {
 		n.e.Tick()
@@ -231,7 +209,7 @@ func (f *fabric) send(p wirePkt) {
 	if f.delay != nil {
 		if d := f.delay(p); d > 0 {
 			f.seq++
-			heap.Push(&f.held, heldPkt{f.clock.now + d, f.seq, p})
+			heap.Push(&f.held, timed[wirePkt]{f.clock.now + d, f.seq, p})
 			return
 		}
 	}
