@@ -81,12 +81,14 @@ var lvOverride func(*lvImpair)
 
 // lvImpair is one seed's network.
 type lvImpair struct {
-	loss, dup, hold, ce float64
-	delay, jitter       time.Duration
+	loss, dup, hold, ce   float64
+	burstEnter, burstExit float64 // burst loss (0: none)
+	delay, jitter         time.Duration
 }
 
 func (m lvImpair) String() string {
-	return fmt.Sprintf("loss %.3f dup %.3f hold %.3f ce %.3f delay %v jitter %v", m.loss, m.dup, m.hold, m.ce, m.delay, m.jitter)
+	return fmt.Sprintf("loss %.3f burst %.3f/%.2f dup %.3f hold %.3f ce %.3f delay %v jitter %v",
+		m.loss, m.burstEnter, m.burstExit, m.dup, m.hold, m.ce, m.delay, m.jitter)
 }
 
 // drawImpair picks which impairments a seed combines, and how strong.
@@ -424,7 +426,7 @@ func (fl *lvFlow) recvDone(wc WC) {
 			// UD has no duplicate detection (IBTA, rxe, RNICs): a
 			// datagram the network delivered twice arrives twice. The
 			// engine itself must never deliver one more often.
-			fl.failf("WR %d delivered %d times (UD: the network delivered %d copies)", i, fl.got[i], fl.copies[i])
+			fl.failf("WR %d delivered %d times (the network delivered %d copies; counted for UD only)", i, fl.got[i], fl.copies[i])
 			return
 		}
 	}
@@ -527,11 +529,28 @@ func runLiveness(t *testing.T, typ Type, seed uint64, sum *lvSum) string {
 		mtu = 1024
 	}
 	m := drawImpair(rng)
+	if b := rand.New(rand.NewPCG(seed, 77)); b.IntN(5) == 0 {
+		// drawn from a stream of its own, so the other draws stay as they were
+		m.burstEnter, m.burstExit = 0.002+b.Float64()*0.01, 0.2+b.Float64()*0.5
+	}
 	if lvOverride != nil {
 		lvOverride(&m)
 	}
 	var flows []*lvFlow
-	f.drop = func(wirePkt) bool { return m.loss > 0 && f.rng.Float64() < m.loss }
+	bad := false // Gilbert-Elliott: every packet in the bad state is lost
+	f.drop = func(wirePkt) bool {
+		if m.burstEnter > 0 {
+			if bad {
+				bad = f.rng.Float64() >= m.burstExit
+			} else {
+				bad = f.rng.Float64() < m.burstEnter
+			}
+			if bad {
+				return true
+			}
+		}
+		return m.loss > 0 && f.rng.Float64() < m.loss
+	}
 	f.dup = m.dup
 	if typ == UD {
 		f.tap = func(p wirePkt, pkt bth.Packet) {
