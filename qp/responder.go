@@ -897,6 +897,10 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) 
 // a longer RDMA length is an invalid request (rxe's check_length).
 const maxMessage = 1 << 31
 
+// ucDupWindow is how far behind the expected PSN a UC packet counts as a
+// duplicate.
+const ucDupWindow = 1 << 16
+
 // respondUC runs the UC responder: PSN gaps drop the damaged message, no
 // acknowledgements, no RNR.
 func (e *Engine) respondUC(q *QP, in *InPacket) {
@@ -904,11 +908,13 @@ func (e *Engine) respondUC(q *QP, in *InPacket) {
 	rs := &q.resp
 	psn := p.BTH().PSN()
 	info := p.Info
-	if psn.Before(rs.ePSN) {
-		// An older PSN is a duplicate (or a straggler the next message
-		// overtook): taking it as a new message would deliver a message
-		// twice. rxe starts a message at any first packet; rxego drops
-		// what it has passed, which UC allows (it may lose, never repeat).
+	if d := rs.ePSN.Diff(psn); d > 0 && d <= ucDupWindow {
+		// A PSN just behind is a duplicate (or a straggler the next
+		// message overtook): taking it as a new message would deliver a
+		// message twice. rxe starts a message at any first packet; rxego
+		// drops what it has recently passed, which UC allows (it may
+		// lose, never repeat). Far older PSNs still start a message, so
+		// a peer that starts over at another PSN is heard, as by rxe.
 		e.Stats.DuplicateRequest.Add(1)
 		e.drop(DropDuplicate)
 		return

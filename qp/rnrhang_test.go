@@ -307,3 +307,52 @@ func TestAckPastPacedRewind(t *testing.T) {
 		t.Fatal("no timeout: the test lost its point")
 	}
 }
+
+// TestRetryExcOnOldestWQE: with retry_cnt 0, a sequence-error NAK for a
+// PSN after a READ still waiting for its response fails the READ, the
+// oldest WQE, with RETRY_EXC_ERR; the NAKed SEND is flushed after it.
+// (It used to fail the SEND and complete the READ flushed first, so the
+// application's first error was a flush.)
+func TestRetryExcOnOldestWQE(t *testing.T) {
+	o := defaultConn()
+	o.mtu, o.retry = MTU256, 0
+	f, a, b := pair(t, RC, o)
+	lmr, _ := a.n.reg(t, 1024, allAccess)
+	rmr, _ := b.n.reg(t, 1024, allAccess)
+	b.recv(t, 1, rmr, 512, 512)
+	sendFirst := bth.PSN(o.apsn).Add(1)
+	readLost, sendLost := dropOnce(t, func(p bth.Packet) bool { return p.Info.Op == bth.OpReadResponse }),
+		dropOnce(t, func(p bth.Packet) bool { return p.Info.Op == bth.OpSend && p.BTH().PSN() == sendFirst })
+	f.drop = func(p wirePkt) bool { return readLost(p) || sendLost(p) }
+	a.post(t,
+		SendWR{ID: 1, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, 64), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()},
+		SendWR{ID: 2, Opcode: WRSend, Flags: SendSignaled, SGL: sge(lmr, 512, 512)},
+	)
+	f.run(time.Second)
+	check(t, "sender", pollAll(a.scq), want{1, WCRetryExcErr, WCRead}, want{2, WCWRFlushErr, WCSend})
+	if a.n.e.Stats.RcvdSeqErr.Load() == 0 {
+		t.Fatal("no sequence-error NAK: the test lost its point")
+	}
+}
+
+// TestUCDuplicateDeliveredOnce: a UC message the network delivers twice
+// completes one receive; the next message still arrives.
+func TestUCDuplicateDeliveredOnce(t *testing.T) {
+	f, a, b := pair(t, UC, defaultConn())
+	smr, sbuf := a.n.reg(t, 64, allAccess)
+	rmr, _ := b.n.reg(t, 256, allAccess)
+	fill(sbuf, 9)
+	for i := range 3 {
+		b.recv(t, uint64(i), rmr, i*64, 64)
+	}
+	f.dupIf = func(p wirePkt) bool { return p.dst == b.n.addr }
+	a.post(t, SendWR{ID: 1, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, 64)})
+	f.run(time.Second)
+	f.dupIf = nil
+	a.post(t, SendWR{ID: 2, Opcode: WRSendImm, Imm: 5, Flags: SendSignaled, SGL: sge(smr, 0, 64)})
+	f.run(time.Second)
+	check(t, "UC receiver", pollAll(b.rcq), want{0, WCSuccess, WCRecv}, want{1, WCSuccess, WCRecv})
+	if b.n.e.Stats.Drops[DropDuplicate].Load() != 1 {
+		t.Fatalf("%d duplicates dropped, want 1", b.n.e.Stats.Drops[DropDuplicate].Load())
+	}
+}
