@@ -81,6 +81,10 @@ type hostile struct {
 	raw      bool                   // sent from a plain UDP socket, ICRC as built
 	reason   string                 // the counter that must count each one
 	build    func(g *target) []byte // one datagram (RoCE packet, ICRC placeholder)
+	// freshPSN gives each copy the UC QP's next PSN (from rcPSN on), as
+	// a live UC peer's stream would carry: a UC responder drops a PSN it has just
+	// passed as a duplicate, before any other check.
+	freshPSN bool
 }
 
 // encode builds a packet from h and payload, failing the test on error.
@@ -164,11 +168,11 @@ func TestHostileInput(t *testing.T) {
 		{name: "ACK for nothing outstanding", reason: "stale_response", build: func(g *target) []byte {
 			return encode(t, bth.Header{Opcode: bth.RCAck, PKey: bth.DefaultPKey, DestQP: g.rc.Num(), PSN: 0x5555}, nil)
 		}},
-		{name: "UC WRITE, bad rkey", reason: "bad_access", build: func(g *target) []byte {
+		{name: "UC WRITE, bad rkey", reason: "bad_access", freshPSN: true, build: func(g *target) []byte {
 			return encode(t, bth.Header{Opcode: bth.UCWriteOnly, PKey: bth.DefaultPKey, DestQP: g.uc.Num(), PSN: rcPSN,
 				RETH: bth.RETHFields{VA: g.mr.IOVA(), RKey: g.mr.RKey() ^ 0x55, DMALen: 64}}, payload)
 		}},
-		{name: "UC WRITE, out of bounds", reason: "out_of_bounds", build: func(g *target) []byte {
+		{name: "UC WRITE, out of bounds", reason: "out_of_bounds", freshPSN: true, build: func(g *target) []byte {
 			return encode(t, bth.Header{Opcode: bth.UCWriteOnly, PKey: bth.DefaultPKey, DestQP: g.uc.Num(), PSN: rcPSN,
 				RETH: bth.RETHFields{VA: g.mr.IOVA() + uint64(len(g.buf)) - 32, RKey: g.mr.RKey(), DMALen: 64}}, payload)
 		}},
@@ -198,10 +202,15 @@ func TestHostileInput(t *testing.T) {
 	}
 	raw := rawFrom(peer.LocalAddr())
 	sentBefore := g.dev.Stats().SentPkts.Load()
+	ucPSN := bth.PSN(rcPSN)
 	for _, h := range classes {
 		before := counter(h.reason)
 		pkt := h.build(g)
 		for i := range count {
+			if h.freshPSN {
+				bth.BTH(pkt).SetPSN(ucPSN)
+				ucPSN = ucPSN.Next()
+			}
 			switch {
 			case h.raw:
 				if _, err := raw.WriteToUDPAddrPort(pkt, g.dev.Addr()); err != nil {
