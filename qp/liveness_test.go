@@ -33,7 +33,7 @@ var (
 // CI (the RC run dominates; measured in docs/reliability.md), many more
 // with -long.
 func livenessSeedCount(typ Type) uint64 {
-	n := map[Type]uint64{RC: 1000, UC: 300, UD: 300}[typ]
+	n := map[Type]uint64{RC: 800, UC: 300, UD: 300}[typ]
 	if testing.Short() {
 		n /= 10
 	}
