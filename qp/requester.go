@@ -544,8 +544,9 @@ func (e *Engine) rnrTimerExpired(q *QP, now time.Duration) {
 	if q.state != Err && r.compPSN.Before(r.maxSent) {
 		// In any state that keeps the send queue: the RNR NAK stopped the
 		// retransmission timer, so without the rewind nothing would send
-		// these PSNs again once the QP can send.
-		e.retry(q, r.compPSN)
+		// these PSNs again once the QP can send. Not counted in
+		// completer_retry_err (see handleAETH).
+		e.rewind(q, r.compPSN)
 	}
 	e.kick(q)
 }
