@@ -20,14 +20,9 @@ func (e *Engine) complete(q *QP, in *InPacket, now time.Duration) {
 		e.drop(DropBadState)
 		return
 	}
-	// A response for a PSN not sent since the last rewind, or one already
-	// acknowledged, is stale. After a Go-back-N rewind the PSNs from r.psn
-	// on wait to be sent again, and a response to their earlier
-	// transmission completes nothing until they are: so the
-	// acknowledged PSNs never pass the send position, and the requester
-	// never resumes from a WQE that has completed (rxe's completer
-	// likewise ignores responses for WQEs a retry set back to posted).
-	if !psn.Before(r.psn) || psn.Before(r.compPSN) && p.Info.Op != bth.OpAck {
+	// A response for a PSN never sent, or one already acknowledged, is
+	// stale.
+	if !psn.Before(r.maxSent) || psn.Before(r.compPSN) && p.Info.Op != bth.OpAck {
 		e.drop(DropStaleResponse)
 		return
 	}
@@ -38,6 +33,15 @@ func (e *Engine) complete(q *QP, in *InPacket, now time.Duration) {
 		e.readResponse(q, in, psn, now)
 	case bth.OpAtomicAck:
 		e.atomicAck(q, p, psn, now)
+	}
+	if r.psn.Before(r.compPSN) {
+		// A response to the first transmission of PSNs that a Go-back-N
+		// rewind set to go again acknowledged past the send position:
+		// those PSNs are done, so sending resumes after them rather than
+		// from a WQE that has completed (and whose ring slot may already
+		// hold a newer WR). Ignoring such a response instead can livelock
+		// a paced requester whose resends are slower than its timeout.
+		e.rewind(q, r.compPSN)
 	}
 	e.kick(q)
 }

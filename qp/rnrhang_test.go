@@ -356,3 +356,59 @@ func TestUCDuplicateDeliveredOnce(t *testing.T) {
 		t.Fatalf("%d duplicates dropped, want 1", b.n.e.Stats.Drops[DropDuplicate].Load())
 	}
 }
+
+// TestLateAckPastSendPosition: after a timeout rewinds the requester and
+// the pacer holds the resend, the first transmission's late ACK covers the
+// whole WRITE. It completes the WRITE at once and the requester resumes
+// after it: nothing it acknowledged goes out again. A requester that
+// ignored such an ACK until the PSNs were resent livelocked whenever its
+// paced resends took longer than its timeout (seen with every packet
+// CE-marked: each round's re-ACK came before the resend had passed it).
+func TestLateAckPastSendPosition(t *testing.T) {
+	f := newFabric(t)
+	a := f.node("198.18.0.1").newQP(t, RC, 8)
+	b := f.node("198.18.0.2").newQP(t, RC, 8)
+	o := defaultConn()
+	o.timeout = 12 // 16.8 ms
+	connect(t, a, b, o)
+	smr, _ := a.n.reg(t, 8<<10, allAccess)
+	rmr, _ := b.n.reg(t, 8<<10, allAccess)
+	late, ackAt, resent := true, time.Duration(0), 0
+	f.delay = func(p wirePkt) time.Duration {
+		if p.dst == a.n.addr && late {
+			return 30 * time.Millisecond
+		}
+		if p.src == a.n.addr && ackAt != 0 && f.clock.now > ackAt {
+			resent++
+		}
+		return 0
+	}
+	a.post(t, SendWR{ID: 1, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, 8<<10), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()})
+	f.after(16*time.Millisecond, func() {
+		q := a.qp
+		q.e.mu.Lock()
+		q.e.schedule(q, timerPace, 45*time.Millisecond) // hold the resend past the late ACK
+		q.e.mu.Unlock()
+		late = false
+	})
+	var done time.Duration
+	for end := f.clock.now + 2*time.Second; done == 0; {
+		if !f.step(end) {
+			t.Fatalf("no completion:\n%s", dumpQP(a.qp))
+		}
+		for _, wc := range pollAll(a.scq) {
+			if wc.Status != WCSuccess || wc.ID != 1 {
+				t.Fatalf("completion %+v", wc)
+			}
+			done, ackAt = f.clock.now, f.clock.now
+		}
+	}
+	if done >= 45*time.Millisecond {
+		t.Fatalf("the WRITE completed at %v, after its resend: the late ACK was ignored", done)
+	}
+	for end := f.clock.now + 100*time.Millisecond; f.step(end); {
+	}
+	if resent != 0 {
+		t.Fatalf("%d packets sent after the ACK covered them all", resent)
+	}
+}
