@@ -7,6 +7,7 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/congestion"
+	"github.com/rxego/rxego/internal/iphdr"
 	"github.com/rxego/rxego/mr"
 	"github.com/rxego/rxego/reth"
 )
@@ -1068,30 +1069,18 @@ func fillGRH(g []byte, in *InPacket) {
 	roceLen := len(in.Pkt.Raw)
 	src, dst := in.Src.Addr(), in.Dest
 	if src.Is4() || src.Is4In6() {
-		ip := g[20:40]
-		ip[0] = 0x45
-		ip[1] = in.TOS
-		binary.BigEndian.PutUint16(ip[2:], uint16(20+8+roceLen))
-		ip[6] = 0x40
-		ip[8] = 64
-		ip[9] = 17
-		s4 := src.Unmap().As4()
-		copy(ip[12:16], s4[:])
+		f := iphdr.IPv4Fields{TOS: in.TOS, TotalLength: uint16(iphdr.IPv4Len + iphdr.UDPLen + roceLen),
+			DF: true, TTL: 64, Protocol: iphdr.ProtoUDP, Src: src.Unmap().As4()}
 		if dst.IsValid() {
-			d4 := dst.Unmap().As4()
-			copy(ip[16:20], d4[:])
+			f.Dst = dst.Unmap().As4()
 		}
+		iphdr.IPv4(g[GRHLen-iphdr.IPv4Len:]).Encode(&f) // the last 20 bytes, as verbs puts it
 		return
 	}
-	g[0] = 0x60 | in.TOS>>4
-	g[1] = in.TOS << 4
-	binary.BigEndian.PutUint16(g[4:], uint16(8+roceLen))
-	g[6] = 17
-	g[7] = 64
-	s16 := src.As16()
-	copy(g[8:24], s16[:])
+	f := iphdr.IPv6Fields{TrafficClass: in.TOS, PayloadLength: uint16(iphdr.UDPLen + roceLen),
+		NextHeader: iphdr.ProtoUDP, HopLimit: 64, Src: src.As16()}
 	if dst.IsValid() {
-		d16 := dst.As16()
-		copy(g[24:40], d16[:])
+		f.Dst = dst.As16()
 	}
+	iphdr.IPv6(g).Encode(&f)
 }
