@@ -493,3 +493,45 @@ func TestParseRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestFind: every opcode in the table is found again from its class,
+// operation, position and carried flags, and shapes the table lacks are
+// refused.
+func TestFind(t *testing.T) {
+	n := 0
+	for i := range 256 {
+		in, ok := bth.Lookup(bth.Opcode(i))
+		if !ok {
+			continue
+		}
+		n++
+		if op, ok := bth.Find(in.Class, in.Op, in.Flags, in.Flags); !ok || op != bth.Opcode(i) {
+			t.Errorf("%v: found %v %v", in.Name, op, ok)
+		}
+	}
+	if n < 40 {
+		t.Fatalf("only %d opcodes in the table", n)
+	}
+	for _, c := range []struct {
+		c         bth.Class
+		op        bth.Op
+		pos, with bth.Flags
+		want      bth.Opcode
+		ok        bool
+	}{
+		{bth.RC, bth.OpSend, bth.Last, bth.Imm, bth.RCSendLastImm, true},
+		{bth.UC, bth.OpWrite, bth.Only, bth.Imm, bth.UCWriteOnlyImm, true},
+		{bth.RC, bth.OpSend, bth.Only, bth.Inv, bth.RCSendOnlyInv, true},
+		{bth.UD, bth.OpSend, bth.Only, 0, bth.UDSendOnly, true},
+		{bth.UD, bth.OpSend, bth.First, 0, 0, false},
+		{bth.UC, bth.OpSend, bth.Last, bth.Inv, 0, false},
+		{bth.UC, bth.OpReadRequest, bth.Only, 0, 0, false},
+		{bth.RC, bth.OpWrite, bth.Middle, bth.Imm, 0, false},
+		{bth.Class(7), bth.OpSend, bth.Only, 0, 0, false},
+		{bth.RC, bth.Op(200), bth.Only, 0, 0, false},
+	} {
+		if op, ok := bth.Find(c.c, c.op, c.pos, c.with); op != c.want || ok != c.ok {
+			t.Errorf("bth.Find(%v, %d, %#x, %#x) = %v %v, want %v %v", c.c, c.op, c.pos, c.with, op, ok, c.want, c.ok)
+		}
+	}
+}

@@ -66,16 +66,13 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		if q.state != RTS && q.state != SQD {
 			return
 		}
-		if r.rnrLeft == 0 {
+		if !spend(&r.rnrLeft) {
 			e.Stats.RetryRNRExceededErr.Add(1)
 			// The retry budget is the oldest WQE's (rxe fails the WQE its
 			// completer is on): a READ or atomic still waiting before the
 			// NAKed PSN must not complete flushed ahead of the error.
 			e.failWQE(q, q.wqe(q.sqHead), WCRNRRetryExcErr)
 			return
-		}
-		if r.rnrLeft != 7 {
-			r.rnrLeft--
 		}
 		// The rewind waits for the timer (rnrTimerExpired), as rxe's
 		// req_retry does: responses that overtook this NAK may yet
@@ -92,16 +89,7 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		switch syn.Value() {
 		case reth.NAKPSNSeqError:
 			e.Stats.RcvdSeqErr.Add(1)
-			if r.retryLeft == 0 {
-				e.Stats.RetryExceededErr.Add(1)
-				e.failWQE(q, q.wqe(q.sqHead), WCRetryExcErr) // as for RNR above
-				return
-			}
-			if r.retryLeft != 7 {
-				r.retryLeft--
-			}
-			r.retrying = true
-			e.retry(q, psn)
+			e.retryOrFail(q, q.wqe(q.sqHead), psn) // the oldest WQE's budget, as for RNR above
 		case reth.NAKInvalidRequest:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemInvReqErr)
 		case reth.NAKRemoteAccess:
@@ -187,8 +175,7 @@ func (e *Engine) responderAlive(q *QP, now time.Duration) {
 // acknowledgement moved the window.
 func (e *Engine) progress(q *QP, now time.Duration) {
 	r := &q.req
-	r.retryLeft = q.attr.RetryCnt
-	r.rnrLeft = q.attr.RNRRetry
+	r.refill(q)
 	r.gapPending = false
 	if r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))

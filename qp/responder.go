@@ -556,9 +556,7 @@ func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
 		if !rs.haveRecv {
 			w, ok := q.takeRecv()
 			if !ok {
-				e.Stats.SendRNRErr.Add(1)
-				e.drop(DropNoRecvWQE)
-				e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
+				e.rnrNAK(q, psn)
 				return
 			}
 			rs.recv, rs.haveRecv = w, true
@@ -601,6 +599,15 @@ func (e *Engine) recvSend(q *QP, p bth.Packet, psn bth.PSN) {
 	e.advance(q, p, psn)
 }
 
+// rnrNAK refuses a SEND or WRITE with immediate that finds no receive
+// WQE with an RNR NAK: the requester waits its RNR timer and sends the
+// packet again, finding the responder as it was.
+func (e *Engine) rnrNAK(q *QP, psn bth.PSN) {
+	e.Stats.SendRNRErr.Add(1)
+	e.drop(DropNoRecvWQE)
+	e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
+}
+
 func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 	rs := &q.resp
 	in := p.Info
@@ -612,9 +619,7 @@ func (e *Engine) recvWrite(q *QP, p bth.Packet, psn bth.PSN) {
 		// responder as it was.
 		w, ok := q.takeRecv()
 		if !ok {
-			e.Stats.SendRNRErr.Add(1)
-			e.drop(DropNoRecvWQE)
-			e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
+			e.rnrNAK(q, psn)
 			return
 		}
 		rs.recv, rs.haveRecv = w, true
@@ -731,17 +736,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	for i := rd.next; i < end; i++ {
 		off := uint32(i)*mtu - from
 		k := int(min(mtu, rd.n-min(uint32(i)*mtu, rd.n)))
-		var op bth.Opcode
-		switch {
-		case rd.npk == 1:
-			op = bth.RCReadResponseOnly
-		case i == 0:
-			op = bth.RCReadResponseFirst
-		case i == rd.npk-1:
-			op = bth.RCReadResponseLast
-		default:
-			op = bth.RCReadResponseMiddle
-		}
+		op, _ := bth.Find(bth.RC, bth.OpReadResponse, position(i == 0, i == rd.npk-1), 0)
 		buf, p := e.header(q, op, rd.psn.Add(i), k, false, false, q.attr.DestQPN)
 		if a := p.AETH(); a != nil {
 			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), rd.msn)
