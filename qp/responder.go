@@ -204,17 +204,17 @@ func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) 
 	q.enterError()
 }
 
-// accessError refuses a request whose key, bounds or alignment check
-// failed with err (from package mr): a misaligned atomic is an invalid
-// request, anything else a remote access error.
+// accessError refuses (refuse) a request whose key, bounds or alignment
+// check failed with err (from package mr): a misaligned atomic is an
+// invalid request, anything else a remote access error.
 func (e *Engine) accessError(q *QP, err error, psn bth.PSN) {
 	switch {
 	case errors.Is(err, mr.ErrMisaligned):
-		e.classCError(q, reth.NAKInvalidRequest, DropMisaligned, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropMisaligned, psn)
 	case errors.Is(err, mr.ErrOutOfBounds):
-		e.classCError(q, reth.NAKRemoteAccess, DropOutOfBounds, psn)
+		e.refuse(q, reth.NAKRemoteAccess, DropOutOfBounds, psn)
 	default:
-		e.classCError(q, reth.NAKRemoteAccess, DropBadAccess, psn)
+		e.refuse(q, reth.NAKRemoteAccess, DropBadAccess, psn)
 	}
 }
 
