@@ -11,21 +11,26 @@ import (
 )
 
 // respondRC runs an RC request through the responder's steps, named and
-// ordered as in rxe's rxe_resp.c. Each check either passes the packet on
-// or has answered it (NAK, RNR NAK, duplicate reply or drop); execute
-// carries out what passed and acknowledges it.
+// ordered as in rxe's rxe_resp.c: checkPSN, then checkRequest's checks,
+// then execute. Each check either passes the packet on or has answered it
+// (NAK, RNR NAK, duplicate reply or drop); execute carries out what passed
+// and acknowledges it.
 func (e *Engine) respondRC(q *QP, in *InPacket, now time.Duration) {
 	p := in.Pkt
 	psn := p.BTH().PSN()
-	if !e.checkPSN(q, p, psn, now) ||
-		!e.checkOpSeq(q, p.Info, psn) ||
-		!e.checkOpValid(q, p.Info, psn) ||
-		!e.checkLength(q, p, psn) ||
-		!e.checkResource(q, p, psn) ||
-		!e.checkRKey(q, p, psn) {
-		return
+	if e.checkPSN(q, p, psn, now) && e.checkRequest(q, p, psn) {
+		e.execute(q, p, psn, now)
 	}
-	e.execute(q, p, psn, now)
+}
+
+// checkRequest runs the checks after the PSN's, which RC and UC share:
+// checkOpSeq, checkOpValid, checkLength, checkResource, checkRKey.
+func (e *Engine) checkRequest(q *QP, p bth.Packet, psn bth.PSN) bool {
+	return e.checkOpSeq(q, p.Info, psn) &&
+		e.checkOpValid(q, p.Info, psn) &&
+		e.checkLength(q, p, psn) &&
+		e.checkResource(q, p, psn) &&
+		e.checkRKey(q, p, psn)
 }
 
 // checkPSN (rxe's check_psn) passes the request with the expected PSN. A

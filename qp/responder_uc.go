@@ -10,15 +10,9 @@ import (
 func (e *Engine) respondUC(q *QP, in *InPacket) {
 	p := in.Pkt
 	psn := p.BTH().PSN()
-	if !e.checkUCPSN(q, p.Info, psn) ||
-		!e.checkOpSeq(q, p.Info, psn) ||
-		!e.checkOpValid(q, p.Info, psn) ||
-		!e.checkLength(q, p, psn) ||
-		!e.checkResource(q, p, psn) ||
-		!e.checkRKey(q, p, psn) {
-		return
+	if e.checkUCPSN(q, p.Info, psn) && e.checkRequest(q, p, psn) {
+		e.place(q, p, psn)
 	}
-	e.place(q, p, psn)
 }
 
 // ucDupWindow is how far behind the expected PSN a UC packet counts as a

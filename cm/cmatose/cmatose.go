@@ -171,6 +171,21 @@ func pattern(b []byte) {
 	}
 }
 
+// receive polls n's cfg.Count receives, counting them in res; each must
+// be cfg.Size bytes, and then ok, when given, is called.
+func (n *node) receive(ctx context.Context, cfg Config, res *Result, ok func()) error {
+	return poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
+		res.Received++
+		if int(wc.ByteLen) != cfg.Size {
+			return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
+		}
+		if ok != nil {
+			ok()
+		}
+		return nil
+	})
+}
+
 // side is one role's connections while it runs: the nodes, destroyed
 // at the end, and the connections being made concurrently.
 type side struct {
@@ -258,17 +273,10 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.Listener, cfg Config) (Resu
 			}
 			printf(cfg.Out, "receiving data transfers\n")
 			for _, n := range nodes {
-				err := poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
-					res.Received++
-					// All messages land in the one buffer: it holds the last.
-					if int(wc.ByteLen) != cfg.Size {
-						return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
-					}
-					return nil
-				})
-				if err != nil {
+				if err := n.receive(ctx, cfg, &res, nil); err != nil {
 					return res, err
 				}
+				// All messages land in the one buffer: it holds the last.
 				if string(n.mr.Buffer()) != string(want) {
 					return res, fmt.Errorf("%w: connection to %v", ErrMismatch, n.c.RemoteAddr())
 				}
@@ -312,15 +320,7 @@ func Dial(ctx context.Context, m *cm.Manager, addr netip.AddrPort, cfg Config) (
 		if cfg.Count > 0 {
 			printf(cfg.Out, "receiving data transfers\n")
 			for _, n := range nodes {
-				err := poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
-					res.Received++
-					if int(wc.ByteLen) != cfg.Size {
-						return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
-					}
-					res.Verified++
-					return nil
-				})
-				if err != nil {
+				if err := n.receive(ctx, cfg, &res, func() { res.Verified++ }); err != nil {
 					return res, err
 				}
 			}
