@@ -328,18 +328,38 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 	return true
 }
 
-// segmentOpcode picks the opcode of one packet of a SEND or WRITE from
-// the opcode table: the WR's operation at the packet's place in the
-// message, the immediate data or invalidation on the last packet only. (A
-// UD message is one packet: PostSend refuses longer ones.)
+// segmentOpcode picks the opcode of one packet of a message: the WR's
+// operation at the packet's place in the message, with the immediate data
+// or invalidation on the last packet only. (A UD message is one packet:
+// PostSend refuses longer ones.)
 func segmentOpcode(t Type, op WROpcode, first, last bool) bth.Opcode {
-	var with bth.Flags
-	if last {
-		with = wrWire[op].with
+	i := 0
+	if first {
+		i = 2
 	}
-	o, _ := bth.Find(t.class(), wrWire[op].op, position(first, last), with)
-	return o
+	if last {
+		i++
+	}
+	return wrOpcodes[t.class()][op&(wrOpcodeLimit-1)][i]
 }
+
+// wrOpcodes holds what bth.Find gives for every class, send WR opcode and
+// place in a message (middle, last, first, only), so that the requester
+// looks each packet's opcode up in one step.
+var wrOpcodes = func() (t [bth.UD + 1][wrOpcodeLimit][4]bth.Opcode) {
+	for c := range t {
+		for op := range t[c] {
+			for i := range t[c][op] {
+				var with bth.Flags
+				if i&1 != 0 {
+					with = wrWire[op].with
+				}
+				t[c][op][i], _ = bth.Find(bth.Class(c), wrWire[op].op, position(i&2 != 0, i&1 != 0), with)
+			}
+		}
+	}
+	return t
+}()
 
 // position is the opcode flag of a packet's place in its message.
 func position(first, last bool) bth.Flags {
@@ -361,7 +381,7 @@ func position(first, last bool) bth.Flags {
 // first missing response.
 func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 	r := &q.req
-	op, _ := bth.Find(bth.RC, wrWire[w.wr.Opcode].op, bth.Only, 0)
+	op := segmentOpcode(RC, w.wr.Opcode, true, true)
 	var off uint32
 	if w.wr.Opcode == WRRead {
 		k := r.psn.Diff(w.firstPSN) // responses already received
