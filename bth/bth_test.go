@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/exthdr"
 )
 
 func TestPSNArithmetic(t *testing.T) {
@@ -123,10 +123,10 @@ var extOrder = []struct {
 	e   bth.Ext
 	len int
 }{
-	{bth.ExtRDETH, reth.RDETHLen}, {bth.ExtDETH, reth.DETHLen}, {bth.ExtFETH, reth.FETHLen},
-	{bth.ExtRETH, reth.RETHLen}, {bth.ExtAtomicETH, reth.AtomicETHLen}, {bth.ExtAETH, reth.AETHLen},
-	{bth.ExtAtomicAckETH, reth.AtomicAckETHLen}, {bth.ExtImmDt, reth.ImmDtLen}, {bth.ExtIETH, reth.IETHLen},
-	{bth.ExtCNP, reth.CNPLen},
+	{bth.ExtRDETH, exthdr.RDETHLen}, {bth.ExtDETH, exthdr.DETHLen}, {bth.ExtFETH, exthdr.FETHLen},
+	{bth.ExtRETH, exthdr.RETHLen}, {bth.ExtAtomicETH, exthdr.AtomicETHLen}, {bth.ExtAETH, exthdr.AETHLen},
+	{bth.ExtAtomicAckETH, exthdr.AtomicAckETHLen}, {bth.ExtImmDt, exthdr.ImmDtLen}, {bth.ExtIETH, exthdr.IETHLen},
+	{bth.ExtCNP, exthdr.CNPLen},
 }
 
 // TestOpcodeTable checks every one of the 256 opcodes against the IBTA
@@ -262,7 +262,7 @@ func randomHeader(rng *rand.Rand, op bth.Opcode, payloadLen int) (h, want bth.He
 		FECN: rng.IntN(2) == 1, BECN: rng.IntN(2) == 1, Resv6: uint8(rng.IntN(64)), DestQP: rng.Uint32() & 0xffffff,
 		AckReq: rng.IntN(2) == 1, Resv7: uint8(rng.IntN(128)), PSN: bth.PSN(rng.Uint32() & bth.PSNMask),
 		RETH:      bth.RETHFields{VA: rng.Uint64(), RKey: rng.Uint32(), DMALen: rng.Uint32()},
-		AETH:      bth.AETHFields{Syndrome: reth.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
+		AETH:      bth.AETHFields{Syndrome: exthdr.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
 		Atomic:    bth.AtomicFields{VA: rng.Uint64(), RKey: rng.Uint32(), SwapAdd: rng.Uint64(), Compare: rng.Uint64()},
 		AtomicAck: rng.Uint64(), Imm: rng.Uint32(), IETHRKey: rng.Uint32(),
 		DETH: bth.DETHFields{QKey: rng.Uint32(), SrcQP: rng.Uint32() & 0xffffff},
@@ -490,6 +490,48 @@ func TestParseRejects(t *testing.T) {
 			if _, err := bth.Parse(b); !errors.Is(err, bth.ErrAlign) {
 				t.Errorf("%v with a %d-byte body: %v", in.Opcode, body, err)
 			}
+		}
+	}
+}
+
+// TestFind: every opcode in the table is found again from its class,
+// operation, position and carried flags, and shapes the table lacks are
+// refused.
+func TestFind(t *testing.T) {
+	n := 0
+	for i := range 256 {
+		in, ok := bth.Lookup(bth.Opcode(i))
+		if !ok {
+			continue
+		}
+		n++
+		if op, ok := bth.Find(in.Class, in.Op, in.Flags, in.Flags); !ok || op != bth.Opcode(i) {
+			t.Errorf("%v: found %v %v", in.Name, op, ok)
+		}
+	}
+	if n < 40 {
+		t.Fatalf("only %d opcodes in the table", n)
+	}
+	for _, c := range []struct {
+		c         bth.Class
+		op        bth.Op
+		pos, with bth.Flags
+		want      bth.Opcode
+		ok        bool
+	}{
+		{bth.RC, bth.OpSend, bth.Last, bth.Imm, bth.RCSendLastImm, true},
+		{bth.UC, bth.OpWrite, bth.Only, bth.Imm, bth.UCWriteOnlyImm, true},
+		{bth.RC, bth.OpSend, bth.Only, bth.Inv, bth.RCSendOnlyInv, true},
+		{bth.UD, bth.OpSend, bth.Only, 0, bth.UDSendOnly, true},
+		{bth.UD, bth.OpSend, bth.First, 0, 0, false},
+		{bth.UC, bth.OpSend, bth.Last, bth.Inv, 0, false},
+		{bth.UC, bth.OpReadRequest, bth.Only, 0, 0, false},
+		{bth.RC, bth.OpWrite, bth.Middle, bth.Imm, 0, false},
+		{bth.Class(7), bth.OpSend, bth.Only, 0, 0, false},
+		{bth.RC, bth.Op(200), bth.Only, 0, 0, false},
+	} {
+		if op, ok := bth.Find(c.c, c.op, c.pos, c.with); op != c.want || ok != c.ok {
+			t.Errorf("bth.Find(%v, %d, %#x, %#x) = %v %v, want %v %v", c.c, c.op, c.pos, c.with, op, ok, c.want, c.ok)
 		}
 	}
 }

@@ -3,7 +3,7 @@ package bth
 import (
 	"strconv"
 
-	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/exthdr"
 )
 
 // Opcode is the BTH opcode: the top three bits select the transport class
@@ -70,8 +70,8 @@ const (
 
 // extLens gives each extended header's length, indexed by bit position.
 var extLens = [numExt]int{
-	reth.RDETHLen, reth.DETHLen, reth.FETHLen, reth.RETHLen, reth.AtomicETHLen,
-	reth.AETHLen, reth.AtomicAckETHLen, reth.ImmDtLen, reth.IETHLen, reth.CNPLen,
+	exthdr.RDETHLen, exthdr.DETHLen, exthdr.FETHLen, exthdr.RETHLen, exthdr.AtomicETHLen,
+	exthdr.AETHLen, exthdr.AtomicAckETHLen, exthdr.ImmDtLen, exthdr.IETHLen, exthdr.CNPLen,
 }
 
 // Flags describe an opcode's place in a message and what it carries.
@@ -126,6 +126,32 @@ func bitIndex(e Ext) int {
 
 var table [256]Info
 var valid [256]bool
+
+// byShape indexes the table by what an encoder knows: class, operation,
+// position (First, Middle, Last or Only) and whether it carries immediate
+// data or an rkey to invalidate. It holds opcode+1, 0 for none.
+var byShape [8][16][8][4]uint16
+
+// shape returns byShape's indices of position and carried flags.
+func shape(f Flags) (pos, with int) {
+	return int(f & (First | Middle | Last)), int(f&(Imm|Inv)) >> 6
+}
+
+// Find returns the opcode of class c that does op at position pos (First,
+// Middle, Last or Only) and carries with (0, Imm or Inv), as the table has
+// it; ok is false when the table has no such opcode. Encoders pick their
+// opcodes with it, so the table stays the one source of them.
+func Find(c Class, op Op, pos, with Flags) (_ Opcode, ok bool) {
+	p, w := shape(pos&(First|Middle|Last) | with&(Imm|Inv))
+	if int(c) >= len(byShape) || int(op) >= len(byShape[0]) {
+		return 0, false
+	}
+	v := byShape[c][op][p][w]
+	if v == 0 {
+		return 0, false
+	}
+	return Opcode(v - 1), true
+}
 
 // Lookup returns the table row for op, or false when op is not a RoCEv2
 // opcode rxego knows.
@@ -277,4 +303,6 @@ func add(op Opcode, name string, c Class, r row) {
 	in.HdrLen = off
 	table[op] = in
 	valid[op] = true
+	p, w := shape(r.flags)
+	byShape[c][r.op][p][w] = uint16(op) + 1
 }

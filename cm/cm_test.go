@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/qp"
@@ -333,9 +332,7 @@ func TestMRA(t *testing.T) {
 			return
 		}
 		// Wait until the client's retransmitted REQ drew an MRA.
-		for i := 0; i < 1000 && p.cli.m.Counters()["cm_rcvd_mra"] == 0; i++ {
-			time.Sleep(5 * time.Millisecond)
-		}
+		eventually(func() bool { return p.cli.m.Counters()["cm_rcvd_mra"] != 0 })
 		_, err = r.Accept(ctx, srvEP.q, nil)
 		accepted <- err
 	}()
@@ -535,12 +532,11 @@ func TestMalformedMADs(t *testing.T) {
 	p.cli.m.send(serverAddr, &lap)
 	rtu, _ := Marshal(1, &RTU{LocalCommID: 5, RemoteCommID: 6}) // for no connection
 	p.cli.m.send(serverAddr, &rtu)
-	for i := 0; i < 1000; i++ {
+	if eventually(func() bool {
 		c := p.srv.m.Counters()
-		if c["cm_malformed"] == 1 && c["cm_unsupported"] == 1 && c["cm_unmatched"] == 1 {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
+		return c["cm_malformed"] == 1 && c["cm_unsupported"] == 1 && c["cm_unmatched"] == 1
+	}) {
+		return
 	}
 	t.Errorf("server %s", counts(p.srv.m, "cm_malformed", "cm_unsupported", "cm_unmatched"))
 }

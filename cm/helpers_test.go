@@ -170,3 +170,14 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 		t.Fatalf("%s: not closed", what)
 	}
 }
+
+// eventually polls cond every few milliseconds until it holds or 10
+// seconds pass, and reports whether it held.
+func eventually(cond func() bool) bool {
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}

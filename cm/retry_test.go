@@ -30,9 +30,7 @@ func TestDialRetry(t *testing.T) {
 	const port = 4242
 	go func() {
 		// Listen after two rejections, then accept and send.
-		for end := time.Now().Add(10 * time.Second); p.srv.m.Counters()["cm_sent_rej"] < 2 && time.Now().Before(end); {
-			time.Sleep(5 * time.Millisecond)
-		}
+		eventually(func() bool { return p.srv.m.Counters()["cm_sent_rej"] >= 2 })
 		l, err := p.srv.m.Listen(port)
 		if err != nil {
 			return

@@ -20,6 +20,8 @@ package icrc
 import (
 	"encoding/binary"
 	"hash/crc32"
+
+	"github.com/rxego/rxego/internal/iphdr"
 )
 
 // Len is the length of the ICRC trailer.
@@ -114,10 +116,7 @@ const bthHead = 5
 
 // putUDP writes a UDP header with the checksum all ones to dst.
 func putUDP(dst []byte, sport, dport uint16, length int) {
-	binary.BigEndian.PutUint16(dst[0:], sport)
-	binary.BigEndian.PutUint16(dst[2:], dport)
-	binary.BigEndian.PutUint16(dst[4:], uint16(length))
-	dst[6], dst[7] = 0xff, 0xff
+	iphdr.UDP(dst).Encode(&iphdr.UDPFields{SrcPort: sport, DstPort: dport, Length: uint16(length), Checksum: 0xffff})
 }
 
 // maxShifted bounds the packet lengths the fast path serves: every RoCE

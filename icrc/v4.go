@@ -1,8 +1,9 @@
 package icrc
 
 import (
-	"encoding/binary"
 	"sync/atomic"
+
+	"github.com/rxego/rxego/internal/iphdr"
 )
 
 // V4 holds what an IPv4 RoCEv2 packet's ICRC covers besides the packet
@@ -14,21 +15,12 @@ type V4 struct {
 	DF               bool // don't-fragment, set by rxe and by rxego
 }
 
-// header writes the masked IPv4 and UDP headers v describes.
-func (v *V4) header(h *[20 + 8]byte, id, ipLen, udpLen uint16) {
-	h[0] = 0x45
-	h[1] = 0xff // TOS
-	binary.BigEndian.PutUint16(h[2:], ipLen)
-	binary.BigEndian.PutUint16(h[4:], id)
-	if v.DF {
-		h[6] = 0x40
-	}
-	h[8] = 0xff // TTL
-	h[9] = 17   // UDP
-	h[10], h[11] = 0xff, 0xff
-	copy(h[12:16], v.Src[:])
-	copy(h[16:20], v.Dst[:])
-	putUDP(h[20:], v.SrcPort, v.DstPort, int(udpLen))
+// header writes the masked IPv4 and UDP headers v describes: TOS, TTL and
+// both checksums all ones.
+func (v *V4) header(h *[iphdr.IPv4Len + iphdr.UDPLen]byte, id, ipLen, udpLen uint16) {
+	iphdr.IPv4(h[:]).Encode(&iphdr.IPv4Fields{TOS: 0xff, TotalLength: ipLen, ID: id, DF: v.DF, TTL: 0xff,
+		Protocol: iphdr.ProtoUDP, Checksum: 0xffff, Src: v.Src, Dst: v.Dst})
+	putUDP(h[iphdr.IPv4Len:], v.SrcPort, v.DstPort, int(udpLen))
 }
 
 // v4Base[df] is the register after the LRH stand-in and the masked
@@ -37,7 +29,7 @@ func (v *V4) header(h *[20 + 8]byte, id, ipLen, udpLen uint16) {
 // that vary per flow or packet.
 var v4Base = func() (b [2]uint32) {
 	for i, df := range []bool{false, true} {
-		var h [20 + 8]byte
+		var h [iphdr.IPv4Len + iphdr.UDPLen]byte
 		(&V4{DF: df}).header(&h, 0, 0, 0)
 		b[i] = prefix(h[:])
 	}

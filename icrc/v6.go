@@ -1,6 +1,6 @@
 package icrc
 
-import "encoding/binary"
+import "github.com/rxego/rxego/internal/iphdr"
 
 // V6 holds what an IPv6 RoCEv2 packet's ICRC covers besides the packet:
 // addresses and ports. Everything else the ICRC covers in an IPv6 header
@@ -15,14 +15,12 @@ func (v *V6) Sum(pkt []byte) uint32 {
 	if !valid(pkt) {
 		return 0
 	}
-	var h [40 + 8]byte
-	h[0], h[1], h[2], h[3] = 0x6f, 0xff, 0xff, 0xff
-	binary.BigEndian.PutUint16(h[4:], uint16(8+len(pkt)))
-	h[6] = 17   // UDP
-	h[7] = 0xff // hop limit
-	copy(h[8:24], v.Src[:])
-	copy(h[24:40], v.Dst[:])
-	putUDP(h[40:], v.SrcPort, v.DstPort, 8+len(pkt))
+	var h [iphdr.IPv6Len + iphdr.UDPLen]byte
+	// Traffic class, flow label and hop limit masked to all ones.
+	iphdr.IPv6(h[:]).Encode(&iphdr.IPv6Fields{TrafficClass: 0xff, FlowLabel: 0xfffff,
+		PayloadLength: uint16(iphdr.UDPLen + len(pkt)), NextHeader: iphdr.ProtoUDP, HopLimit: 0xff,
+		Src: v.Src, Dst: v.Dst})
+	putUDP(h[iphdr.IPv6Len:], v.SrcPort, v.DstPort, iphdr.UDPLen+len(pkt))
 	return sum(h[:], pkt)
 }
 

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/mr"
 )
 
@@ -19,6 +20,17 @@ const (
 	UC Type = 3
 	UD Type = 4
 )
+
+// class is the transport class of t's opcodes.
+func (t Type) class() bth.Class {
+	switch t {
+	case UC:
+		return bth.UC
+	case UD:
+		return bth.UD
+	}
+	return bth.RC
+}
 
 // String returns "RC", "UC" or "UD".
 func (t Type) String() string {

@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/exthdr"
 )
 
 // The completer: acknowledgements, NAKs, READ responses and atomic
@@ -47,10 +47,10 @@ func (e *Engine) complete(q *QP, in *InPacket, now time.Duration) {
 }
 
 // handleAETH interprets an ACK or NAK carrying PSN psn.
-func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) {
+func (e *Engine) handleAETH(q *QP, a exthdr.AETH, psn bth.PSN, now time.Duration) {
 	r := &q.req
 	syn := a.Syndrome()
-	if syn.Kind() != reth.KindACK && psn.Before(r.compPSN) {
+	if syn.Kind() != exthdr.KindACK && psn.Before(r.compPSN) {
 		// A (RNR) NAK for PSNs already acknowledged is a delayed
 		// duplicate: acting on it would rewind the requester to PSNs
 		// the responder has consumed.
@@ -58,28 +58,25 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		return
 	}
 	switch syn.Kind() {
-	case reth.KindACK:
+	case exthdr.KindACK:
 		if psn.Before(r.compPSN) {
 			e.drop(DropDuplicate) // an old ACK: nothing new acknowledged
 			return
 		}
 		e.acknowledge(q, psn, now)
-	case reth.KindRNR:
+	case exthdr.KindRNR:
 		e.Stats.RcvdRNRErr.Add(1)
 		e.acknowledge(q, psn.Add(-1), now)
 		if q.state != RTS && q.state != SQD {
 			return
 		}
-		if r.rnrLeft == 0 {
+		if !spend(&r.rnrLeft) {
 			e.Stats.RetryRNRExceededErr.Add(1)
 			// The retry budget is the oldest WQE's (rxe fails the WQE its
 			// completer is on): a READ or atomic still waiting before the
 			// NAKed PSN must not complete flushed ahead of the error.
 			e.failWQE(q, q.wqe(q.sqHead), WCRNRRetryExcErr)
 			return
-		}
-		if r.rnrLeft != 7 {
-			r.rnrLeft--
 		}
 		// The rewind waits for the timer (rnrTimerExpired), as rxe's
 		// req_retry does: responses that overtook this NAK may yet
@@ -88,27 +85,18 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		r.rnrWait = true
 		e.cancel(q, timerRetransmit)
 		e.schedule(q, timerRNR, now+RNRWait(syn.Value(), e.cfg.RNRTick))
-	case reth.KindNAK:
+	case exthdr.KindNAK:
 		e.acknowledge(q, psn.Add(-1), now)
 		if q.state != RTS && q.state != SQD {
 			return
 		}
 		switch syn.Value() {
-		case reth.NAKPSNSeqError:
+		case exthdr.NAKPSNSeqError:
 			e.Stats.RcvdSeqErr.Add(1)
-			if r.retryLeft == 0 {
-				e.Stats.RetryExceededErr.Add(1)
-				e.failWQE(q, q.wqe(q.sqHead), WCRetryExcErr) // as for RNR above
-				return
-			}
-			if r.retryLeft != 7 {
-				r.retryLeft--
-			}
-			r.retrying = true
-			e.retry(q, psn)
-		case reth.NAKInvalidRequest:
+			e.retryOrFail(q, q.wqe(q.sqHead), psn) // the oldest WQE's budget, as for RNR above
+		case exthdr.NAKInvalidRequest:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemInvReqErr)
-		case reth.NAKRemoteAccess:
+		case exthdr.NAKRemoteAccess:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemAccessErr)
 		default: // remote operational error, and (as rxe) any other code
 			e.failWQE(q, e.wqeAt(q, psn), WCRemOpErr)
@@ -191,8 +179,7 @@ func (e *Engine) responderAlive(q *QP, now time.Duration) {
 // acknowledgement moved the window.
 func (e *Engine) progress(q *QP, now time.Duration) {
 	r := &q.req
-	r.retryLeft = q.attr.RetryCnt
-	r.rnrLeft = q.attr.RNRRetry
+	r.refill(q)
 	r.gapPending = false
 	if r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))

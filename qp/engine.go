@@ -155,8 +155,7 @@ func (e *Engine) Close() {
 		return
 	}
 	e.closed = true
-	e.flushAcks()
-	e.held.Store(false)
+	e.releaseAcks()
 	for _, q := range e.qps {
 		if q.state != Err {
 			q.enterError()
@@ -274,9 +273,7 @@ func (e *Engine) InputWoke(pkts []InPacket) (woke bool) {
 		runtime.Gosched()
 		e.mu.Lock()
 	}
-	e.flushAcks()
-	e.held.Store(false)
-	e.flush()
+	e.flushAll()
 	return woke
 }
 
@@ -321,6 +318,19 @@ func (e *Engine) InputPolled(pkts []InPacket) (woke bool) {
 // ackHold bounds how long InputPolled's ACKs wait for the poller.
 const ackHold = time.Millisecond
 
+// releaseAcks sends every pending ACK, those InputPolled held back for
+// the poller's answer included.
+func (e *Engine) releaseAcks() {
+	e.flushAcks()
+	e.held.Store(false)
+}
+
+// flushAll sends every pending ACK (releaseAcks), then every packet queued.
+func (e *Engine) flushAll() {
+	e.releaseAcks()
+	e.flush()
+}
+
 // FlushAcks sends the ACKs InputPolled left pending, if any.
 func (e *Engine) FlushAcks() {
 	if !e.held.Load() {
@@ -328,9 +338,7 @@ func (e *Engine) FlushAcks() {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.flushAcks()
-	e.held.Store(false)
-	e.flush()
+	e.flushAll()
 }
 
 // Tick runs every timer due at the clock's current time.

@@ -293,3 +293,36 @@ func TestWriteImmConsumesOneReceive(t *testing.T) {
 	f.run(time.Second)
 	check(t, "receiver", pollAll(b.rcq), want{2, WCSuccess, WCRecv})
 }
+
+// TestSegmentOpcode pins the opcode of every packet position of every
+// SEND and WRITE on RC, UC and UD, as the IBTA numbers them.
+func TestSegmentOpcode(t *testing.T) {
+	type pos struct{ first, last bool }
+	only, first, middle, last := pos{true, true}, pos{true, false}, pos{false, false}, pos{false, true}
+	for _, c := range []struct {
+		t    Type
+		op   WROpcode
+		at   pos
+		want bth.Opcode
+	}{
+		{RC, WRSend, first, bth.RCSendFirst}, {RC, WRSend, middle, bth.RCSendMiddle},
+		{RC, WRSend, last, bth.RCSendLast}, {RC, WRSend, only, bth.RCSendOnly},
+		{RC, WRSendImm, first, bth.RCSendFirst}, {RC, WRSendImm, middle, bth.RCSendMiddle},
+		{RC, WRSendImm, last, bth.RCSendLastImm}, {RC, WRSendImm, only, bth.RCSendOnlyImm},
+		{RC, WRSendInv, first, bth.RCSendFirst}, {RC, WRSendInv, last, bth.RCSendLastInv},
+		{RC, WRSendInv, only, bth.RCSendOnlyInv},
+		{RC, WRWrite, first, bth.RCWriteFirst}, {RC, WRWrite, middle, bth.RCWriteMiddle},
+		{RC, WRWrite, last, bth.RCWriteLast}, {RC, WRWrite, only, bth.RCWriteOnly},
+		{RC, WRWriteImm, middle, bth.RCWriteMiddle}, {RC, WRWriteImm, last, bth.RCWriteLastImm},
+		{RC, WRWriteImm, only, bth.RCWriteOnlyImm},
+		{UC, WRSend, first, bth.UCSendFirst}, {UC, WRSend, middle, bth.UCSendMiddle},
+		{UC, WRSendImm, last, bth.UCSendLastImm}, {UC, WRSend, only, bth.UCSendOnly},
+		{UC, WRWrite, first, bth.UCWriteFirst}, {UC, WRWrite, last, bth.UCWriteLast},
+		{UC, WRWriteImm, only, bth.UCWriteOnlyImm}, {UC, WRWriteImm, last, bth.UCWriteLastImm},
+		{UD, WRSend, only, bth.UDSendOnly}, {UD, WRSendImm, only, bth.UDSendOnlyImm},
+	} {
+		if got := segmentOpcode(c.t, c.op, c.at.first, c.at.last); got != c.want {
+			t.Errorf("%v %v first=%v last=%v: %v, want %v", c.t, c.op, c.at.first, c.at.last, got, c.want)
+		}
+	}
+}

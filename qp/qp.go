@@ -213,8 +213,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	// ACKs held back for the application's answer (see Input) go out
 	// before the state changes: a QP moving to ERR must still acknowledge
 	// what it received, or the peer retries work that was done.
-	e.flushAcks()
-	e.held.Store(false)
+	e.releaseAcks()
 	next := q.state
 	if mask&AttrState != 0 {
 		next = a.State
@@ -300,9 +299,7 @@ func (q *QP) Destroy() error {
 	// ACKs held back for the application's answer (see InputPolled) go
 	// out first, as in Modify: the peer must learn that what it sent
 	// arrived, or it retries, then fails, work that was done.
-	e.flushAcks()
-	e.held.Store(false)
-	e.flush()
+	e.flushAll()
 	q.destroy()
 	return nil
 }
@@ -360,9 +357,7 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 		e.kick(q)
 	}
 	if e.batching.Load() == 0 {
-		e.flushAcks()
-		e.held.Store(false)
-		e.flush()
+		e.flushAll()
 	}
 	return nil
 }

@@ -39,8 +39,26 @@ func (r *requester) init(q *QP) {
 	r.psn = bth.PSN(q.attr.SQPSN)
 	r.compPSN = r.psn
 	r.maxSent = r.psn
+	r.refill(q)
+}
+
+// refill restores the retry budgets (retry_cnt, rnr_retry): at the start,
+// and whenever an acknowledgement shows progress.
+func (r *requester) refill(q *QP) {
 	r.retryLeft = q.attr.RetryCnt
 	r.rnrLeft = q.attr.RNRRetry
+}
+
+// spend takes one try from a retry budget, where 7 means unlimited, and
+// reports whether there was one to take.
+func spend(left *uint8) bool {
+	if *left == 0 {
+		return false
+	}
+	if *left != 7 {
+		*left--
+	}
+	return true
 }
 
 // kick runs the requester of q until it cannot send more. In SQD it
@@ -117,8 +135,8 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 		w.started = true
 		w.firstPSN = r.psn
 		w.npkts = packetsFor(w.length, mtu)
-		if op == WRCompareSwap || op == WRFetchAdd || op == WRAtomicWrite || op == WRFlush {
-			w.npkts = 1
+		if w.needsResponse() && op != WRRead {
+			w.npkts = 1 // one request, one response
 		}
 		w.lastPSN = w.firstPSN.Add(w.npkts - 1)
 		if w.needsResponse() {
@@ -129,19 +147,10 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 		}
 	}
 	retrans := r.psn.Before(r.maxSent)
-	switch op {
-	case WRRead:
-		e.sendReadRequest(q, w, mtu)
-	case WRCompareSwap, WRFetchAdd:
-		e.sendAtomic(q, w)
-	case WRAtomicWrite:
-		e.sendAtomicWrite(q, w)
-	case WRFlush:
-		e.sendFlush(q, w)
-	default:
-		if !e.sendSegment(q, w, mtu) {
-			return true // the WQE failed locally; the QP is in ERR
-		}
+	if w.needsResponse() {
+		e.sendRequest(q, w, mtu)
+	} else if !e.sendSegment(q, w, mtu) {
+		return true // the WQE failed locally; the QP is in ERR
 	}
 	if retrans {
 		e.Stats.Retransmits.Add(1)
@@ -188,8 +197,9 @@ func (e *Engine) header(q *QP, op bth.Opcode, psn bth.PSN, n int, ackReq, se boo
 	b.SetOpcode(op)
 	b.SetFlags(se, false, bth.PadFor(n), 0)
 	b.SetPKey(bth.DefaultPKey)
-	b.SetDestQP(destQPN)
-	b[4] = 0
+	b.SetFECN(false) // the slab holds an earlier packet's bytes
+	b.SetBECN(false)
+	b.SetDestQP(destQPN) // and clears byte 4's reserved bits
 	b.SetAckReq(ackReq)
 	b.SetPSN(psn)
 	clear(buf[in.HdrLen+n : size])
@@ -318,87 +328,96 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 	return true
 }
 
-// segmentOpcode picks the opcode of one packet of a SEND or WRITE.
+// segmentOpcode picks the opcode of one packet of a message: the WR's
+// operation at the packet's place in the message, with the immediate data
+// or invalidation on the last packet only. (A UD message is one packet:
+// PostSend refuses longer ones.)
 func segmentOpcode(t Type, op WROpcode, first, last bool) bth.Opcode {
-	var base bth.Opcode
-	switch t {
-	case UC:
-		base = bth.UCSendFirst
-	case UD:
-		if op == WRSendImm {
-			return bth.UDSendOnlyImm
-		}
-		return bth.UDSendOnly
+	i := 0
+	if first {
+		i = 2
 	}
-	var low bth.Opcode
-	switch op {
-	case WRSend, WRSendImm, WRSendInv:
-		switch {
-		case first && last:
-			low = bth.RCSendOnly
-		case first:
-			low = bth.RCSendFirst
-		case last:
-			low = bth.RCSendLast
-		default:
-			low = bth.RCSendMiddle
-		}
-		if last && op == WRSendImm {
-			low++ // LAST -> LAST_WITH_IMMEDIATE, ONLY -> ONLY_WITH_IMMEDIATE
-		}
-		if last && op == WRSendInv {
-			if first {
-				return bth.RCSendOnlyInv
-			}
-			return bth.RCSendLastInv
-		}
-	default: // WRITE, WRITE_IMM
-		switch {
-		case first && last:
-			low = bth.RCWriteOnly
-		case first:
-			low = bth.RCWriteFirst
-		case last:
-			low = bth.RCWriteLast
-		default:
-			low = bth.RCWriteMiddle
-		}
-		if last && op == WRWriteImm {
-			low++
-		}
+	if last {
+		i++
 	}
-	return base + low
+	return wrOpcodes[t.class()][op&(wrOpcodeLimit-1)][i]
 }
 
-// sendReadRequest sends a READ request for the bytes of w not yet
-// received: a retry restarts at the first missing response.
-func (e *Engine) sendReadRequest(q *QP, w *sendWQE, mtu int) {
-	r := &q.req
-	k := r.psn.Diff(w.firstPSN) // responses already received
-	off := uint32(int64(k) * int64(mtu))
-	if off > w.length {
-		off = w.length
+// wrOpcodes holds what bth.Find gives for every class, send WR opcode and
+// place in a message (middle, last, first, only), so that the requester
+// looks each packet's opcode up in one step.
+var wrOpcodes = func() (t [bth.UD + 1][wrOpcodeLimit][4]bth.Opcode) {
+	for c := range t {
+		for op := range t[c] {
+			for i := range t[c][op] {
+				var with bth.Flags
+				if i&1 != 0 {
+					with = wrWire[op].with
+				}
+				t[c][op][i], _ = bth.Find(bth.Class(c), wrWire[op].op, position(i&2 != 0, i&1 != 0), with)
+			}
+		}
 	}
-	buf, p := e.header(q, bth.RCReadRequest, r.psn, 0, true, false, q.attr.DestQPN)
-	p.RETH().Set(w.wr.RemoteAddr+uint64(off), w.wr.RKey, w.length-off)
+	return t
+}()
+
+// position is the opcode flag of a packet's place in its message.
+func position(first, last bool) bth.Flags {
+	switch {
+	case first && last:
+		return bth.Only
+	case first:
+		return bth.First
+	case last:
+		return bth.Last
+	}
+	return bth.Middle
+}
+
+// sendRequest sends the one packet of a READ, atomic, ATOMIC WRITE or
+// FLUSH request. The opcode table says which extended headers the opcode
+// carries and whether a payload follows; each is filled from w. A READ
+// asks only for the bytes not yet received, so a retry restarts at the
+// first missing response.
+func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
+	r := &q.req
+	op := segmentOpcode(RC, w.wr.Opcode, true, true)
+	var off uint32
+	if w.wr.Opcode == WRRead {
+		k := r.psn.Diff(w.firstPSN) // responses already received
+		off = uint32(min(int64(k)*int64(mtu), int64(w.length)))
+	}
+	var payload []byte
+	if op.Info().Has(bth.Payload) {
+		payload = w.wr.AtomicValue[:]
+	}
+	buf, p := e.header(q, op, r.psn, len(payload), true, false, q.attr.DestQPN)
+	copy(buf[p.Info.HdrLen:], payload)
+	if h := p.RETH(); h != nil {
+		h.Set(w.wr.RemoteAddr+uint64(off), w.wr.RKey, w.rethLength()-off)
+	}
+	if h := p.AtomicETH(); h != nil {
+		h.Set(w.wr.RemoteAddr, w.wr.RKey, swapAdd(&w.wr), w.wr.CompareAdd)
+	}
+	if h := p.FETH(); h != nil {
+		h.Set(w.wr.FlushLevel, w.wr.FlushType)
+	}
 	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
 	r.psn = w.lastPSN.Next()
 	r.noAck = 0
 	q.sqSend++
 }
 
-func (e *Engine) sendAtomic(q *QP, w *sendWQE) {
-	r := &q.req
-	op := bth.RCFetchAdd
-	if w.wr.Opcode == WRCompareSwap {
-		op = bth.RCCompareSwap
+// rethLength is the length a request's RETH names: the message for a
+// READ, the 8 bytes of an ATOMIC WRITE, the range of a FLUSH.
+func (w *sendWQE) rethLength() uint32 {
+	switch w.wr.Opcode {
+	case WRAtomicWrite:
+		return uint32(len(w.wr.AtomicValue))
+	case WRFlush:
+		return w.wr.FlushLength
 	}
-	buf, p := e.header(q, op, r.psn, 0, true, false, q.attr.DestQPN)
-	p.AtomicETH().Set(w.wr.RemoteAddr, w.wr.RKey, swapAdd(&w.wr), w.wr.CompareAdd)
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
-	r.psn = r.psn.Next()
-	r.noAck = 0
-	q.sqSend++
+	return w.length
 }
 
 // swapAdd is the AtomicETH swap/add field: the addend of a FetchAdd, the
@@ -408,28 +427,6 @@ func swapAdd(wr *SendWR) uint64 {
 		return wr.CompareAdd
 	}
 	return wr.Swap
-}
-
-func (e *Engine) sendAtomicWrite(q *QP, w *sendWQE) {
-	r := &q.req
-	buf, p := e.header(q, bth.RCAtomicWrite, r.psn, 8, true, false, q.attr.DestQPN)
-	p.RETH().Set(w.wr.RemoteAddr, w.wr.RKey, 8)
-	copy(buf[p.Info.HdrLen:], w.wr.AtomicValue[:])
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
-	r.psn = r.psn.Next()
-	r.noAck = 0
-	q.sqSend++
-}
-
-func (e *Engine) sendFlush(q *QP, w *sendWQE) {
-	r := &q.req
-	buf, p := e.header(q, bth.RCFlush, r.psn, 0, true, false, q.attr.DestQPN)
-	p.FETH().Set(w.wr.FlushLevel, w.wr.FlushType)
-	p.RETH().Set(w.wr.RemoteAddr, w.wr.RKey, w.wr.FlushLength)
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
-	r.psn = r.psn.Next()
-	r.noAck = 0
-	q.sqSend++
 }
 
 // localOp executes a LOCAL_INV or BIND_MW work request.
@@ -518,18 +515,25 @@ func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
 	if q.state != RTS && q.state != SQD || q.sqHead == q.sqTail || !r.compPSN.Before(r.maxSent) {
 		return
 	}
-	if r.retryLeft == 0 {
-		e.Stats.RetryExceededErr.Add(1)
-		e.failWQE(q, q.wqe(q.sqHead), WCRetryExcErr)
+	if !e.retryOrFail(q, q.wqe(q.sqHead), r.compPSN) {
 		return
 	}
-	if r.retryLeft != 7 {
-		r.retryLeft--
-	}
-	r.retrying = true
-	e.retry(q, r.compPSN)
 	e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	e.kick(q)
+}
+
+// retryOrFail spends one try of the retry budget and goes back to resend
+// from PSN from; with the budget spent it fails w with RETRY_EXC_ERR. It
+// reports whether it retried.
+func (e *Engine) retryOrFail(q *QP, w *sendWQE, from bth.PSN) bool {
+	if !spend(&q.req.retryLeft) {
+		e.Stats.RetryExceededErr.Add(1)
+		e.failWQE(q, w, WCRetryExcErr)
+		return false
+	}
+	q.req.retrying = true
+	e.retry(q, from)
+	return true
 }
 
 // rnrTimerExpired ends an RNR pause: the requester goes back to the

@@ -222,3 +222,37 @@ func TestUDLimits(t *testing.T) {
 		t.Fatalf("UD receiver %v after a length error", b.qp.State())
 	}
 }
+
+// TestUCRefusalsDrop: a UC request that fails a check RC would NAK (a bad
+// rkey here) or finds no receive WQE (a WRITE with immediate) is dropped
+// with its message and counted; the responder sends nothing, stays in
+// RTS, and the next message arrives.
+func TestUCRefusalsDrop(t *testing.T) {
+	f, a, b := pair(t, UC, defaultConn())
+	smr, sbuf := a.n.reg(t, 4096, allAccess)
+	rmr, rbuf := b.n.reg(t, 4096, allAccess)
+	fill(sbuf, 9)
+	a.post(t,
+		SendWR{ID: 1, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, 100), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey() ^ 0x55},
+		SendWR{ID: 2, Opcode: WRWriteImm, Flags: SendSignaled, SGL: sge(smr, 0, 100), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()},
+	)
+	f.run(time.Second)
+	if n := len(pollAll(b.rcq)); n != 0 {
+		t.Fatalf("%d receive completions for dropped messages", n)
+	}
+	st := &b.n.e.Stats
+	if st.Drops[DropBadAccess].Load() != 1 || st.Drops[DropNoRecvWQE].Load() != 1 || st.SentPkts.Load() != 0 ||
+		st.SendRNRErr.Load() != 0 || b.qp.State() != RTS {
+		t.Fatalf("bad_access %d, no_recv_wqe %d, sent %d, rnr %d, state %v", st.Drops[DropBadAccess].Load(),
+			st.Drops[DropNoRecvWQE].Load(), st.SentPkts.Load(), st.SendRNRErr.Load(), b.qp.State())
+	}
+	b.recv(t, 3, rmr, 0, 200)
+	a.post(t, SendWR{ID: 3, Opcode: WRSend, Flags: SendSignaled, SGL: sge(smr, 0, 200)})
+	f.run(time.Second)
+	check(t, "UC sender", pollAll(a.scq), want{1, WCSuccess, WCWrite}, want{2, WCSuccess, WCWrite}, want{3, WCSuccess, WCSend})
+	rw := pollAll(b.rcq)
+	b.n.e.Sync()
+	if len(rw) != 1 || rw[0].ID != 3 || rw[0].ByteLen != 200 || !bytes.Equal(rbuf[:200], sbuf[:200]) {
+		t.Fatalf("receive after the drops: %+v", rw)
+	}
+}

@@ -3,6 +3,8 @@ package qp
 import (
 	"net/netip"
 	"strconv"
+
+	"github.com/rxego/rxego/bth"
 )
 
 // WROpcode is the operation of a send work request (ibv_wr_opcode values).
@@ -31,6 +33,19 @@ var wrNames = [wrOpcodeLimit]string{
 	WRWrite: "RDMA_WRITE", WRWriteImm: "RDMA_WRITE_WITH_IMM", WRSend: "SEND", WRSendImm: "SEND_WITH_IMM",
 	WRRead: "RDMA_READ", WRCompareSwap: "ATOMIC_CMP_AND_SWP", WRFetchAdd: "ATOMIC_FETCH_AND_ADD",
 	WRLocalInv: "LOCAL_INV", WRBindMW: "BIND_MW", WRSendInv: "SEND_WITH_INV", WRFlush: "FLUSH", WRAtomicWrite: "ATOMIC_WRITE",
+}
+
+// wrWire gives each send opcode its operation on the wire and what the
+// last packet of its message carries besides (immediate data, an rkey to
+// invalidate); the requester finds its opcodes in bth's table with them.
+var wrWire = [wrOpcodeLimit]struct {
+	op   bth.Op
+	with bth.Flags
+}{
+	WRWrite: {bth.OpWrite, 0}, WRWriteImm: {bth.OpWrite, bth.Imm},
+	WRSend: {bth.OpSend, 0}, WRSendImm: {bth.OpSend, bth.Imm}, WRSendInv: {bth.OpSend, bth.Inv},
+	WRRead: {bth.OpReadRequest, 0}, WRCompareSwap: {bth.OpCompareSwap, 0}, WRFetchAdd: {bth.OpFetchAdd, 0},
+	WRFlush: {bth.OpFlush, 0}, WRAtomicWrite: {bth.OpAtomicWrite, 0},
 }
 
 // known reports whether rxego knows the opcode.

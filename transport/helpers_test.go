@@ -46,22 +46,27 @@ func samePayload(got, want []byte) bool {
 // listenAny opens a Conn on addr at a random free high port.
 func listenAny(t testing.TB, addr string, opts Options) Conn {
 	t.Helper()
+	c, err := listenFree(addr, opts)
+	if err != nil {
+		t.Fatalf("listen %s: %v", addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// listenFree calls Listen on random ports of addr until one is not in use,
+// and returns what that call returned.
+func listenFree(addr string, opts Options) (Conn, error) {
 	a := netip.MustParseAddr(addr)
-	var last error
+	var err error
 	for range 50 {
+		var c Conn
 		port := uint16(20000 + rand.IntN(40000))
-		c, err := Listen(netip.AddrPortFrom(a, port), opts)
-		if err == nil {
-			t.Cleanup(func() { c.Close() })
-			return c
-		}
-		last = err
-		if !errors.Is(err, syscall.EADDRINUSE) {
-			break
+		if c, err = Listen(netip.AddrPortFrom(a, port), opts); !errors.Is(err, syscall.EADDRINUSE) {
+			return c, err
 		}
 	}
-	t.Fatalf("listen %s: %v", addr, last)
-	return nil
+	return nil, err
 }
 
 // recvN receives until n packets have arrived or the deadline passes, and

@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -117,7 +116,11 @@ func TestUnprivileged(t *testing.T) {
 		}
 		return
 	}
-	_, err := Listen(netip.MustParseAddrPort("127.0.0.1:4791"), Options{Mode: RecvRaw})
+	// A random port: a fixed one may be taken by a test running in parallel.
+	c, err := listenFree("127.0.0.1", Options{Mode: RecvRaw})
+	if err == nil {
+		c.Close()
+	}
 	if !errors.Is(err, syscall.EPERM) || !strings.Contains(err.Error(), "CAP_NET_RAW") {
 		t.Errorf("raw Listen unprivileged: %v", err)
 	}

@@ -171,169 +171,180 @@ func pattern(b []byte) {
 	}
 }
 
+// receive polls n's cfg.Count receives, counting them in res; each must
+// be cfg.Size bytes, and then ok, when given, is called.
+func (n *node) receive(ctx context.Context, cfg Config, res *Result, ok func()) error {
+	return poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
+		res.Received++
+		if int(wc.ByteLen) != cfg.Size {
+			return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
+		}
+		if ok != nil {
+			ok()
+		}
+		return nil
+	})
+}
+
+// side is one role's connections while it runs: the nodes, destroyed
+// at the end, and the connections being made concurrently.
+type side struct {
+	nodes []*node
+	wg    sync.WaitGroup
+	errs  []error
+}
+
+// run checks cfg, prints the role's banner and runs body with room for
+// cfg's connections; the nodes body made are freed at the end.
+func run(cfg Config, banner string, body func(Config, *side) (Result, error)) (Result, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return Result{}, err
+	}
+	s := &side{nodes: make([]*node, cfg.Connections), errs: make([]error, cfg.Connections)}
+	defer s.destroy()
+	printf(cfg.Out, "%s", banner)
+	return body(cfg, s)
+}
+
+// connect makes node i's connection through f, concurrently with the
+// others (rdma_cm connects all at once).
+func (s *side) connect(i int, f func() (*cm.Conn, error)) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.nodes[i].c, s.errs[i] = f()
+	}()
+}
+
+// wait waits for the connections under way and joins their errors.
+func (s *side) wait() error {
+	s.wg.Wait()
+	return errors.Join(s.errs...)
+}
+
+// destroy waits for connections under way, then frees every node made.
+func (s *side) destroy() {
+	s.wg.Wait()
+	for _, n := range s.nodes {
+		if n != nil {
+			n.destroy()
+		}
+	}
+}
+
 // Serve accepts cfg.Connections connections on l and runs ucmatose's
 // server side on them.
 func Serve(ctx context.Context, m *cm.Manager, l *cm.Listener, cfg Config) (Result, error) {
-	cfg, err := cfg.withDefaults()
-	var res Result
-	if err != nil {
-		return res, err
-	}
-	printf(cfg.Out, "cmatose: starting server\n")
-	nodes := make([]*node, cfg.Connections)
-	defer func() {
-		for _, n := range nodes {
-			if n != nil {
-				n.destroy()
-			}
-		}
-	}()
-	var wg sync.WaitGroup
-	errs := make([]error, cfg.Connections)
-	for i := range nodes {
-		req, err := l.Accept(ctx)
-		if err != nil {
-			return res, err
-		}
-		n, err := newNode(m.Device(), cfg)
-		if err != nil {
-			req.Reject(nil)
-			return res, err
-		}
-		nodes[i] = n
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n.c, errs[i] = req.Accept(ctx, n.q, nil)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return res, err
-	}
-	res.Connections = len(nodes)
-	want := make([]byte, cfg.Size)
-	pattern(want)
-	if cfg.Count > 0 {
-		printf(cfg.Out, "initiating data transfers\n")
-		for _, n := range nodes {
-			pattern(n.mr.Buffer())
-			if err := n.postSends(cfg.Count); err != nil {
-				return res, err
-			}
-		}
-		printf(cfg.Out, "completing sends\n")
-		for _, n := range nodes {
-			if err := poll(ctx, n.scq, cfg.Count, func(rxego.WC) error { res.Sent++; return nil }); err != nil {
-				return res, err
-			}
-		}
-		printf(cfg.Out, "receiving data transfers\n")
-		for _, n := range nodes {
-			err := poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
-				res.Received++
-				// All messages land in the one buffer: it holds the last.
-				if int(wc.ByteLen) != cfg.Size {
-					return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
-				}
-				return nil
-			})
+	return run(cfg, "cmatose: starting server\n", func(cfg Config, s *side) (res Result, err error) {
+		nodes := s.nodes
+		for i := range nodes {
+			req, err := l.Accept(ctx)
 			if err != nil {
 				return res, err
 			}
-			if string(n.mr.Buffer()) != string(want) {
-				return res, fmt.Errorf("%w: connection to %v", ErrMismatch, n.c.RemoteAddr())
+			n, err := newNode(m.Device(), cfg)
+			if err != nil {
+				req.Reject(nil)
+				return res, err
 			}
-			res.Verified += cfg.Count
+			nodes[i] = n
+			s.connect(i, func() (*cm.Conn, error) { return req.Accept(ctx, n.q, nil) })
 		}
-		printf(cfg.Out, "data transfers complete\n")
-	}
-	printf(cfg.Out, "cmatose: disconnecting\n")
-	for _, n := range nodes {
-		if err := n.c.Disconnect(ctx); err != nil {
+		if err := s.wait(); err != nil {
 			return res, err
 		}
-	}
-	printf(cfg.Out, "disconnected\n")
-	return res, nil
+		res.Connections = len(nodes)
+		want := make([]byte, cfg.Size)
+		pattern(want)
+		if cfg.Count > 0 {
+			printf(cfg.Out, "initiating data transfers\n")
+			for _, n := range nodes {
+				pattern(n.mr.Buffer())
+				if err := n.postSends(cfg.Count); err != nil {
+					return res, err
+				}
+			}
+			printf(cfg.Out, "completing sends\n")
+			for _, n := range nodes {
+				if err := poll(ctx, n.scq, cfg.Count, func(rxego.WC) error { res.Sent++; return nil }); err != nil {
+					return res, err
+				}
+			}
+			printf(cfg.Out, "receiving data transfers\n")
+			for _, n := range nodes {
+				if err := n.receive(ctx, cfg, &res, nil); err != nil {
+					return res, err
+				}
+				// All messages land in the one buffer: it holds the last.
+				if string(n.mr.Buffer()) != string(want) {
+					return res, fmt.Errorf("%w: connection to %v", ErrMismatch, n.c.RemoteAddr())
+				}
+				res.Verified += cfg.Count
+			}
+			printf(cfg.Out, "data transfers complete\n")
+		}
+		printf(cfg.Out, "cmatose: disconnecting\n")
+		for _, n := range nodes {
+			if err := n.c.Disconnect(ctx); err != nil {
+				return res, err
+			}
+		}
+		printf(cfg.Out, "disconnected\n")
+		return res, nil
+	})
 }
 
 // Dial makes cfg.Connections connections to the ucmatose server at addr
 // and runs ucmatose's client side on them.
 func Dial(ctx context.Context, m *cm.Manager, addr netip.AddrPort, cfg Config) (Result, error) {
-	cfg, err := cfg.withDefaults()
-	var res Result
-	if err != nil {
-		return res, err
-	}
-	printf(cfg.Out, "cmatose: starting client\ncmatose: connecting\n")
-	nodes := make([]*node, cfg.Connections)
-	defer func() {
-		for _, n := range nodes {
-			if n != nil {
-				n.destroy()
+	return run(cfg, "cmatose: starting client\ncmatose: connecting\n", func(cfg Config, s *side) (res Result, err error) {
+		nodes := s.nodes
+		for i := range nodes {
+			if nodes[i], err = newNode(m.Device(), cfg); err != nil {
+				return res, err
 			}
 		}
-	}()
-	for i := range nodes {
-		if nodes[i], err = newNode(m.Device(), cfg); err != nil {
+		for i, n := range nodes {
+			s.connect(i, func() (*cm.Conn, error) { return m.Dial(ctx, addr, n.q, nil) })
+		}
+		if err := s.wait(); err != nil {
+			for _, n := range nodes {
+				if n.c != nil {
+					n.c.Disconnect(ctx)
+				}
+			}
 			return res, err
 		}
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(nodes))
-	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n.c, errs[i] = m.Dial(ctx, addr, n.q, nil)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		for _, n := range nodes {
-			if n.c != nil {
-				n.c.Disconnect(ctx)
-			}
-		}
-		return res, err
-	}
-	res.Connections = len(nodes)
-	if cfg.Count > 0 {
-		printf(cfg.Out, "receiving data transfers\n")
-		for _, n := range nodes {
-			err := poll(ctx, n.rcq, cfg.Count, func(wc rxego.WC) error {
-				res.Received++
-				if int(wc.ByteLen) != cfg.Size {
-					return fmt.Errorf("%w: %d bytes, want %d", ErrMismatch, wc.ByteLen, cfg.Size)
+		res.Connections = len(nodes)
+		if cfg.Count > 0 {
+			printf(cfg.Out, "receiving data transfers\n")
+			for _, n := range nodes {
+				if err := n.receive(ctx, cfg, &res, func() { res.Verified++ }); err != nil {
+					return res, err
 				}
-				res.Verified++
-				return nil
-			})
-			if err != nil {
-				return res, err
 			}
+			printf(cfg.Out, "sending replies\n")
+			for _, n := range nodes {
+				if err := n.postSends(cfg.Count); err != nil {
+					return res, err
+				}
+			}
+			for _, n := range nodes {
+				if err := poll(ctx, n.scq, cfg.Count, func(rxego.WC) error { res.Sent++; return nil }); err != nil {
+					return res, err
+				}
+			}
+			printf(cfg.Out, "data transfers complete\n")
 		}
-		printf(cfg.Out, "sending replies\n")
+		// The server disconnects; the manager answers its DREQs.
 		for _, n := range nodes {
-			if err := n.postSends(cfg.Count); err != nil {
-				return res, err
+			select {
+			case <-n.c.Done():
+			case <-ctx.Done():
+				return res, fmt.Errorf("cmatose: waiting for the server to disconnect: %w", ctx.Err())
 			}
 		}
-		for _, n := range nodes {
-			if err := poll(ctx, n.scq, cfg.Count, func(rxego.WC) error { res.Sent++; return nil }); err != nil {
-				return res, err
-			}
-		}
-		printf(cfg.Out, "data transfers complete\n")
-	}
-	// The server disconnects; the manager answers its DREQs.
-	for _, n := range nodes {
-		select {
-		case <-n.c.Done():
-		case <-ctx.Done():
-			return res, fmt.Errorf("cmatose: waiting for the server to disconnect: %w", ctx.Err())
-		}
-	}
-	return res, nil
+		return res, nil
+	})
 }

@@ -1,6 +1,6 @@
 // Command rxego-plot renders line charts from a CSV file as SVG, with no
 // dependencies beyond the standard library. It is how the DCQCN figures in
-// docs/ are made from the time series the congestion/e2e tests and the
+// docs/ are made from the time series the e2e/dcqcn tests and the
 // congestion/sim simulator write.
 //
 // The CSV has a header row; every other row is numbers (a column used

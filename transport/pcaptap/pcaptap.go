@@ -36,15 +36,16 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/rxego/rxego/internal/inetsum"
+	"github.com/rxego/rxego/internal/iphdr"
 	"github.com/rxego/rxego/transport"
 )
 
 // Header sizes of the rebuilt frames.
 const (
 	ethLen  = 14
-	ipv4Len = 20
-	ipv6Len = 40
-	udpLen  = 8
+	ipv4Len = iphdr.IPv4Len
+	ipv6Len = iphdr.IPv6Len
+	udpLen  = iphdr.UDPLen
 	// TTL is the IPv4 TTL and IPv6 hop limit written: Linux's default,
 	// which rxe and rxego's sockets use.
 	TTL = 64
@@ -242,36 +243,31 @@ func AppendFrame(b []byte, src, dst netip.AddrPort, tos uint8, ipID uint16, pkt 
 	}
 	b = append(b, mac(d)...)
 	b = append(b, mac(s)...)
-	var ipStart int
 	if v4 {
 		b = binary.BigEndian.AppendUint16(b, uint16(layers.EthernetTypeIPv4))
-		ipStart = len(b)
-		b = append(b, 0x45, tos)
-		b = binary.BigEndian.AppendUint16(b, uint16(ipv4Len+ulen))
-		b = binary.BigEndian.AppendUint16(b, ipID)
-		b = append(b, 0x40, 0, TTL, uint8(layers.IPProtocolUDP), 0, 0) // DF, no fragment offset
-		a4, d4 := s.As4(), d.As4()
-		b = append(append(b, a4[:]...), d4[:]...)
-		binary.BigEndian.PutUint16(b[ipStart+10:], inetsum.IPv4(b[ipStart:ipStart+ipv4Len]))
+		b = append(b, make([]byte, ipv4Len)...)
+		ip := iphdr.IPv4(b[len(b)-ipv4Len:])
+		ip.Encode(&iphdr.IPv4Fields{TOS: tos, TotalLength: uint16(ipv4Len + ulen), ID: ipID, DF: true, TTL: TTL,
+			Protocol: iphdr.ProtoUDP, Src: s.As4(), Dst: d.As4()})
+		ip.SetChecksum(inetsum.IPv4(ip))
+		b = appendUDP(b, src, dst, ulen, pkt)
 	} else {
 		b = binary.BigEndian.AppendUint16(b, uint16(layers.EthernetTypeIPv6))
-		ipStart = len(b)
-		b = binary.BigEndian.AppendUint32(b, 6<<28|uint32(tos)<<20)
-		b = binary.BigEndian.AppendUint16(b, uint16(ulen))
-		b = append(b, uint8(layers.IPProtocolUDP), TTL)
-		a16, d16 := s.As16(), d.As16()
-		b = append(append(b, a16[:]...), d16[:]...)
-	}
-	udp := len(b)
-	b = binary.BigEndian.AppendUint16(b, src.Port())
-	b = binary.BigEndian.AppendUint16(b, dst.Port())
-	b = binary.BigEndian.AppendUint16(b, uint16(ulen))
-	b = append(b, 0, 0)
-	b = append(b, pkt...)
-	if !v4 {
-		binary.BigEndian.PutUint16(b[udp+6:], inetsum.UDP(b[ipStart+8:ipStart+40], b[udp:]))
+		b = append(b, make([]byte, ipv6Len)...)
+		iphdr.IPv6(b[len(b)-ipv6Len:]).Encode(&iphdr.IPv6Fields{TrafficClass: tos, PayloadLength: uint16(ulen),
+			NextHeader: iphdr.ProtoUDP, HopLimit: TTL, Src: s.As16(), Dst: d.As16()})
+		b = appendUDP(b, src, dst, ulen, pkt)
+		ip, u := iphdr.IPv6(b[len(b)-ulen-ipv6Len:]), iphdr.UDP(b[len(b)-ulen:])
+		u.SetChecksum(inetsum.UDP(ip.Addrs(), u))
 	}
 	return b, true
+}
+
+// appendUDP appends the UDP header (checksum 0) and pkt.
+func appendUDP(b []byte, src, dst netip.AddrPort, ulen int, pkt []byte) []byte {
+	b = append(b, make([]byte, udpLen)...)
+	iphdr.UDP(b[len(b)-udpLen:]).Encode(&iphdr.UDPFields{SrcPort: src.Port(), DstPort: dst.Port(), Length: uint16(ulen)})
+	return append(b, pkt...)
 }
 
 // mac makes a locally administered unicast Ethernet address from an IP

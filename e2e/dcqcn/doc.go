@@ -1,4 +1,4 @@
-// Package e2e runs DCQCN end to end over real kernel networking: rxego
+// Package dcqcn runs DCQCN end to end over real kernel networking: rxego
 // devices in two network namespaces joined by a veth pair, an nftables
 // rule in the receiver's namespace that marks ECN CE on RoCE packets above
 // a packet rate (the bottleneck "switch", see Marker), and backlogged RDMA
@@ -14,4 +14,4 @@
 // skip without it, unless CI=true, where they fail. Addresses are
 // 198.18.2.1 (sender) and 198.18.2.2 (receiver) inside namespaces the
 // tests create and delete; nothing routes out of them.
-package e2e
+package dcqcn
