@@ -1,14 +1,14 @@
 // Package bth is the RoCEv2 wire layer: the Base Transport Header as a
 // zero-allocation view over bytes, the one opcode table that drives every
 // encoder and decoder, 24-bit PSN arithmetic, and the packet parser and
-// builder that place the extended headers of package exthdr where the table
+// builder that place the extended headers of package reth where the table
 // says they go.
 //
 // A RoCEv2 packet, as carried in the payload of a UDP datagram to port 4791,
 // is: BTH (12 bytes), the opcode's extended headers in table order, the
 // payload plus 0..3 pad bytes, and the 4-byte ICRC (see package icrc).
 //
-// bth imports exthdr (for header lengths and views) and nothing else of ours.
+// bth imports reth (for header lengths and views) and nothing else of ours.
 package bth
 
 import "encoding/binary"

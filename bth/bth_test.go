@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
+	"github.com/rxego/rxego/reth"
 )
 
 func TestPSNArithmetic(t *testing.T) {
@@ -123,10 +123,10 @@ var extOrder = []struct {
 	e   bth.Ext
 	len int
 }{
-	{bth.ExtRDETH, exthdr.RDETHLen}, {bth.ExtDETH, exthdr.DETHLen}, {bth.ExtFETH, exthdr.FETHLen},
-	{bth.ExtRETH, exthdr.RETHLen}, {bth.ExtAtomicETH, exthdr.AtomicETHLen}, {bth.ExtAETH, exthdr.AETHLen},
-	{bth.ExtAtomicAckETH, exthdr.AtomicAckETHLen}, {bth.ExtImmDt, exthdr.ImmDtLen}, {bth.ExtIETH, exthdr.IETHLen},
-	{bth.ExtCNP, exthdr.CNPLen},
+	{bth.ExtRDETH, reth.RDETHLen}, {bth.ExtDETH, reth.DETHLen}, {bth.ExtFETH, reth.FETHLen},
+	{bth.ExtRETH, reth.RETHLen}, {bth.ExtAtomicETH, reth.AtomicETHLen}, {bth.ExtAETH, reth.AETHLen},
+	{bth.ExtAtomicAckETH, reth.AtomicAckETHLen}, {bth.ExtImmDt, reth.ImmDtLen}, {bth.ExtIETH, reth.IETHLen},
+	{bth.ExtCNP, reth.CNPLen},
 }
 
 // TestOpcodeTable checks every one of the 256 opcodes against the IBTA
@@ -262,7 +262,7 @@ func randomHeader(rng *rand.Rand, op bth.Opcode, payloadLen int) (h, want bth.He
 		FECN: rng.IntN(2) == 1, BECN: rng.IntN(2) == 1, Resv6: uint8(rng.IntN(64)), DestQP: rng.Uint32() & 0xffffff,
 		AckReq: rng.IntN(2) == 1, Resv7: uint8(rng.IntN(128)), PSN: bth.PSN(rng.Uint32() & bth.PSNMask),
 		RETH:      bth.RETHFields{VA: rng.Uint64(), RKey: rng.Uint32(), DMALen: rng.Uint32()},
-		AETH:      bth.AETHFields{Syndrome: exthdr.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
+		AETH:      bth.AETHFields{Syndrome: reth.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
 		Atomic:    bth.AtomicFields{VA: rng.Uint64(), RKey: rng.Uint32(), SwapAdd: rng.Uint64(), Compare: rng.Uint64()},
 		AtomicAck: rng.Uint64(), Imm: rng.Uint32(), IETHRKey: rng.Uint32(),
 		DETH: bth.DETHFields{QKey: rng.Uint32(), SrcQP: rng.Uint32() & 0xffffff},

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/internal/capfile"
+	"github.com/rxego/rxego/reth"
 )
 
 // captureSeeds adds to f the RoCE payload of the first frame of each
@@ -68,7 +68,7 @@ func FuzzParse(f *testing.F) {
 			want[off+4] = 0 // DETH reserved byte
 		}
 		if off := in.Offset(bth.ExtCNP); off >= 0 {
-			clear(want[off : off+exthdr.CNPLen])
+			clear(want[off : off+reth.CNPLen])
 		}
 		if !bytes.Equal(buf[:n], want) {
 			t.Fatalf("re-encoded\n%x\nwant\n%x", buf[:n], want)

@@ -3,7 +3,7 @@ package bth
 import (
 	"strconv"
 
-	"github.com/rxego/rxego/exthdr"
+	"github.com/rxego/rxego/reth"
 )
 
 // Opcode is the BTH opcode: the top three bits select the transport class
@@ -70,8 +70,8 @@ const (
 
 // extLens gives each extended header's length, indexed by bit position.
 var extLens = [numExt]int{
-	exthdr.RDETHLen, exthdr.DETHLen, exthdr.FETHLen, exthdr.RETHLen, exthdr.AtomicETHLen,
-	exthdr.AETHLen, exthdr.AtomicAckETHLen, exthdr.ImmDtLen, exthdr.IETHLen, exthdr.CNPLen,
+	reth.RDETHLen, reth.DETHLen, reth.FETHLen, reth.RETHLen, reth.AtomicETHLen,
+	reth.AETHLen, reth.AtomicAckETHLen, reth.ImmDtLen, reth.IETHLen, reth.CNPLen,
 }
 
 // Flags describe an opcode's place in a message and what it carries.

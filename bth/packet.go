@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 
-	"github.com/rxego/rxego/exthdr"
+	"github.com/rxego/rxego/reth"
 )
 
 // Parse errors. They are sentinel values so a receive path can count drops
@@ -78,36 +78,36 @@ func (p Packet) ext(e Ext, n int) []byte {
 }
 
 // RETH returns the RETH, or nil when the opcode has none.
-func (p Packet) RETH() exthdr.RETH { return p.ext(ExtRETH, exthdr.RETHLen) }
+func (p Packet) RETH() reth.RETH { return p.ext(ExtRETH, reth.RETHLen) }
 
 // AETH returns the AETH, or nil.
-func (p Packet) AETH() exthdr.AETH { return p.ext(ExtAETH, exthdr.AETHLen) }
+func (p Packet) AETH() reth.AETH { return p.ext(ExtAETH, reth.AETHLen) }
 
 // AtomicETH returns the AtomicETH, or nil.
-func (p Packet) AtomicETH() exthdr.AtomicETH { return p.ext(ExtAtomicETH, exthdr.AtomicETHLen) }
+func (p Packet) AtomicETH() reth.AtomicETH { return p.ext(ExtAtomicETH, reth.AtomicETHLen) }
 
 // AtomicAckETH returns the AtomicAckETH, or nil.
-func (p Packet) AtomicAckETH() exthdr.AtomicAckETH {
-	return p.ext(ExtAtomicAckETH, exthdr.AtomicAckETHLen)
+func (p Packet) AtomicAckETH() reth.AtomicAckETH {
+	return p.ext(ExtAtomicAckETH, reth.AtomicAckETHLen)
 }
 
 // ImmDt returns the immediate data header, or nil.
-func (p Packet) ImmDt() exthdr.ImmDt { return p.ext(ExtImmDt, exthdr.ImmDtLen) }
+func (p Packet) ImmDt() reth.ImmDt { return p.ext(ExtImmDt, reth.ImmDtLen) }
 
 // IETH returns the invalidate header, or nil.
-func (p Packet) IETH() exthdr.IETH { return p.ext(ExtIETH, exthdr.IETHLen) }
+func (p Packet) IETH() reth.IETH { return p.ext(ExtIETH, reth.IETHLen) }
 
 // DETH returns the datagram header, or nil.
-func (p Packet) DETH() exthdr.DETH { return p.ext(ExtDETH, exthdr.DETHLen) }
+func (p Packet) DETH() reth.DETH { return p.ext(ExtDETH, reth.DETHLen) }
 
 // FETH returns the flush header, or nil.
-func (p Packet) FETH() exthdr.FETH { return p.ext(ExtFETH, exthdr.FETHLen) }
+func (p Packet) FETH() reth.FETH { return p.ext(ExtFETH, reth.FETHLen) }
 
 // RDETH returns the reliable datagram header, or nil.
-func (p Packet) RDETH() exthdr.RDETH { return p.ext(ExtRDETH, exthdr.RDETHLen) }
+func (p Packet) RDETH() reth.RDETH { return p.ext(ExtRDETH, reth.RDETHLen) }
 
 // CNP returns the CNP body, or nil.
-func (p Packet) CNP() exthdr.CNP { return p.ext(ExtCNP, exthdr.CNPLen) }
+func (p Packet) CNP() reth.CNP { return p.ext(ExtCNP, reth.CNPLen) }
 
 // Payload returns the payload without pad bytes.
 func (p Packet) Payload() []byte {
@@ -157,7 +157,7 @@ type RETHFields struct {
 
 // AETHFields are the AETH's fields.
 type AETHFields struct {
-	Syndrome exthdr.Syndrome
+	Syndrome reth.Syndrome
 	MSN      uint32
 }
 

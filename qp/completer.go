@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
+	"github.com/rxego/rxego/reth"
 )
 
 // The completer: acknowledgements, NAKs, READ responses and atomic
@@ -47,10 +47,10 @@ func (e *Engine) complete(q *QP, in *InPacket, now time.Duration) {
 }
 
 // handleAETH interprets an ACK or NAK carrying PSN psn.
-func (e *Engine) handleAETH(q *QP, a exthdr.AETH, psn bth.PSN, now time.Duration) {
+func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) {
 	r := &q.req
 	syn := a.Syndrome()
-	if syn.Kind() != exthdr.KindACK && psn.Before(r.compPSN) {
+	if syn.Kind() != reth.KindACK && psn.Before(r.compPSN) {
 		// A (RNR) NAK for PSNs already acknowledged is a delayed
 		// duplicate: acting on it would rewind the requester to PSNs
 		// the responder has consumed.
@@ -58,13 +58,13 @@ func (e *Engine) handleAETH(q *QP, a exthdr.AETH, psn bth.PSN, now time.Duration
 		return
 	}
 	switch syn.Kind() {
-	case exthdr.KindACK:
+	case reth.KindACK:
 		if psn.Before(r.compPSN) {
 			e.drop(DropDuplicate) // an old ACK: nothing new acknowledged
 			return
 		}
 		e.acknowledge(q, psn, now)
-	case exthdr.KindRNR:
+	case reth.KindRNR:
 		e.Stats.RcvdRNRErr.Add(1)
 		e.acknowledge(q, psn.Add(-1), now)
 		if q.state != RTS && q.state != SQD {
@@ -85,18 +85,18 @@ func (e *Engine) handleAETH(q *QP, a exthdr.AETH, psn bth.PSN, now time.Duration
 		r.rnrWait = true
 		e.cancel(q, timerRetransmit)
 		e.schedule(q, timerRNR, now+RNRWait(syn.Value(), e.cfg.RNRTick))
-	case exthdr.KindNAK:
+	case reth.KindNAK:
 		e.acknowledge(q, psn.Add(-1), now)
 		if q.state != RTS && q.state != SQD {
 			return
 		}
 		switch syn.Value() {
-		case exthdr.NAKPSNSeqError:
+		case reth.NAKPSNSeqError:
 			e.Stats.RcvdSeqErr.Add(1)
 			e.retryOrFail(q, q.wqe(q.sqHead), psn) // the oldest WQE's budget, as for RNR above
-		case exthdr.NAKInvalidRequest:
+		case reth.NAKInvalidRequest:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemInvReqErr)
-		case exthdr.NAKRemoteAccess:
+		case reth.NAKRemoteAccess:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemAccessErr)
 		default: // remote operational error, and (as rxe) any other code
 			e.failWQE(q, e.wqeAt(q, psn), WCRemOpErr)

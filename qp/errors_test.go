@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // TestNAKFlushesInOrder: a NAK completes its WR with the matching status,
@@ -72,12 +72,12 @@ func TestNAKStatuses(t *testing.T) {
 	// Codes forged by the fabric, which turns the ACK of a WRITE into a
 	// NAK with that code. rxe completes every code but
 	// the ones above with REM_OP_ERR.
-	for _, code := range []uint8{exthdr.NAKRemoteOp, exthdr.NAKInvalidRDReq, 0x1f} {
+	for _, code := range []uint8{reth.NAKRemoteOp, reth.NAKInvalidRDReq, 0x1f} {
 		f, a, b := pair(t, RC, defaultConn())
 		rmr := mustReg(t, b, 64)
 		f.drop = func(p wirePkt) bool {
 			if parse(t, p).Info.Op == bth.OpAck {
-				p.data[bth.Len] = byte(exthdr.NAKSyndrome(code)) // the AETH syndrome, in place
+				p.data[bth.Len] = byte(reth.NAKSyndrome(code)) // the AETH syndrome, in place
 			}
 			return false
 		}
@@ -168,7 +168,7 @@ func TestStaleNAKIgnored(t *testing.T) {
 		rmr, _ := b.n.reg(t, 64, allAccess)
 		var nak *wirePkt
 		f.tap = func(p wirePkt, pkt bth.Packet) {
-			if nak == nil && (kind == "seq" && isNAK(pkt, exthdr.NAKPSNSeqError) || kind == "rnr" && isRNR(pkt)) {
+			if nak == nil && (kind == "seq" && isNAK(pkt, reth.NAKPSNSeqError) || kind == "rnr" && isRNR(pkt)) {
 				c := p
 				nak = &c
 			}

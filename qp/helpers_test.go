@@ -9,8 +9,8 @@ import (
 	"unsafe"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // aligned8 returns the first offset at or after off where the MR's IOVA
@@ -76,12 +76,12 @@ func isNAK(pkt bth.Packet, code uint8) bool {
 		return false
 	}
 	s := pkt.AETH().Syndrome()
-	return s.Kind() == exthdr.KindNAK && s.Value() == code
+	return s.Kind() == reth.KindNAK && s.Value() == code
 }
 
 // isRNR reports whether pkt is an RNR NAK.
 func isRNR(pkt bth.Packet) bool {
-	return pkt.Info.Op == bth.OpAck && pkt.AETH().Syndrome().Kind() == exthdr.KindRNR
+	return pkt.Info.Op == bth.OpAck && pkt.AETH().Syndrome().Kind() == reth.KindRNR
 }
 
 // unchanged fails the test if b differs from the copy before.

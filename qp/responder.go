@@ -18,8 +18,8 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // responder is the receive side of a QP.
@@ -180,22 +180,22 @@ const maxMessage = 1 << 31
 // error); the request is counted as dropped for reason.
 func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) {
 	switch code {
-	case exthdr.NAKRemoteAccess:
+	case reth.NAKRemoteAccess:
 		e.Stats.RemoteAccessNAKs.Add(1)
-	case exthdr.NAKInvalidRequest:
+	case reth.NAKInvalidRequest:
 		e.Stats.InvalidRequestNAKs.Add(1)
 	}
 	e.drop(reason)
 	q.resp.stopRead()
-	e.sendAck(q, exthdr.NAKSyndrome(code), psn)
+	e.sendAck(q, reth.NAKSyndrome(code), psn)
 	if q.resp.haveRecv {
 		// The WQE a failed SEND or WRITE with immediate had taken
 		// completes with the error, as in rxe.
 		st := WCRemInvReqErr
 		switch code {
-		case exthdr.NAKRemoteAccess:
+		case reth.NAKRemoteAccess:
 			st = WCRemAccessErr
-		case exthdr.NAKRemoteOp:
+		case reth.NAKRemoteOp:
 			st = WCLocQPOpErr // rxe's class A: the receive was at fault
 		}
 		q.resp.haveRecv = false
@@ -210,11 +210,11 @@ func (e *Engine) classCError(q *QP, code uint8, reason DropReason, psn bth.PSN) 
 func (e *Engine) accessError(q *QP, err error, psn bth.PSN) {
 	switch {
 	case errors.Is(err, mr.ErrMisaligned):
-		e.refuse(q, exthdr.NAKInvalidRequest, DropMisaligned, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropMisaligned, psn)
 	case errors.Is(err, mr.ErrOutOfBounds):
-		e.refuse(q, exthdr.NAKRemoteAccess, DropOutOfBounds, psn)
+		e.refuse(q, reth.NAKRemoteAccess, DropOutOfBounds, psn)
 	default:
-		e.refuse(q, exthdr.NAKRemoteAccess, DropBadAccess, psn)
+		e.refuse(q, reth.NAKRemoteAccess, DropBadAccess, psn)
 	}
 }
 
@@ -240,7 +240,7 @@ func (e *Engine) noRecv(q *QP, psn bth.PSN) {
 	}
 	e.Stats.SendRNRErr.Add(1)
 	e.drop(DropNoRecvWQE)
-	e.sendAck(q, exthdr.RNRSyndrome(q.attr.MinRNRTimer), psn)
+	e.sendAck(q, reth.RNRSyndrome(q.attr.MinRNRTimer), psn)
 }
 
 // recvFault answers a SEND its receive WQE cannot take: a message longer
@@ -256,5 +256,5 @@ func (e *Engine) recvFault(q *QP, reason DropReason, psn bth.PSN) {
 		q.pushWC(q.recvCQ, WC{ID: rs.recv.id, Status: WCLocLenErr, Opcode: WCRecv, QPN: q.num})
 		return
 	}
-	e.classCError(q, exthdr.NAKRemoteOp, reason, psn)
+	e.classCError(q, reth.NAKRemoteOp, reason, psn)
 }

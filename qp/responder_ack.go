@@ -2,15 +2,15 @@ package qp
 
 import (
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
+	"github.com/rxego/rxego/reth"
 )
 
 // sendAck sends an ACK or NAK with the given syndrome and PSN.
-func (e *Engine) sendAck(q *QP, syn exthdr.Syndrome, psn bth.PSN) {
+func (e *Engine) sendAck(q *QP, syn reth.Syndrome, psn bth.PSN) {
 	buf, p := e.header(q, bth.RCAck, psn, 0, false, false, q.attr.DestQPN)
 	p.AETH().Set(syn, q.resp.msn)
 	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
-	if syn.Kind() != exthdr.KindACK {
+	if syn.Kind() != reth.KindACK {
 		e.Stats.NAKsSent.Add(1)
 	}
 }
@@ -42,7 +42,7 @@ func (e *Engine) flushAcksBut(keep *QP) {
 			continue
 		}
 		if q.resp.ackPending && !q.destroyed && q.state != Err {
-			e.sendAck(q, exthdr.ACKSyndrome(exthdr.CreditsInvalid), q.resp.ackPSN)
+			e.sendAck(q, reth.ACKSyndrome(reth.CreditsInvalid), q.resp.ackPSN)
 		}
 		q.resp.ackPending = false
 	}

@@ -4,8 +4,8 @@ import (
 	"errors"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // place puts the payload of a SEND or WRITE packet where it belongs, for
@@ -44,7 +44,7 @@ func (e *Engine) placeSend(q *QP, p bth.Packet, psn bth.PSN) bool {
 		}
 		if h := p.IETH(); h != nil {
 			if err := e.cfg.MRs.Invalidate(h.RKey(), q.pd); err != nil {
-				e.refuse(q, exthdr.NAKInvalidRequest, DropBadAccess, psn)
+				e.refuse(q, reth.NAKInvalidRequest, DropBadAccess, psn)
 				return false
 			}
 			wc.InvalidatedRKey, wc.Flags = h.RKey(), wc.Flags|WCWithInv
@@ -86,7 +86,7 @@ func (e *Engine) placeWrite(q *QP, p bth.Packet, psn bth.PSN) bool {
 	}
 	if uint64(rs.woff)+uint64(len(payload)) > uint64(rs.dmaLen) ||
 		info.Has(bth.Last) && rs.woff+uint32(len(payload)) != rs.dmaLen {
-		e.refuse(q, exthdr.NAKInvalidRequest, DropBadLength, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropBadLength, psn)
 		return false
 	}
 	copy(rs.wbuf[rs.woff:], payload)

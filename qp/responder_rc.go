@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // respondRC runs an RC request through the responder's steps, named and
@@ -53,7 +53,7 @@ func (e *Engine) checkPSN(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) b
 		e.Stats.OutOfSeqRequest.Add(1)
 		if !rs.nakSent {
 			rs.nakSent = true
-			e.sendAck(q, exthdr.NAKSyndrome(exthdr.NAKPSNSeqError), rs.ePSN)
+			e.sendAck(q, reth.NAKSyndrome(reth.NAKPSNSeqError), rs.ePSN)
 		}
 		e.drop(DropOutOfSequence)
 	case d < 0:
@@ -79,7 +79,7 @@ func (e *Engine) checkOpSeq(q *QP, info *bth.Info, psn bth.PSN) bool {
 		inSeq = info.Op == rs.msgOp && !info.Has(bth.First)
 	}
 	if !inSeq || rs.ucDrop {
-		e.refuse(q, exthdr.NAKInvalidRequest, DropWrongOpcode, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropWrongOpcode, psn)
 		return false
 	}
 	return true
@@ -89,7 +89,7 @@ func (e *Engine) checkOpSeq(q *QP, info *bth.Info, psn bth.PSN) bool {
 // operation.
 func (e *Engine) checkOpValid(q *QP, info *bth.Info, psn bth.PSN) bool {
 	if !q.allows(info.Op) {
-		e.refuse(q, exthdr.NAKInvalidRequest, DropBadAccess, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropBadAccess, psn)
 		return false
 	}
 	return true
@@ -102,7 +102,7 @@ func (e *Engine) checkOpValid(q *QP, info *bth.Info, psn bth.PSN) bool {
 func (e *Engine) checkLength(q *QP, p bth.Packet, psn bth.PSN) bool {
 	info, n := p.Info, len(p.Payload())
 	if n > q.mtu || (info.Op == bth.OpSend || info.Op == bth.OpWrite) && !info.Has(bth.Last) && n != q.mtu {
-		e.refuse(q, exthdr.NAKInvalidRequest, DropBadLength, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropBadLength, psn)
 		return false
 	}
 	return true
@@ -118,7 +118,7 @@ func (e *Engine) checkLength(q *QP, p bth.Packet, psn bth.PSN) bool {
 func (e *Engine) checkResource(q *QP, p bth.Packet, psn bth.PSN) bool {
 	rs, info := &q.resp, p.Info
 	if usesResource(info.Op) && q.attr.MaxDestRdAtomic == 0 {
-		e.refuse(q, exthdr.NAKInvalidRequest, DropOther, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropOther, psn)
 		return false
 	}
 	needRecv := info.Op == bth.OpSend && info.Has(bth.First) || info.Op == bth.OpWrite && info.Has(bth.Imm)
@@ -150,7 +150,7 @@ func (e *Engine) checkRKey(q *QP, p bth.Packet, psn bth.PSN) bool {
 	case err == nil:
 		return true
 	case errors.Is(err, errTooLong):
-		e.refuse(q, exthdr.NAKInvalidRequest, DropBadLength, psn)
+		e.refuse(q, reth.NAKInvalidRequest, DropBadLength, psn)
 	default:
 		e.accessError(q, err, psn)
 	}
@@ -210,7 +210,7 @@ func (e *Engine) recvAtomic(q *QP, p bth.Packet, psn bth.PSN) {
 
 func (e *Engine) sendAtomicAck(q *QP, psn bth.PSN, orig uint64) {
 	buf, p := e.header(q, bth.RCAtomicAck, psn, 0, false, false, q.attr.DestQPN)
-	p.AETH().Set(exthdr.ACKSyndrome(exthdr.CreditsInvalid), q.resp.msn)
+	p.AETH().Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
 	p.AtomicAckETH().SetOrig(orig)
 	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
 }
@@ -245,7 +245,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 
 func (e *Engine) sendEmptyReadResponse(q *QP, psn bth.PSN) {
 	buf, p := e.header(q, bth.RCReadResponseOnly, psn, 0, false, false, q.attr.DestQPN)
-	p.AETH().Set(exthdr.ACKSyndrome(exthdr.CreditsInvalid), q.resp.msn)
+	p.AETH().Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
 	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
 }
 

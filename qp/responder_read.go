@@ -6,8 +6,8 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/congestion"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // readPace paces a QP's READ responses. READ responses are not
@@ -278,7 +278,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 		op, _ := bth.Find(bth.RC, bth.OpReadResponse, position(i == 0, i == rd.npk-1), 0)
 		buf, p := e.header(q, op, rd.psn.Add(i), k, false, false, q.attr.DestQPN)
 		if a := p.AETH(); a != nil {
-			a.Set(exthdr.ACKSyndrome(exthdr.CreditsInvalid), rd.msn)
+			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), rd.msn)
 		}
 		copy(buf[p.Info.HdrLen:], src[off:off+uint32(k)])
 		e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
@@ -305,6 +305,6 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	if rd.nakAfter {
 		rd.nakAfter = false
 		rs.nakSent = true
-		e.sendAck(q, exthdr.NAKSyndrome(exthdr.NAKPSNSeqError), rs.ePSN)
+		e.sendAck(q, reth.NAKSyndrome(reth.NAKPSNSeqError), rs.ePSN)
 	}
 }

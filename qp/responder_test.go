@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/reth"
 )
 
 // dropOnce returns a fabric drop function losing, once, the first packet
@@ -37,7 +37,7 @@ func TestOneNAKPerGap(t *testing.T) {
 	fill(sbuf, 1)
 	naks := 0
 	f.tap = func(p wirePkt, pkt bth.Packet) {
-		if isNAK(pkt, exthdr.NAKPSNSeqError) {
+		if isNAK(pkt, reth.NAKPSNSeqError) {
 			naks++
 		}
 	}
@@ -83,7 +83,7 @@ func TestDuplicateSendWriteReACKed(t *testing.T) {
 	fill(sbuf, 2)
 	acks := 0
 	f.tap = func(p wirePkt, pkt bth.Packet) {
-		if pkt.Info.Op == bth.OpAck && pkt.AETH().Syndrome().Kind() == exthdr.KindACK {
+		if pkt.Info.Op == bth.OpAck && pkt.AETH().Syndrome().Kind() == reth.KindACK {
 			acks++
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
+	"github.com/rxego/rxego/reth"
 )
 
 // roundsRig is issue 16's workload: A runs rounds of WRITE 4 KiB, READ
@@ -210,13 +210,13 @@ func TestForgedRNRInWindow(t *testing.T) {
 	q.e.mu.Lock()
 	psn := q.wqe(q.sqTail - 2).firstPSN // the round's SEND
 	q.e.mu.Unlock()
-	forged = make([]byte, bth.Len+exthdr.AETHLen+bth.ICRCLen)
+	forged = make([]byte, bth.Len+reth.AETHLen+bth.ICRCLen)
 	h := bth.BTH(forged)
 	h.SetOpcode(bth.RCAck)
 	h.SetPKey(bth.DefaultPKey)
 	h.SetDestQP(q.Num())
 	h.SetPSN(psn)
-	exthdr.AETH(forged[bth.Len:]).Set(exthdr.RNRSyndrome(20), 0) // 10 ms, far beyond the responses
+	reth.AETH(forged[bth.Len:]).Set(reth.RNRSyndrome(20), 0) // 10 ms, far beyond the responses
 	g.f.queue = append(g.f.queue, wirePkt{data: forged, src: g.b.n.addr, dst: g.a.n.addr})
 	g.run(40)
 	if g.a.n.e.Stats.RcvdRNRErr.Load() == 0 {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/reth"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -216,7 +216,7 @@ func TestRKeyFlood(t *testing.T) {
 			}
 			for _, m := range in[:nin] {
 				p, err := bth.Parse(m.Buf)
-				if err != nil || p.Info.Opcode != bth.RCAck || p.AETH().Syndrome().Kind() != exthdr.KindNAK {
+				if err != nil || p.Info.Opcode != bth.RCAck || p.AETH().Syndrome().Kind() != reth.KindNAK {
 					t.Fatalf("the endpoint answered a forged request with %x", m.Buf)
 				}
 				naks[p.AETH().Syndrome().Value()]++
@@ -248,12 +248,12 @@ func TestRKeyFlood(t *testing.T) {
 	}
 	t.Logf("%d forged requests to %d QPs in %v (%.0f/s): %d remote access NAKs, %d invalid request NAKs; "+
 		"engine: drops %v, rdma_recvs=%d; per class:%s",
-		n, k, took.Round(time.Millisecond), float64(n)/took.Seconds(), naks[exthdr.NAKRemoteAccess], naks[exthdr.NAKInvalidRequest],
+		n, k, took.Round(time.Millisecond), float64(n)/took.Seconds(), naks[reth.NAKRemoteAccess], naks[reth.NAKInvalidRequest],
 		byReason, s.RDMARecvs.Load(), counts)
 	if dropped != uint64(n) {
 		t.Fatalf("%d requests counted as dropped for bad access, bounds, alignment or length, want %d", dropped, n)
 	}
-	if naks[exthdr.NAKRemoteAccess]+naks[exthdr.NAKInvalidRequest] != n {
+	if naks[reth.NAKRemoteAccess]+naks[reth.NAKInvalidRequest] != n {
 		t.Fatalf("NAK codes %v: want only remote access and invalid request, %d in all", naks, n)
 	}
 	if s.RDMARecvs.Load() != 0 {

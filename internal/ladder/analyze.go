@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/reth"
 )
 
 // maxLookback bounds how far back a retransmission or response looks for
@@ -306,11 +306,11 @@ func (a *analyzer) response(i, s int, in *bth.Info) {
 		ev.Label = shortName(in) + " psn " + strconv.Itoa(int(p.PSN))
 		return
 	}
-	syn := exthdr.Syndrome(p.Syndrome)
+	syn := reth.Syndrome(p.Syndrome)
 	switch in.Op {
 	case bth.OpAck:
 		switch syn.Kind() {
-		case exthdr.KindRNR:
+		case reth.KindRNR:
 			ev.Kind, ev.Marks = KindRNR, ev.Marks|MarkRNR
 			stats.RNRNAKs++
 			ev.Label = fmt.Sprintf("RNR NAK psn %d", p.PSN)
@@ -318,7 +318,7 @@ func (a *analyzer) response(i, s int, in *bth.Info) {
 			ev.Notes = append(ev.Notes, fmt.Sprintf("receiver not ready: no receive posted for psn %d; retry after %s", p.PSN, ms(wait)))
 			st.rec = recovery{kind: KindRNR, from: p.PSN, at: p.Time, timer: syn.Value()}
 			a.ackThrough(s, p.PSN, false, p.Time)
-		case exthdr.KindNAK:
+		case reth.KindNAK:
 			ev.Kind, ev.Marks = KindNAK, ev.Marks|MarkNAK
 			stats.NAKs++
 			a.nak(i, s, syn)
@@ -400,11 +400,11 @@ func (a *analyzer) response(i, s int, in *bth.Info) {
 }
 
 // nak handles a NAK to side s's requests.
-func (a *analyzer) nak(i, s int, syn exthdr.Syndrome) {
+func (a *analyzer) nak(i, s int, syn reth.Syndrome) {
 	ev := &a.c.Events[i]
 	p := ev.Pkt
 	st := &a.st[s]
-	if syn.Value() == exthdr.NAKPSNSeqError {
+	if syn.Value() == reth.NAKPSNSeqError {
 		ev.Label = fmt.Sprintf("NAK seq-err psn %d", p.PSN)
 		ev.Notes = append(ev.Notes, fmt.Sprintf("PSN sequence error: the responder expected psn %d and got a later one", p.PSN))
 		if o := st.outstanding(p.PSN); o != nil {

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 
-	"github.com/rxego/rxego/exthdr"
+	"github.com/rxego/rxego/reth"
 )
 
 // TimeFormat is how String prints a record's time: RFC 3339 in UTC with
@@ -62,7 +62,7 @@ func (r *Record) String() string {
 	}
 	if e := t.AETH; e != nil {
 		b = hex(append(b, " aeth(syndrome=0x"...), uint64(e.Syndrome), 2)
-		b = append(append(b, ' '), exthdr.Syndrome(e.Syndrome).String()...)
+		b = append(append(b, ' '), reth.Syndrome(e.Syndrome).String()...)
 		b = strconv.AppendUint(append(b, " msn="...), uint64(e.MSN), 10)
 		b = append(b, ')')
 	}

@@ -27,8 +27,8 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/reth"
 	"github.com/rxego/rxego/rocelayer"
 )
 
@@ -437,7 +437,7 @@ func TestAgainstTsharkSynthetic(t *testing.T) {
 				FECN: rng.IntN(2) == 0, BECN: rng.IntN(2) == 0, Resv6: uint8(rng.IntN(64)), DestQP: rng.Uint32() & 0xffffff,
 				AckReq: rng.IntN(2) == 0, Resv7: uint8(rng.IntN(128)), PSN: bth.PSN(rng.Uint32() & bth.PSNMask),
 				RETH:      bth.RETHFields{VA: rng.Uint64(), RKey: rng.Uint32(), DMALen: rng.Uint32()},
-				AETH:      bth.AETHFields{Syndrome: exthdr.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
+				AETH:      bth.AETHFields{Syndrome: reth.Syndrome(rng.Uint32()), MSN: rng.Uint32() & 0xffffff},
 				Atomic:    bth.AtomicFields{VA: rng.Uint64(), RKey: rng.Uint32(), SwapAdd: rng.Uint64(), Compare: rng.Uint64()},
 				AtomicAck: rng.Uint64(), Imm: rng.Uint32(), IETHRKey: rng.Uint32(),
 				DETH: bth.DETHFields{QKey: rng.Uint32(), SrcQP: rng.Uint32() & 0xffffff}, FETH: rng.Uint32() & 0x3f, RDETH: rng.Uint32() & 0xffffff}

@@ -1,4 +1,4 @@
-package exthdr_test
+package reth_test
 
 import (
 	"bytes"
@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/exthdr"
 	"github.com/rxego/rxego/internal/capfile"
+	"github.com/rxego/rxego/reth"
 )
 
 // FuzzViews parses arbitrary bytes with bth.Parse and, for every extended
@@ -36,32 +36,32 @@ func FuzzViews(f *testing.F) {
 			return
 		}
 		if r := p.RETH(); r != nil {
-			check(t, "RETH", r, func(b []byte) { exthdr.RETH(b).Set(r.VA(), r.RKey(), r.DMALen()) })
+			check(t, "RETH", r, func(b []byte) { reth.RETH(b).Set(r.VA(), r.RKey(), r.DMALen()) })
 		}
 		if a := p.AETH(); a != nil {
-			check(t, "AETH", a, func(b []byte) { exthdr.AETH(b).Set(a.Syndrome(), a.MSN()) })
+			check(t, "AETH", a, func(b []byte) { reth.AETH(b).Set(a.Syndrome(), a.MSN()) })
 			s := a.Syndrome()
 			if uint8(s) != uint8(s.Kind())<<5|s.Value()|uint8(s)&0x80 || s.String() == "" {
 				t.Fatalf("syndrome %#x: kind %d value %d", uint8(s), s.Kind(), s.Value())
 			}
 		}
 		if a := p.AtomicETH(); a != nil {
-			check(t, "AtomicETH", a, func(b []byte) { exthdr.AtomicETH(b).Set(a.VA(), a.RKey(), a.SwapAdd(), a.Compare()) })
+			check(t, "AtomicETH", a, func(b []byte) { reth.AtomicETH(b).Set(a.VA(), a.RKey(), a.SwapAdd(), a.Compare()) })
 		}
 		if a := p.AtomicAckETH(); a != nil {
-			check(t, "AtomicAckETH", a, func(b []byte) { exthdr.AtomicAckETH(b).SetOrig(a.Orig()) })
+			check(t, "AtomicAckETH", a, func(b []byte) { reth.AtomicAckETH(b).SetOrig(a.Orig()) })
 		}
 		if i := p.ImmDt(); i != nil {
-			check(t, "ImmDt", i, func(b []byte) { exthdr.ImmDt(b).SetImm(i.Imm()) })
+			check(t, "ImmDt", i, func(b []byte) { reth.ImmDt(b).SetImm(i.Imm()) })
 		}
 		if i := p.IETH(); i != nil {
-			check(t, "IETH", i, func(b []byte) { exthdr.IETH(b).SetRKey(i.RKey()) })
+			check(t, "IETH", i, func(b []byte) { reth.IETH(b).SetRKey(i.RKey()) })
 		}
 		if d := p.DETH(); d != nil {
 			want := bytes.Clone(d)
 			want[4] = 0
 			got := bytes.Clone(d)
-			exthdr.DETH(got).Set(d.QKey(), d.SrcQP())
+			reth.DETH(got).Set(d.QKey(), d.SrcQP())
 			if !bytes.Equal(got, want) {
 				t.Fatalf("DETH % x rewritten as % x", []byte(d), got)
 			}
@@ -74,7 +74,7 @@ func FuzzViews(f *testing.F) {
 		if r := p.RDETH(); r != nil && r.EECnxt() > 0xffffff {
 			t.Fatalf("RDETH % x", []byte(r))
 		}
-		if c := p.CNP(); c != nil && len(c) != exthdr.CNPLen {
+		if c := p.CNP(); c != nil && len(c) != reth.CNPLen {
 			t.Fatalf("CNP view of %d bytes", len(c))
 		}
 	})

@@ -1,4 +1,4 @@
-// Package exthdr holds the InfiniBand extended transport headers that follow
+// Package reth holds the InfiniBand extended transport headers that follow
 // the BTH in a RoCEv2 packet: RETH, AETH, AtomicETH, AtomicAckETH, ImmDt,
 // IETH, DETH, FETH, RDETH and the CNP body.
 //
@@ -8,7 +8,7 @@
 // length long; callers obtain views from the bth packet parser, which checks
 // lengths once against the opcode table. All multi-byte fields are big-endian
 // on the wire, as IBTA specifies.
-package exthdr
+package reth
 
 import (
 	"encoding/binary"
