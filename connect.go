@@ -14,6 +14,10 @@ type RemoteQP struct {
 	QPN  uint32
 	PSN  uint32 // the peer's starting send PSN
 	QKey uint32 // UD only
+	// SGIDIndex is the local GID the connection's packets leave from (the
+	// sgid_index of ibv_ah_attr's GRH; see Device.QueryGID). 0 is Open's
+	// address.
+	SGIDIndex int
 }
 
 // ConnectOptions tune ConnectRC (and ConnectRC on a UC QP).
@@ -92,6 +96,9 @@ func (o *ConnectOptions) withDefaults() ConnectOptions {
 func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 	o := opts.withDefaults()
 	remote.Addr = peerAddr(remote.Addr)
+	if err := connectRoute(q, remote); err != nil {
+		return fmt.Errorf("rxego: connect QP %d: %w", q.Num(), err)
+	}
 	rc := q.Type() == qp.RC
 	steps := []struct {
 		attr qp.Attr

@@ -214,6 +214,11 @@ type Options struct {
 	// application stops polling. Used with the sockets of
 	// transport.Listen; ignored for other Conns.
 	BusyPoll time.Duration
+	// GIDs are further addresses the device serves besides Open's, each
+	// a GID table entry with its own socket group: Open's address is index
+	// 0, GIDs[i] index i+1 (see Device.QueryGID and docs/rnic.md for how
+	// this compares with rxe's table). Not allowed with Conn.
+	GIDs []string
 	// Tap, when set, sees every packet the device sends, receives and
 	// drops from the moment it opens: a transport/pcaptap Writer records
 	// them as pcapng. Device.SetTap changes it later.
@@ -239,6 +244,9 @@ type Device struct {
 	conns  []transport.Conn
 	mrs    *mr.Table
 	local  netip.AddrPort
+	gids   []netip.AddrPort  // the GID table: local first (gid.go)
+	xrcvs  []*sched.Receiver // the Receivers of the GIDs after the first
+	routes atomic.Pointer[routeTable]
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -319,7 +327,12 @@ func Open(addr string, opts *Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	gids, err := gidTable(local, o.GIDs, o.Conn != nil)
+	if err != nil {
+		return nil, err
+	}
 	conns := []transport.Conn{o.Conn}
+	var xconns [][]transport.Conn // per further GID, one Conn per shard
 	if o.Conn == nil {
 		topts := o.Transport
 		switch {
@@ -329,27 +342,36 @@ func Open(addr string, opts *Options) (*Device, error) {
 		case o.SourcePorts > 0:
 			topts.SourcePorts = o.SourcePorts
 		}
-		conns, err = transport.ListenGroup(local, topts, n)
-		if err != nil {
-			return nil, fmt.Errorf("rxego: open %v: %w", local, err)
+		if conns, xconns, err = listenGIDs(gids, topts, n); err != nil {
+			return nil, err
 		}
 	} else {
 		local = Unmap(o.Conn.LocalAddr())
+		gids[0] = local
 	}
-	maxMTU, err := activeMTU(local, o.Conn == nil)
+	all := conns
+	for _, g := range xconns {
+		all = append(all[:len(all):len(all)], g...)
+	}
+	maxMTU, err := gidsMTU(gids, o.Conn == nil)
 	if err != nil {
-		for _, c := range conns {
+		for _, c := range all {
 			c.Close()
 		}
 		return nil, err
 	}
-	d := &Device{conns: conns, mrs: mr.NewTable(), local: local, stop: make(chan struct{}), nextQPN: firstQPN}
+	d := &Device{conns: all, mrs: mr.NewTable(), local: local, gids: gids, stop: make(chan struct{}), nextQPN: firstQPN}
+	d.routes.Store(&routeTable{})
 	if o.Tap != nil {
 		d.SetTap(o.Tap)
 	}
 	var sendMu sync.Mutex // for a shared Conn: one sender at a time
 	for i := range n {
 		s := &shard{d: d, idx: i, conn: conns[min(i, len(conns)-1)], sendMu: &sendMu}
+		s.conns = []transport.Conn{s.conn}
+		for _, g := range xconns {
+			s.conns = append(s.conns, g[i])
+		}
 		if sp, ok := s.conn.(transport.SourcePorter); ok {
 			s.ports = len(sp.SourcePorts())
 		}
@@ -361,7 +383,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
 		})
 		if err != nil {
-			for _, c := range conns {
+			for _, c := range all {
 				c.Close()
 			}
 			return nil, err
@@ -377,7 +399,19 @@ func Open(addr string, opts *Options) (*Device, error) {
 		}
 		d.rcvs = append(d.rcvs, sched.New(sched.Config{Conn: c, In: in, Local: local.Addr(), BusyPoll: o.BusyPoll, Stop: d.stop}))
 	}
-	for _, r := range d.rcvs {
+	// A further GID's sockets are read by their own goroutines only: CQs
+	// attach to the first GID's Receivers (cq.go), and the completions
+	// these take in wake a CQ's waiters as another shard's would.
+	for g, cs := range xconns {
+		for i, c := range cs {
+			in := sched.Input(d.shards[i].eng)
+			if n > 1 {
+				in = newDemux(d, i)
+			}
+			d.xrcvs = append(d.xrcvs, sched.New(sched.Config{Conn: c, In: in, Local: gids[g+1].Addr(), Stop: d.stop}))
+		}
+	}
+	for _, r := range append(d.rcvs[:len(d.rcvs):len(d.rcvs)], d.xrcvs...) {
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); r.Run() }()
 	}
@@ -460,9 +494,10 @@ func (d *Device) Close() error {
 			cq.Close() // ErrClosed for one the application closed: fine
 		}
 		d.wg.Wait()
-		for _, r := range d.rcvs {
+		for _, r := range append(d.rcvs, d.xrcvs...) {
 			r.Close()
 		}
+		d.forgetQPs()
 	})
 	return err
 }
@@ -479,12 +514,13 @@ func (d *Device) check() error {
 	return nil
 }
 
-// Addr returns the device's address and UDP port: its GID, as an IP
-// address, is Addr().Addr().
+// Addr returns the device's address and UDP port, its GID of index 0:
+// the GID, as an IP address, is Addr().Addr(). GIDs lists them all.
 func (d *Device) Addr() netip.AddrPort { return d.local }
 
-// GID returns the device's GID: the IPv4-mapped (::ffff:a.b.c.d) or IPv6
-// address, as rxe shows it in its GID table.
+// GID returns the device's GID of index 0 (Open's address): the
+// IPv4-mapped (::ffff:a.b.c.d) or IPv6 address, as rxe shows it in its GID
+// table. QueryGID reads the others.
 func (d *Device) GID() [16]byte { return d.local.Addr().As16() }
 
 // Shards returns how many shards the device spreads its QPs over.
@@ -677,9 +713,19 @@ func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	return q, nil
 }
 
-// createQP creates the QP on its number's shard: the number asked for,
-// or the device's next free one.
+// createQP creates the QP on its number's shard (the number asked for,
+// or the device's next free one) and records its device for ConnectRC's
+// source GID.
 func (d *Device) createQP(a qp.InitAttr) (*QP, error) {
+	q, err := d.createQPOn(a)
+	if err == nil {
+		qpDevices.Store(q, d)
+	}
+	return q, err
+}
+
+// createQPOn creates the QP on its number's shard.
+func (d *Device) createQPOn(a qp.InitAttr) (*QP, error) {
 	if a.QPN != 0 {
 		return d.shards[d.shardOf(a.QPN)].eng.Create(a)
 	}
@@ -710,7 +756,8 @@ func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
 	return p.dev.shards[0].eng.NewSRQ(p.pd, depth, maxSGE)
 }
 
-// CreateAH makes an address handle for UD sends to dest (port 4791 when 0).
+// CreateAH makes an address handle for UD sends to dest (port 4791 when 0)
+// from the first GID of dest's address family.
 func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
 	if err := p.check(); err != nil {
 		return nil, err
@@ -719,4 +766,19 @@ func (p *PD) CreateAH(dest netip.AddrPort) (*AH, error) {
 		return nil, errors.New("rxego: address handle needs a destination address")
 	}
 	return &AH{Dest: peerAddr(dest)}, nil
+}
+
+// CreateAHFrom makes an address handle for UD sends to dest from the
+// device's GID of index sgid (ibv_ah_attr.grh.sgid_index). Every datagram
+// to dest's address then leaves from that GID: a second AH to the same
+// peer from another GID is refused.
+func (p *PD) CreateAHFrom(sgid int, dest netip.AddrPort) (*AH, error) {
+	ah, err := p.CreateAH(dest)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.dev.setRoute(routeKey{ah.Dest, anyQPN}, sgid); err != nil {
+		return nil, err
+	}
+	return ah, nil
 }

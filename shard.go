@@ -18,10 +18,14 @@ type shard struct {
 	idx  int
 	eng  *qp.Engine
 	conn transport.Conn // sends (and, in a group, receives) this shard's packets
+	// conns are the shard's Conns per GID (conns[0] is conn): a packet
+	// leaves from its route's (Device.route).
+	conns []transport.Conn
 
 	ports  int         // source ports conn sends from (transport.SourcePorter), 0 for one
 	sendMu *sync.Mutex // the shard's own, or the device's for a shared Conn
 	msgs   []transport.Message
+	gmsgs  [][]transport.Message // per further GID, with several
 }
 
 // shardOut adapts a shard's Conn to the engine's Output.
@@ -34,15 +38,49 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 	s := (*shard)(o)
 	s.sendMu.Lock()
 	defer s.sendMu.Unlock()
+	if len(s.conns) > 1 {
+		s.emitGIDs(pkts)
+		return
+	}
 	msgs := s.msgs[:0]
 	for i := range pkts {
 		p := &pkts[i]
 		msgs = append(msgs, transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
 	}
 	s.msgs = msgs // keep the grown array for the next call
+	s.send(s.conn, pkts, msgs)
+	clear(s.msgs[:cap(s.msgs)]) // do not keep the engine's buffers alive
+}
+
+// emitGIDs sends pkts on a device with several GIDs, each packet from its
+// route's Conn (Device.route, by the BTH's destination QP).
+func (s *shard) emitGIDs(pkts []qp.OutPacket) {
+	if s.gmsgs == nil {
+		s.gmsgs = make([][]transport.Message, len(s.conns))
+	}
+	for i := range pkts {
+		p := &pkts[i]
+		var qpn uint32
+		if len(p.Buf) >= 8 {
+			qpn = uint32(p.Buf[5])<<16 | uint32(p.Buf[6])<<8 | uint32(p.Buf[7])
+		}
+		g := s.d.route(p.Dest, qpn)
+		s.gmsgs[g] = append(s.gmsgs[g], transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
+	}
+	for g, msgs := range s.gmsgs {
+		if len(msgs) > 0 {
+			s.send(s.conns[g], pkts, msgs)
+			clear(msgs[:cap(msgs)])
+			s.gmsgs[g] = msgs[:0]
+		}
+	}
+}
+
+// send sends msgs, made of pkts, on c.
+func (s *shard) send(c transport.Conn, pkts []qp.OutPacket, msgs []transport.Message) {
 	msgs = transport.Coalesce(msgs, s.ports)
 	for len(msgs) > 0 {
-		n, err := s.conn.Send(msgs)
+		n, err := c.Send(msgs)
 		if err != nil {
 			s.eng.Stats.SendErr.Add(1)
 			if n < len(msgs) && transport.Unsendable(err) {
@@ -58,7 +96,6 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 		}
 		msgs = msgs[min(n, len(msgs)):]
 	}
-	clear(s.msgs[:cap(s.msgs)]) // do not keep the engine's buffers alive
 }
 
 // firstPacket returns the packet of pkts whose buffer starts b: a

@@ -1,0 +1,219 @@
+package rxego
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
+)
+
+// A device's GID table is the addresses it serves, in order: Open's
+// address at index 0, then Options.GIDs. Each has its own socket group
+// (one socket per shard on its address, port 4791); the shards' engines
+// serve every GID, and a packet leaves from the GID its QP chose:
+//
+//   - an RC or UC QP connected with ConnectRC, RemoteQP.SGIDIndex (the
+//     sgid_index of ibv_ah_attr's GRH);
+//   - a UD send, the SGIDIndex of the AH (CreateAHFrom);
+//   - anything else (a QP moved by hand with QP.Modify, the connection
+//     manager's replies), the first GID of the peer's address family.
+//
+// The choice is made where packets leave the engine (shardOut.Emit), by
+// the peer's address and QP number: see routeTable.
+
+// gidTable parses the further addresses and returns the table, local
+// first. A device on a given Conn has the Conn's one address.
+func gidTable(local netip.AddrPort, more []string, conn bool) ([]netip.AddrPort, error) {
+	if conn && len(more) > 0 {
+		return nil, errors.New("rxego: Options.GIDs cannot be used with Options.Conn")
+	}
+	gids := []netip.AddrPort{local}
+	for _, s := range more {
+		a, err := ParseAddr(s)
+		if err != nil {
+			return nil, err
+		}
+		for i, g := range gids {
+			if g.Addr() == a.Addr() {
+				return nil, fmt.Errorf("rxego: GID %v given twice (index %d)", a.Addr(), i)
+			}
+		}
+		gids = append(gids, a)
+	}
+	if len(gids) > maxGIDs {
+		return nil, fmt.Errorf("rxego: %d GIDs (at most %d)", len(gids), maxGIDs)
+	}
+	return gids, nil
+}
+
+// maxGIDs is the largest GID table: rxe's is 1024 entries, but each of
+// rxego's costs a socket group.
+const maxGIDs = 16
+
+// listenGIDs opens a socket group of n on every GID: the first GID's
+// Conns, and per further GID its own.
+func listenGIDs(gids []netip.AddrPort, opts transport.Options, n int) ([]transport.Conn, [][]transport.Conn, error) {
+	var groups [][]transport.Conn
+	for _, g := range gids {
+		cs, err := transport.ListenGroup(g, opts, n)
+		if err != nil {
+			for _, done := range groups {
+				for _, c := range done {
+					c.Close()
+				}
+			}
+			return nil, nil, fmt.Errorf("rxego: open %v: %w", g, err)
+		}
+		groups = append(groups, cs)
+	}
+	return groups[0], groups[1:], nil
+}
+
+// gidsMTU is the port's active MTU over every GID's interface: the
+// smallest, since one engine serves them all.
+func gidsMTU(gids []netip.AddrPort, own bool) (qp.MTU, error) {
+	var m qp.MTU
+	for _, g := range gids {
+		v, err := activeMTU(g, own)
+		if err != nil {
+			return 0, err
+		}
+		if v != 0 && (m == 0 || v < m) {
+			m = v
+		}
+	}
+	return m, nil
+}
+
+// GIDs returns the device's GID table as addresses (IPv4 ones unmapped),
+// index order: Options.GIDs after Open's address.
+func (d *Device) GIDs() []netip.AddrPort {
+	if d == nil {
+		return nil
+	}
+	return append([]netip.AddrPort(nil), d.gids...)
+}
+
+// QueryGID returns the GID of index i (ibv_query_gid): an IPv4-mapped
+// (::ffff:a.b.c.d) or IPv6 address.
+func (d *Device) QueryGID(i int) ([16]byte, error) {
+	if err := d.check(); err != nil {
+		return [16]byte{}, err
+	}
+	if err := d.gidIndex(i); err != nil {
+		return [16]byte{}, err
+	}
+	return d.gids[i].Addr().As16(), nil
+}
+
+// gidIndex checks that i indexes the GID table.
+func (d *Device) gidIndex(i int) error {
+	if i < 0 || i >= len(d.gids) {
+		return fmt.Errorf("rxego: GID index %d: the device has %d GIDs (0..%d)", i, len(d.gids), len(d.gids)-1)
+	}
+	return nil
+}
+
+// routeKey is a peer: its address and the QP number packets to it carry
+// (anyQPN for every QP there, as an AH names).
+type routeKey struct {
+	peer netip.AddrPort
+	qpn  uint32
+}
+
+// anyQPN is the QP number of an AH's route: beyond the 24-bit QPNs.
+const anyQPN = 1 << 24
+
+// routeTable maps peers to the GID index their packets leave from. It is
+// copied on write (connections are made rarely, packets sent often), so
+// Emit reads it without a lock.
+type routeTable struct {
+	m map[routeKey]int
+}
+
+// routeMu serialises the writers of a device's routes.
+var routeMu sync.Mutex
+
+// setRoute makes packets to k leave from GID i. An AH's route (anyQPN)
+// may not change while it stands: two AHs to one peer from different GIDs
+// would make that peer's datagrams ambiguous.
+func (d *Device) setRoute(k routeKey, i int) error {
+	if err := d.gidIndex(i); err != nil {
+		return err
+	}
+	if g := d.gids[i].Addr(); g.Is4() != k.peer.Addr().Is4() {
+		return fmt.Errorf("rxego: GID %d (%v) is %s and cannot reach %v", i, g, family(g), k.peer.Addr())
+	}
+	if len(d.gids) == 1 {
+		return nil // one GID: nothing to choose
+	}
+	routeMu.Lock()
+	defer routeMu.Unlock()
+	old := d.routes.Load().m
+	if j, ok := old[k]; ok && k.qpn == anyQPN && j != i {
+		return fmt.Errorf("rxego: peer %v already has an address handle from GID %d; rxego sends to one peer from one GID", k.peer, j)
+	}
+	m := make(map[routeKey]int, len(old)+1)
+	for kk, v := range old {
+		m[kk] = v
+	}
+	m[k] = i
+	d.routes.Store(&routeTable{m: m})
+	return nil
+}
+
+// family names a's address family.
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// route returns the GID index a packet to peer for QP qpn leaves from.
+func (d *Device) route(peer netip.AddrPort, qpn uint32) int {
+	m := d.routes.Load().m
+	if i, ok := m[routeKey{peer, qpn}]; ok {
+		return i
+	}
+	if i, ok := m[routeKey{peer, anyQPN}]; ok {
+		return i
+	}
+	v4 := peer.Addr().Is4()
+	for i, g := range d.gids {
+		if g.Addr().Is4() == v4 {
+			return i
+		}
+	}
+	return 0
+}
+
+// qpDevices maps a QP to its device, so that ConnectRC, which takes only
+// the QP, finds the routes to set. Entries go when the device closes.
+var qpDevices sync.Map // *qp.QP -> *Device
+
+// forgetQPs drops d's entries from qpDevices.
+func (d *Device) forgetQPs() {
+	qpDevices.Range(func(k, v any) bool {
+		if v == d {
+			qpDevices.Delete(k)
+		}
+		return true
+	})
+}
+
+// connectRoute records that q's packets to remote leave from its
+// SGIDIndex.
+func connectRoute(q *QP, remote RemoteQP) error {
+	v, ok := qpDevices.Load(q)
+	if !ok {
+		if remote.SGIDIndex != 0 {
+			return fmt.Errorf("SGID index %d on a QP of no open device", remote.SGIDIndex)
+		}
+		return nil
+	}
+	return v.(*Device).setRoute(routeKey{remote.Addr, remote.QPN}, remote.SGIDIndex)
+}
