@@ -87,7 +87,8 @@ func (s *srcTap) Packet(dir transport.Dir, _ time.Time, _, remote netip.AddrPort
 	s.from[qpn][remote.Addr().Unmap()]++ // the port is the source pool's
 }
 
-func (s *srcTap) Drop(transport.DropReason, time.Time, netip.AddrPort, netip.AddrPort, uint8, []byte) {}
+func (s *srcTap) Drop(transport.DropReason, time.Time, netip.AddrPort, netip.AddrPort, uint8, []byte) {
+}
 
 // sources returns the source addresses QP n received packets from.
 func (s *srcTap) sources(n uint32) []netip.Addr {
