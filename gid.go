@@ -3,6 +3,7 @@ package rxego
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 
@@ -216,4 +217,46 @@ func connectRoute(q *QP, remote RemoteQP) error {
 		return nil
 	}
 	return v.(*Device).setRoute(routeKey{remote.Addr, remote.QPN}, remote.SGIDIndex)
+}
+
+// InterfaceGIDs returns the GID table rxe would have on the network
+// interface name, in its order (ib_core's roce_gid_mgmt: the default GID,
+// then the interface's IPv4 addresses, then its IPv6 ones; rxe lists
+// RoCEv2 entries only): index 0 the link-local fe80::/64 GID made from the
+// MAC address (EUI-64; all zeros without one), then every IPv4 address
+// (which Device.QueryGID shows as ::ffff:a.b.c.d), then every IPv6 address
+// but one equal to index 0. Link-local addresses carry the interface as
+// their zone. It tells a tool's "-g 1" which address rxe's index 1 names.
+func InterfaceGIDs(name string) ([]netip.Addr, error) {
+	ifc, err := net.InterfaceByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("rxego: interface %q: %w", name, err)
+	}
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return nil, fmt.Errorf("rxego: addresses of %q: %w", name, err)
+	}
+	var mac [6]byte
+	copy(mac[:], ifc.HardwareAddr)
+	def := netip.AddrFrom16([16]byte{0: 0xfe, 1: 0x80, 8: mac[0] ^ 2, 9: mac[1], 10: mac[2], 11: 0xff, 12: 0xfe,
+		13: mac[3], 14: mac[4], 15: mac[5]}).WithZone(name)
+	gids := []netip.Addr{def}
+	var v6 []netip.Addr
+	for _, a := range addrs {
+		p, err := netip.ParsePrefix(a.String())
+		if err != nil {
+			continue
+		}
+		ip := p.Addr().Unmap()
+		switch {
+		case ip.Is4():
+			gids = append(gids, ip)
+		case ip.WithZone(name) == def:
+		case ip.IsLinkLocalUnicast():
+			v6 = append(v6, ip.WithZone(name))
+		default:
+			v6 = append(v6, ip)
+		}
+	}
+	return append(gids, v6...), nil
 }

@@ -250,3 +250,19 @@ func TestUDAHPerGID(t *testing.T) {
 		t.Errorf("the same AH again: %v", err)
 	}
 }
+
+// TestInterfaceGIDs: lo's table in rxe's order: the default GID from its
+// (all-zero) MAC, then 127.0.0.1, then ::1.
+func TestInterfaceGIDs(t *testing.T) {
+	g, err := rxego.InterfaceGIDs("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want0 := netip.MustParseAddr("fe80::200:ff:fe00:0%lo")
+	if len(g) < 3 || g[0] != want0 || g[1] != netip.MustParseAddr("127.0.0.1") || g[len(g)-1] != netip.IPv6Loopback() {
+		t.Fatalf("lo's GIDs %v", g)
+	}
+	if _, err := rxego.InterfaceGIDs("rxego-none0"); err == nil {
+		t.Error("an unknown interface has a GID table")
+	}
+}

@@ -96,6 +96,11 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"pingpong", "-g", "127.0.0.1", "-r", "100000"}, "rx depth (-r) 100000"},
 		{[]string{"pingpong", "-g", "127.0.0.1", "-p", "70000"}, "-p 70000"},
 		{[]string{"pingpong", "-t", "ud", "-g", "127.0.0.1", "-s", "2048"}, "UD message size 2048 exceeds the MTU 1024"},
+		{[]string{"pingpong", "-g", "1"}, "-g 1: a GID index needs -d INTERFACE"},
+		{[]string{"pingpong", "-g", "7", "-d", "lo"}, "-g 7: no such GID index on lo (its table, as rxe's: 0 fe80::200:ff:fe00:0%lo, 1 127.0.0.1"},
+		{[]string{"pingpong", "-g", "1", "-d", "rxego-none0"}, "-g 1 -d rxego-none0: rxego: interface"},
+		{[]string{"pingpong", "-g", "nonsense"}, "neither an address nor a GID index"},
+		{[]string{"perf", "write_bw", "-x", "9", "-d", "lo"}, "-x 9: no such GID index on lo"},
 		{[]string{"perf", "write_bw", "-n", "0"}, "-n 0: must be at least 1"},
 		{[]string{"perf", "write_bw", "-s", "99999999999"}, "size 99999999999: want 1 to 8388608"},
 		{[]string{"perf", "write_bw", "-D", "5", "-e"}, "duration mode doesn't work with events"},
@@ -240,6 +245,39 @@ func TestPingpongLongOptions(t *testing.T) {
 		t.Errorf("client: exit %d\n%s%s", code, out, errOut)
 	}
 	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "verify: 20 of 20") {
+		t.Errorf("server: %s", s)
+	}
+}
+
+// TestPingpongGIDIndex: a server given "-g 1 -d lo", as ibv_rc_pingpong
+// -d rxe0 -g 1, serves on lo's IPv4 GID (rxe's index 1) and says so; a
+// client on another loopback address completes the exchange with it.
+func TestPingpongGIDIndex(t *testing.T) {
+	if c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4791}); err != nil {
+		t.Skipf("127.0.0.1:4791 is taken: %v", err)
+	} else {
+		c.Close()
+	}
+	cli := testaddr.Loopback()
+	port := refusedPort(t)
+	done := make(chan string, 1)
+	go func() {
+		out, errOut, code := rxegoCmd(t, "pingpong", "-d", "lo", "-g", "1", "-p", port, "-n", "20", "-c")
+		done <- strconv.Itoa(code) + errOut + out
+	}()
+	var out, errOut string
+	var code int
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		out, errOut, code = rxegoCmd(t, "pingpong", "-g", cli.String(), "-p", port, "-n", "20", "-c", "127.0.0.1")
+		if !strings.Contains(errOut, "connection refused") { // the server was not listening yet
+			break
+		}
+	}
+	if code != 0 || !strings.Contains(out, "verify: 20 of 20") || !strings.Contains(out, "remote address: LID 0x0000, QPN") ||
+		!strings.Contains(out, "GID ::ffff:127.0.0.1") {
+		t.Errorf("client: exit %d\n%s%s", code, out, errOut)
+	}
+	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "GID ::ffff:127.0.0.1") || !strings.Contains(s, "verify: 20 of 20") {
 		t.Errorf("server: %s", s)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -33,7 +32,7 @@ type perfFlags struct {
 	qpTimeout                                *int
 	all, rdmaCM, stats, bidir, gbits, events *bool
 	infinite                                 *bool
-	atomicOp, gid, addr, conn, hold          *string
+	atomicOp, gid, addr, conn, hold, ifname  *string
 	timeout                                  *time.Duration
 	obs                                      *observeFlags
 }
@@ -54,7 +53,7 @@ func newPerfFlags(name string) *perfFlags {
 	f.outReads = fs.Int("o", 0, "outstanding READs/atomics this side accepts (READ and atomic tests; default 128)")
 	f.atomicOp = fs.String("A", "", "atomic operation: FETCH_AND_ADD (default) or CMP_AND_SWAP")
 	f.port = fs.Int("p", perftest.DefaultPort, "TCP port of the exchange (with -R: the rdma_cm port)")
-	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address); a GID index is accepted for compatibility")
+	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6; without -d an index is ignored)")
 	f.addr = fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
 	f.conn = fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
 	f.rdmaCM = fs.Bool("R", false, "connect with rdma_cm, as perftest's -R: the exchange over an rdma_cm-connected QP on port -p, each data QP its own rdma_cm connection (IPv4)")
@@ -67,7 +66,7 @@ func newPerfFlags(name string) *perfFlags {
 	f.infinite = fs.Bool("run_infinitely", false, "bw client: post until interrupted, printing a report every -D seconds (default 5); the server waits for the client to go")
 	f.gbits = fs.Bool("report_gbits", false, "report bandwidth in Gb/s instead of MB/s")
 	f.bidir = fs.Bool("b", false, "bidirectional: both sides post and each prints the sum (write_bw and read_bw; give it to both sides)")
-	_ = fs.String("d", "", "device name (accepted for compatibility)")
+	f.ifname = fs.String("d", "", "network interface whose GID table (as rxe's on it) an -x index names; otherwise accepted for compatibility")
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility)")
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
 	f.timeout = fs.Duration("timeout", 2*time.Minute, "give up after this long (with --run_infinitely: no limit unless given)")
@@ -124,13 +123,15 @@ func runPerf(args []string) error {
 		return err
 	}
 	local := *f.addr
-	if *f.gid != "" {
-		if _, err := strconv.Atoi(*f.gid); err != nil {
-			if local != "" && local != *f.gid {
-				return usageErrorf("-x %s and --addr %s disagree", *f.gid, local)
-			}
-			local = *f.gid
+	x, _, err := gidArg("x", *f.gid, *f.ifname)
+	if err != nil {
+		return err
+	}
+	if x.IsValid() {
+		if local != "" && local != x.String() {
+			return usageErrorf("-x %s and --addr %s disagree", *f.gid, local)
 		}
+		local = x.String()
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/rxego/rxego"
@@ -50,9 +49,9 @@ flags:
 	rx := fs.Int("r", 500, "receive queue depth")
 	numQP := fs.Int("q", 16, "srq: number of QPs")
 	events := fs.Bool("e", false, "sleep on CQ events instead of busy polling")
-	gid := fs.String("g", "", "local RoCE address (the GID as an IP address); a bare GID index needs --addr")
+	gid := fs.String("g", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6)")
 	addr := fs.String("addr", "", "local RoCE address (same as -g ADDRESS)")
-	_ = fs.String("d", "", "device name (accepted for compatibility; the device is the local address)")
+	ifname := fs.String("d", "", "network interface whose GID table (as rxe's on it) a -g index names; otherwise accepted for compatibility")
 	_ = fs.Int("l", 0, "service level (accepted for compatibility)")
 	ibPort := fs.Int("i", 1, "IB port (accepted for compatibility; rxego has port 1)")
 	_ = fs.Bool("o", false, "on-demand paging (accepted for compatibility: rxego's memory regions are Go memory, always present)")
@@ -87,16 +86,20 @@ flags:
 	if *ts {
 		fmt.Fprintln(os.Stderr, "rxego pingpong: --ts: rxego's completions carry no timestamps; none reported")
 	}
-	local := *addr
-	if local == "" {
-		if _, err := strconv.Atoi(*gid); err == nil || *gid == "" {
-			return usageErrorf("give the local RoCE address with -g ADDRESS or --addr ADDRESS")
-		}
-		local = *gid
-	}
-	la, err := netip.ParseAddr(local)
+	la, isIndex, err := gidArg("g", *gid, *ifname)
 	if err != nil {
-		return usageErrorf("local address %q: %v", local, err)
+		return err
+	}
+	if *addr != "" {
+		if la, err = netip.ParseAddr(*addr); err != nil {
+			return usageErrorf("local address %q: %v", *addr, err)
+		}
+	}
+	if !la.IsValid() {
+		if isIndex {
+			return usageErrorf("-g %s: a GID index needs -d INTERFACE (or give the address with -g ADDRESS or --addr ADDRESS)", *gid)
+		}
+		return usageErrorf("give the local RoCE address with -g ADDRESS or --addr ADDRESS")
 	}
 	cfg := pingpong.Config{Kind: pingpong.Kind(*kind), Local: la, TCPPort: *port, Size: *size, Iters: *iters,
 		MTU: *mtu, RxDepth: *rx, NumQP: *numQP, Events: *events, Verify: *verify, Timeout: *timeout, Out: os.Stdout,
