@@ -33,6 +33,9 @@
 // Addresses: a peer's GID is an IPv4-mapped IPv6 address for an IPv4
 // peer (::ffff:a.b.c.d); every address that enters the API (Open,
 // ConnectRC, CreateAH, QP.Modify) is normalised to the IPv4 form.
+// A device may serve several GIDs (Options.GIDs, Device.QueryGID): a
+// connection's or AH's source GID is chosen by RemoteQP.SGIDIndex or
+// PD.CreateAHFrom, as ibv_ah_attr's sgid_index.
 //
 // Work requests, completions, QP attributes and their numeric values are
 // those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
