@@ -2,13 +2,11 @@ package rxego_test
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -22,20 +20,10 @@ import (
 // loopback address) and an IPv6 one (index 1, ::1 on a random port).
 func openTwoGIDs(t *testing.T, opts rxego.Options) *rxego.Device {
 	t.Helper()
-	var last error
-	for range 50 {
-		opts.GIDs = []string{fmt.Sprintf("[::1]:%d", 20000+rand.IntN(40000))}
-		d, err := rxego.Open(testaddr.Loopback().String(), &opts)
-		if err == nil {
-			t.Cleanup(func() { d.Close() })
-			return d
-		}
-		if last = err; !errors.Is(err, syscall.EADDRINUSE) {
-			break
-		}
-	}
-	t.Fatalf("no device with two GIDs: %v", last)
-	return nil
+	return openRetry(t, func(o *rxego.Options) string {
+		o.GIDs = []string{fmt.Sprintf("[::1]:%d", 20000+rand.IntN(40000))}
+		return testaddr.Loopback().String()
+	}, &opts)
 }
 
 // TestGIDTable: the table lists Open's address then Options.GIDs, as
@@ -157,29 +145,6 @@ func TestRCOverEachGID(t *testing.T) {
 		!strings.Contains(err.Error(), "GID index 2") {
 		t.Errorf("SGID index 2 of 2 GIDs: %v", err)
 	}
-}
-
-// sideOn makes a PD, CQ, QP and MR on dev.
-func sideOn(t *testing.T, dev *rxego.Device, typ rxego.QPType, size int) *side {
-	t.Helper()
-	pd, err := dev.AllocPD()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cq, err := dev.CreateCQ(256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := pd.CreateQP(rxego.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Caps: rxego.Caps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, size)
-	m, err := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite|rxego.AccessRemoteRead)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &side{dev, pd, cq, q, m, buf}
 }
 
 // TestUDAHPerGID: one UD QP sends through an AH from each GID; the

@@ -46,7 +46,13 @@ func openSide(t *testing.T, opts *rxego.Options) *side { return openWith(t, opts
 // an MR of size bytes open to every access.
 func openWith(t *testing.T, opts *rxego.Options, typ rxego.QPType, size int) *side {
 	t.Helper()
-	dev := testaddr.Open(t, opts)
+	return sideOn(t, testaddr.Open(t, opts), typ, size)
+}
+
+// sideOn makes a PD, CQ, QP of type typ and an MR of size bytes open to
+// every access on dev.
+func sideOn(t *testing.T, dev *rxego.Device, typ rxego.QPType, size int) *side {
+	t.Helper()
 	pd, err := dev.AllocPD()
 	if err != nil {
 		t.Fatal(err)
@@ -308,10 +314,17 @@ func TestPostWrongState(t *testing.T) {
 // IPv4-mapped form (::ffff:127.x.y.z), as a GID decodes to.
 func openMapped(t *testing.T) *rxego.Device {
 	t.Helper()
+	return openRetry(t, func(*rxego.Options) string { return netip.AddrFrom16(testaddr.Loopback().As16()).String() }, nil)
+}
+
+// openRetry opens a device on the address addr returns (it may also set
+// opts' further GIDs), again while the address is taken, and closes it
+// when the test ends.
+func openRetry(t *testing.T, addr func(*rxego.Options) string, opts *rxego.Options) *rxego.Device {
+	t.Helper()
 	var last error
 	for range 50 {
-		a := netip.AddrFrom16(testaddr.Loopback().As16())
-		d, err := rxego.Open(a.String(), nil)
+		d, err := rxego.Open(addr(opts), opts)
 		if err == nil {
 			t.Cleanup(func() { d.Close() })
 			return d
