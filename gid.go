@@ -145,11 +145,11 @@ func (d *Device) setRoute(k routeKey, i int) error {
 	if err := d.gidIndex(i); err != nil {
 		return err
 	}
+	if len(d.gids) == 1 {
+		return nil // one GID: nothing to choose, as before GID tables
+	}
 	if g := d.gids[i].Addr(); g.Is4() != k.peer.Addr().Is4() {
 		return fmt.Errorf("rxego: GID %d (%v) is %s and cannot reach %v", i, g, family(g), k.peer.Addr())
-	}
-	if len(d.gids) == 1 {
-		return nil // one GID: nothing to choose
 	}
 	routeMu.Lock()
 	defer routeMu.Unlock()

@@ -1,10 +1,12 @@
 package conformance
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,8 +21,12 @@ type ppRun struct {
 	Iters       int
 	RxegoServer bool // rxego listens, the C tool connects; else the reverse
 	IPv6        bool // use the IPv6 GIDs (TCP stays on IPv4)
-	RxDepth     int  // -r on both sides; 0 for the tools' default
-	NumQP       int  // srq: -q on both sides; 0 for the tools' 16
+	// GIDIndex gives rxego its address as the C tool gets its own: a GID
+	// index (-d br0 -g N, N the index rxe would give the host's address
+	// on the bridge); IPv4 only.
+	GIDIndex bool
+	RxDepth  int // -r on both sides; 0 for the tools' default
+	NumQP    int // srq: -q on both sides; 0 for the tools' 16
 	// Timeout bounds the whole run; default 2 minutes.
 	Timeout time.Duration
 	// StatsQuiet is how long rxego waits for silence before reading its
@@ -44,6 +50,9 @@ func (r ppRun) name() string {
 	}
 	if r.IPv6 {
 		n += " ipv6"
+	}
+	if r.GIDIndex {
+		n += " -g index"
 	}
 	return n
 }
@@ -79,8 +88,12 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 		common = append(common, "-q", strconv.Itoa(r.NumQP))
 	}
 	cTool := append([]string{"ibv_" + r.Tool + "_pingpong", "-d", "rxe0", "-g", gidIdx}, common...)
-	rxego := append([]string{"pingpong", "-t", r.Tool, "-g", hostAddr, "-c", "--stats",
-		"-timeout", (timeout - 5*time.Second).String()}, common...)
+	gidArgs := []string{"-g", hostAddr}
+	if r.GIDIndex {
+		gidArgs = []string{"-d", p.Lab.Bridge(), "-g", strconv.Itoa(p.hostGIDIndex(t))}
+	}
+	rxego := append(append([]string{"pingpong", "-t", r.Tool, "-c", "--stats",
+		"-timeout", (timeout - 5*time.Second).String()}, gidArgs...), common...)
 	if r.StatsQuiet > 0 {
 		rxego = append(rxego, "--stats-quiet", r.StatsQuiet.String())
 	}
@@ -115,6 +128,9 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 	want := fmt.Sprintf("%d iters in", r.Iters)
 	if !regexp.MustCompile(regexp.QuoteMeta(want)).Match(cRes.Stdout) {
 		t.Errorf("C tool: no %q in its output:\n%s", want, cRes.Stdout)
+	}
+	if r.GIDIndex && !bytes.Contains(out, []byte("GID ::ffff:"+p.HostIP+"\n")) { // the local address line
+		t.Errorf("rxego did not serve on its GID ::ffff:%s:\n%s", p.HostIP, out)
 	}
 	m := verifyLine.FindSubmatch(out)
 	if m == nil || string(m[1]) != string(m[2]) || string(m[2]) == "0" {
@@ -190,6 +206,42 @@ func (p *Peer) gid6Index(t *testing.T) int {
 	}
 	t.Fatalf("guest %s: no GID for %s", p.Guest.IP(), p.Guest.IP6())
 	return -1
+}
+
+// hostGIDIndex returns the index rxe would give the host's IPv4 address
+// on the lab bridge (rxego.InterfaceGIDs: the default GID at 0, then the
+// IPv4 addresses in the kernel's order, which `ip -o -4 addr` lists).
+func (p *Peer) hostGIDIndex(t *testing.T) int {
+	t.Helper()
+	out, err := p.Lab.Command("ip", "-o", "-4", "addr", "show", "dev", p.Lab.Bridge()).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[2] != "inet" {
+			continue
+		}
+		n++
+		if strings.HasPrefix(f[3], p.HostIP+"/") {
+			return n
+		}
+	}
+	t.Fatalf("no %s on %s:\n%s", p.HostIP, p.Lab.Bridge(), out)
+	return -1
+}
+
+// TestPingpongGIDIndex runs rc_pingpong with rxego given a GID index, as
+// the C tool is (-d br0 -g N), in both roles, on every kernel: rxego must
+// serve on the address that index names and the runs pass as by address.
+func TestPingpongGIDIndex(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, server := range []bool{true, false} {
+			r := ppRun{Tool: "rc", Size: 4096, Iters: 10, RxegoServer: server, GIDIndex: true}
+			p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome { return p.pingpong(t, r) })
+		}
+	})
 }
 
 // udMaxSize is the largest ud_pingpong message: the port's active MTU
