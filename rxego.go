@@ -250,6 +250,11 @@ type Device struct {
 	gids   []netip.AddrPort  // the GID table: local first (gid.go)
 	xrcvs  []*sched.Receiver // the Receivers of the GIDs after the first
 	routes atomic.Pointer[routeTable]
+	topts  transport.Options // the sockets' options; Conn set: a given Conn (no multicast)
+	given  bool
+
+	mcMu  sync.Mutex                 // guards mcast
+	mcast map[netip.Addr]*mcastGroup // joined groups (mcast.go)
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -363,7 +368,8 @@ func Open(addr string, opts *Options) (*Device, error) {
 		}
 		return nil, err
 	}
-	d := &Device{conns: all, mrs: mr.NewTable(), local: local, gids: gids, stop: make(chan struct{}), nextQPN: firstQPN}
+	d := &Device{conns: all, mrs: mr.NewTable(), local: local, gids: gids, stop: make(chan struct{}), nextQPN: firstQPN,
+		topts: o.Transport, given: o.Conn != nil}
 	d.routes.Store(&routeTable{})
 	if o.Tap != nil {
 		d.SetTap(o.Tap)
@@ -493,6 +499,7 @@ func (d *Device) Close() error {
 				err = e
 			}
 		}
+		d.leaveAll()
 		for _, cq := range cqs {
 			cq.Close() // ErrClosed for one the application closed: fine
 		}

@@ -178,6 +178,7 @@ const (
 	sockAlone sockRole = iota // the address's one socket
 	sockGroup                 // a member of the address's SO_REUSEPORT group
 	sockSend                  // sends only, from a source port (see withSourcePorts)
+	sockMcast                 // receives a multicast group (ListenMulticast)
 )
 
 // listenUDP opens a Conn on a resolved address in the given role.
@@ -276,6 +277,9 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options, role sockRole) (
 	if role == sockGroup {
 		set = append(set, opt{unix.SOL_SOCKET, unix.SO_REUSEPORT, 1, "SO_REUSEPORT"})
 	}
+	if role == sockMcast {
+		set = append(set, opt{unix.SOL_SOCKET, unix.SO_REUSEADDR, 1, "SO_REUSEADDR"})
+	}
 	for _, o := range set {
 		if err = unix.SetsockoptInt(fd, o.level, o.name, o.val); err != nil {
 			unix.Close(fd)
@@ -368,4 +372,79 @@ func (c *udpConn) mapClosed(err error) error {
 		return net.ErrClosed
 	}
 	return err
+}
+
+// ListenMulticast opens a receive-only Conn for the multicast group
+// (port 0 means Port), joined on the interface that holds iface (a local
+// address of the group's family): the socket binds the group's address
+// with SO_REUSEADDR, so every device and process on the host that joins
+// gets its own copy of each datagram, as every rxe device on a joined
+// netdev does. The ICRC of what it receives is checked against the group
+// as destination address. Sending through it is not meant: a device sends
+// to a group from its own address.
+func ListenMulticast(group netip.AddrPort, iface netip.Addr, opts Options) (Conn, error) {
+	g := group.Addr().Unmap()
+	if !g.IsMulticast() {
+		return nil, fmt.Errorf("%w: %v is not a multicast group", ErrAddress, g)
+	}
+	if g.Is4() != iface.Unmap().Is4() {
+		return nil, fmt.Errorf("%w: group %v joined on %v, another address family", ErrAddress, g, iface)
+	}
+	opts.Mode = RecvSocket
+	ifa, scope, opts, err := resolve(netip.AddrPortFrom(iface, group.Port()), opts)
+	if err != nil {
+		return nil, err
+	}
+	ifindex, err := interfaceIndex(ifa.Addr())
+	if err != nil {
+		return nil, err
+	}
+	local := netip.AddrPortFrom(g, ifa.Port())
+	c, err := listenUDP(local, scope, opts, sockMcast)
+	if err != nil {
+		return nil, err
+	}
+	var jerr error
+	cerr := c.rc.Control(func(fd uintptr) {
+		if g.Is4() {
+			jerr = unix.SetsockoptIPMreqn(int(fd), unix.IPPROTO_IP, unix.IP_ADD_MEMBERSHIP,
+				&unix.IPMreqn{Multiaddr: g.As4(), Address: ifa.Addr().As4(), Ifindex: int32(ifindex)})
+			if jerr == nil {
+				// Only this group's datagrams, not every group some socket
+				// on the host joined.
+				jerr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MULTICAST_ALL, 0)
+			}
+			return
+		}
+		jerr = unix.SetsockoptIPv6Mreq(int(fd), unix.IPPROTO_IPV6, unix.IPV6_JOIN_GROUP,
+			&unix.IPv6Mreq{Multiaddr: g.As16(), Interface: uint32(ifindex)})
+		if jerr == nil {
+			jerr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_ALL, 0)
+		}
+	})
+	if err := errors.Join(cerr, jerr); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("transport: join %v on %v: %w", g, iface, os.NewSyscallError("setsockopt", err))
+	}
+	return c, nil
+}
+
+// interfaceIndex returns the index of the interface holding address a.
+func interfaceIndex(a netip.Addr) (int, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return 0, err
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, ad := range addrs {
+			if p, err := netip.ParsePrefix(ad.String()); err == nil && p.Addr().Unmap() == a.WithZone("") {
+				return ifc.Index, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("transport: no interface holds %v", a)
 }

@@ -21,3 +21,8 @@ const MaxGroup = 64
 func ListenGroup(local netip.AddrPort, opts Options, n int) ([]Conn, error) {
 	return nil, errors.New("transport: UDP Conns need Linux; use NewPipeNetwork in tests")
 }
+
+// ListenMulticast needs Linux, as Listen does.
+func ListenMulticast(group netip.AddrPort, iface netip.Addr, opts Options) (Conn, error) {
+	return nil, errors.New("transport: UDP Conns need Linux")
+}
