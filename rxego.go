@@ -590,7 +590,8 @@ func (d *Device) Transport() Transport {
 // Transport is the view of a device's transport that Device.Transport
 // gives.
 type Transport interface {
-	// Stats returns the sum of the counters of the device's Conns.
+	// Stats returns the sum of the counters of the device's Conns, the
+	// sockets of the multicast groups it has joined included.
 	Stats() transport.Stats
 	// SetTap is Device.SetTap.
 	SetTap(transport.Tap)
@@ -609,6 +610,12 @@ func (t *deviceTransport) Stats() transport.Stats {
 			st.Add(c.Stats())
 		}
 	}
+	d := (*Device)(t)
+	d.mcMu.Lock()
+	for _, g := range d.mcast {
+		st.Add(g.conn.Stats()) // the joined groups' sockets
+	}
+	d.mcMu.Unlock()
 	return st
 }
 

@@ -390,7 +390,10 @@ func ListenMulticast(group netip.AddrPort, iface netip.Addr, opts Options) (Conn
 	if g.Is4() != iface.Unmap().Is4() {
 		return nil, fmt.Errorf("%w: group %v joined on %v, another address family", ErrAddress, g, iface)
 	}
-	opts.Mode = RecvSocket
+	// No GRO: the kernel's multicast delivery hands a coalesced batch on
+	// without its segment size, so the datagrams after the first would be
+	// lost (seen with rxe 6.12's back-to-back sends).
+	opts.Mode, opts.NoGRO = RecvSocket, true
 	ifa, scope, opts, err := resolve(netip.AddrPortFrom(iface, group.Port()), opts)
 	if err != nil {
 		return nil, err
