@@ -58,7 +58,7 @@ programs=(
 	qemu-system-x86_64 busybox xz cpio depmod modprobe       # qemu-system-x86 busybox-static xz-utils cpio kmod
 	ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong   # ibverbs-utils
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
-	rping ucmatose udaddy                                    # rdmacm-utils
+	rping ucmatose udaddy mckey                              # rdmacm-utils
 	chromium                                                 # chromium
 	gcc                                                      # gcc: builds conformance/mwpeer
 	sh bash dd cat echo true                                 # base system
