@@ -132,6 +132,9 @@ func (d *Device) join(g netip.Addr) (*mcastGroup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rxego: join %v: %w", g, err)
 	}
+	if d.tap != nil {
+		c.SetTap(d.tap)
+	}
 	in := &mcastIn{d: d, scratch: make([]byte, qp.MaxPacket), one: make([]qp.InPacket, 1)}
 	grp := &mcastGroup{conn: c, in: in, done: make(chan struct{}),
 		rcv: sched.New(sched.Config{Conn: c, In: in, Local: g, Stop: d.stop})}

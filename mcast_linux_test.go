@@ -86,10 +86,15 @@ func TestUDMulticast(t *testing.T) {
 	ns := mcastNet(t)
 	mgid := netip.MustParseAddr("::ffff:239.1.2.3")
 	var a, b1, b2, c *side
+	tap := &srcTap{from: map[uint32]map[netip.Addr]int{}} // device b's
 	err := netns.Do(ns, func() error {
 		devs := make([]*rxego.Device, 3)
 		for i := range devs {
-			d, err := rxego.Open(fmt.Sprintf("198.18.0.%d", i+1), &rxego.Options{Shards: 2})
+			o := &rxego.Options{Shards: 2}
+			if i == 1 {
+				o.Tap = tap
+			}
+			d, err := rxego.Open(fmt.Sprintf("198.18.0.%d", i+1), o)
 			if err != nil {
 				return err
 			}
@@ -146,6 +151,9 @@ func TestUDMulticast(t *testing.T) {
 	send("to all three")
 	for name, s := range map[string]*side{"b1": b1, "b2": b2, "c": c} {
 		check(name, s, "to all three")
+	}
+	if src := tap.sources(rxego.MulticastQPN); len(src) != 1 || src[0] != a.dev.Addr().Addr() {
+		t.Errorf("device b's tap saw multicast from %v, want %v", src, a.dev.Addr().Addr())
 	}
 	if err := rxego.DetachMcast(b2.qp, mgid); err != nil {
 		t.Fatal(err)

@@ -255,6 +255,7 @@ type Device struct {
 
 	mcMu  sync.Mutex                 // guards mcast
 	mcast map[netip.Addr]*mcastGroup // joined groups (mcast.go)
+	tap   transport.Tap              // SetTap's, for the groups joined later
 
 	stop      chan struct{}
 	wg        sync.WaitGroup

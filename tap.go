@@ -6,9 +6,16 @@ import "github.com/rxego/rxego/transport"
 // receives and drops (nil removes it): a transport/pcaptap Writer records
 // them as pcapng, `rxego trace` and the demo draw them. It replaces the
 // Tap given in Options. Packets already in flight when SetTap returns may
-// still reach the previous Tap.
+// still reach the previous Tap. The sockets of multicast groups the
+// device joins (AttachMcast) get it too.
 func (d *Device) SetTap(t transport.Tap) {
 	for _, c := range d.conns {
 		c.SetTap(t)
+	}
+	d.mcMu.Lock()
+	defer d.mcMu.Unlock()
+	d.tap = t
+	for _, g := range d.mcast {
+		g.conn.SetTap(t)
 	}
 }
