@@ -252,7 +252,7 @@ func TestCMReject(t *testing.T) {
 			defer cancel()
 			h := p.startRxego(t, ctx, "rping", "-c", "-a", p.Guest.IP(), "-I", p.HostIP, "-p", "7999", "-C", "1", "--stats")
 			err := h.wait(ctx)
-			if err == nil || !strings.Contains(string(h.stderr.Bytes()), "reason 8 (invalid service ID)") {
+			if err == nil || !strings.Contains(string(h.stderr.Bytes()), "connection refused (REJ, reason 8") {
 				t.Fatalf("rxego client: %v, want a REJ with reason 8\n%s", err, h.output())
 			}
 			return cmOutcome(t, h.stdout.Bytes(), "REJ reason 8")
