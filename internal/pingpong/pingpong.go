@@ -516,23 +516,33 @@ func (c *conn) check(got []byte) {
 	c.mismatch++
 }
 
-// pieced reports whether every MTU-sized piece of got is that piece of the
-// fill or of a message we sent recently. ibv_srq_pingpong receives for
-// all its QPs into one buffer and sends from it, so an echo of a
-// multi-packet message can mix packets of two of our messages.
+// pieced reports whether got is made of runs, each the same bytes at the
+// same offsets of the fill or of a message we sent recently.
+// ibv_srq_pingpong receives for all its QPs into one buffer and sends
+// from it, so an echo can mix two of our messages: whole packets, and,
+// as the guest's kernel copies one QP's arriving packet into the buffer
+// while it reads another's reply out of it, at any byte within a packet
+// too. A byte no candidate has at its offset is still a mismatch.
 func (c *conn) pieced(got []byte, fill byte) bool {
-	for off := 0; off < len(got); off += c.cfg.MTU {
-		piece := got[off:min(off+c.cfg.MTU, len(got))]
-		ok := bytes.Count(piece, []byte{fill}) == len(piece)
-		for _, h := range c.history {
-			if ok {
-				break
-			}
-			ok = len(h) == len(got) && bytes.Equal(h[off:off+len(piece)], piece)
+	for off := 0; off < len(got); {
+		run := 0
+		for run < len(got)-off && got[off+run] == fill {
+			run++
 		}
-		if !ok {
+		for _, h := range c.history {
+			if len(h) != len(got) {
+				continue
+			}
+			n := 0
+			for n < len(got)-off && got[off+n] == h[off+n] {
+				n++
+			}
+			run = max(run, n)
+		}
+		if run == 0 {
 			return false
 		}
+		off += run
 	}
 	return true
 }
