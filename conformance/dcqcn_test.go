@@ -127,7 +127,8 @@ func (p *Peer) dcqcnRun(t *testing.T, r ppRun) Outcome {
 			c["sent"], c["sent_ect0"], cnps)
 	}
 	over := tapAfter.minus(tapBefore)
-	out.Dropped = &Drops{ToGuest: cnps + over.ToGuest, FromGuest: over.FromGuest}
+	out.Dropped = &Drops{ToGuest: cnps}
+	out.Overrun = over
 	out.Note = fmt.Sprintf("%s; %d packets from rxe marked CE, %d CNPs to rxe (ignored by it), %d of %d data/ACK packets to rxe ECT(0)",
 		out.Note, c["marked"], cnps, c["sent_ect0"], c["sent"]-cnps)
 	if over != (Drops{}) {

@@ -97,7 +97,8 @@ func (p *Peer) lossRun(t *testing.T, r ppRun, pct int) Outcome {
 	if over != (Drops{}) {
 		out.Note += fmt.Sprintf("; guest overran: tap dropped %d to rxe, %d from rxe", over.ToGuest, over.FromGuest)
 	}
-	out.Dropped = &Drops{ToGuest: rules.ToGuest + over.ToGuest, FromGuest: rules.FromGuest + over.FromGuest}
+	out.Dropped = &rules
+	out.Overrun = over
 	return out
 }
 

@@ -275,7 +275,7 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	if drops != (Drops{}) {
 		note = append(note, fmt.Sprintf("lab dropped %d packets to the guest, %d from it", drops.ToGuest, drops.FromGuest))
 	}
-	return Outcome{Note: strings.Join(note, "; "), Rxego: stats, Dropped: &drops}
+	return Outcome{Note: strings.Join(note, "; "), Rxego: stats, Dropped: &Drops{}, Overrun: drops}
 }
 
 // holdCheck is one entry of the file `rxego perf --hold` writes.
