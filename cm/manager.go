@@ -144,7 +144,8 @@ type Manager struct {
 	shed     map[remoteKey]struct{}
 	shedRing [shedRing]remoteKey
 	shedNext int
-	sidr     sidrState // UD "connections" (sidr.go)
+	sidr     sidrState                // UD "connections" (sidr.go)
+	joins    map[mcastKey]*Membership // multicast memberships (mcast.go)
 
 	stats counters
 }
@@ -265,7 +266,8 @@ func (m *Manager) teardown() {
 
 // Close stops the manager: listeners close, connections still established
 // are sent a DREQ (without waiting for the DREP) and their QPs moved to
-// ERR, and QP1 is destroyed. The device stays open.
+// ERR, multicast memberships are left, and QP1 is destroyed. The device
+// stays open.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -279,6 +281,7 @@ func (m *Manager) Close() error {
 	for _, c := range m.conns {
 		c.abortLocked()
 	}
+	m.leaveAllLocked()
 	m.mu.Unlock()
 	m.cancel()
 	m.wg.Wait()
@@ -442,6 +445,8 @@ type counters struct {
 	timeouts    atomic.Uint64
 	shed        atomic.Uint64 // REQs dropped for a full backlog
 	halfOpen    atomic.Uint64 // accepted requests whose RTU never came
+	mcastJoins  atomic.Uint64 // JoinMulticast calls that joined
+	mcastLeaves atomic.Uint64 // memberships left (Leave, or Close)
 }
 
 const numAttrs = int(AttrSIDRREP-AttrREQ) + 1 // REQ .. DREP, SIDR_REQ, SIDR_REP
@@ -458,7 +463,9 @@ func (c *counters) count(a *[numAttrs]atomic.Uint64, attr uint16) {
 // cm_malformed, cm_unsupported (other CM attributes: LAP, APR),
 // cm_unmatched (for no known connection), cm_send_errors, cm_dropped
 // (by Config.DropMAD), cm_backlog_shed (REQs dropped for a full backlog)
-// and cm_half_open (accepted requests whose RTU never came).
+// cm_half_open (accepted requests whose RTU never came), and
+// cm_mcast_joins and cm_mcast_leaves (JoinMulticast's memberships made and
+// left).
 func (m *Manager) Counters() map[string]uint64 {
 	s := &m.stats
 	out := map[string]uint64{
@@ -467,6 +474,7 @@ func (m *Manager) Counters() map[string]uint64 {
 		"cm_unmatched": s.unmatched.Load(), "cm_send_errors": s.sendErrors.Load(),
 		"cm_dropped": s.dropped.Load(), "cm_timeouts": s.timeouts.Load(),
 		"cm_backlog_shed": s.shed.Load(), "cm_half_open": s.halfOpen.Load(),
+		"cm_mcast_joins": s.mcastJoins.Load(), "cm_mcast_leaves": s.mcastLeaves.Load(),
 	}
 	for i := range numAttrs {
 		name := lower(AttrName(AttrREQ + uint16(i)))

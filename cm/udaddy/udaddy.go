@@ -28,6 +28,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/cm/internal/udnode"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -87,90 +88,6 @@ type Result struct {
 // ErrMismatch is returned when a reply or message is not what udaddy sends.
 var ErrMismatch = errors.New("udaddy: unexpected datagram")
 
-// node is one connection's resources, as udaddy's struct cmatest_node.
-type node struct {
-	slot int // receive slot size: Size + the GRH
-	cq   *rxego.CQ
-	q    *rxego.QP
-	mr   *rxego.MR
-	buf  []byte
-	ah   *rxego.AH
-	qpn  uint32 // the peer's QPN
-}
-
-func newNode(dev *rxego.Device, cfg Config) (*node, error) {
-	pd, err := dev.AllocPD()
-	if err != nil {
-		return nil, err
-	}
-	// One receive slot per message, so that a slot is never written while
-	// it is read, and one more to send from.
-	slot := cfg.Size + qp.GRHLen
-	n := &node{slot: slot, buf: make([]byte, (cfg.Count+1)*slot)}
-	if n.cq, err = dev.CreateCQ(2 * cfg.Count); err != nil {
-		return nil, err
-	}
-	if n.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: n.cq, RecvCQ: n.cq,
-		Caps: rxego.Caps{MaxSendWR: cfg.Count, MaxRecvWR: cfg.Count, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
-		return nil, err
-	}
-	if n.mr, err = pd.RegMR(n.buf, rxego.AccessLocalWrite); err != nil {
-		return nil, err
-	}
-	if err := rxego.ActivateUD(n.q, cm.UDPQKey, 0); err != nil {
-		return nil, err
-	}
-	for i := range cfg.Count {
-		if err := n.q.PostRecv(rxego.RecvWR{ID: uint64(i), SGL: []rxego.SGE{{Addr: n.mr.IOVA() + uint64(i*slot), Length: uint32(slot), LKey: n.mr.LKey()}}}); err != nil {
-			return nil, err
-		}
-	}
-	return n, nil
-}
-
-// at returns receive slot i, or the send slot for i = Count.
-func (n *node) at(i int) []byte { return n.buf[i*n.slot : (i+1)*n.slot] }
-
-// send posts count SEND with Immediate messages of size bytes from slot
-// from, the last one signaled so that one completion says all went.
-func (n *node) send(from, count, size int) error {
-	for i := range count {
-		wr := rxego.SendWR{Opcode: rxego.WRSendImm, Imm: n.q.Num(), AH: n.ah, RemoteQPN: n.qpn, RemoteQKey: cm.UDPQKey,
-			SGL: []rxego.SGE{{Addr: n.mr.IOVA() + uint64(from*n.slot), Length: uint32(size), LKey: n.mr.LKey()}}}
-		if i == count-1 {
-			wr.Flags = rxego.SendSignaled
-		}
-		if err := n.q.PostSend(wr); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// poll waits for count completions of kind op; check sees each.
-func (n *node) poll(ctx context.Context, count int, op qp.WCOpcode, check func(rxego.WC) error) error {
-	wcs := make([]rxego.WC, 8)
-	for done := 0; done < count; {
-		k, err := n.cq.PollWait(ctx, wcs[:min(len(wcs), count-done)])
-		if err != nil {
-			return err
-		}
-		for _, wc := range wcs[:k] {
-			if wc.Status != qp.WCSuccess {
-				return fmt.Errorf("udaddy: completion %v: %v", wc.Opcode, wc.Status)
-			}
-			if wc.Opcode != op {
-				continue
-			}
-			if err := check(wc); err != nil {
-				return err
-			}
-			done++
-		}
-	}
-	return nil
-}
-
 // pattern is what rxego's client sends: byte i of a message.
 func pattern(i int) byte { return byte(i*7 + 1) }
 
@@ -183,18 +100,18 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Re
 	}
 	fmt.Fprintln(cfg.Out, "udaddy: starting server")
 	var res Result
-	nodes := make([]*node, 0, cfg.Connections)
+	nodes := make([]*udnode.Node, 0, cfg.Connections)
 	for len(nodes) < cfg.Connections {
 		r, err := l.Accept(ctx)
 		if err != nil {
 			return res, err
 		}
-		n, err := newNode(m.Device(), cfg)
+		n, err := udnode.New(m.Device(), "udaddy", cfg.Count, cfg.Size)
 		if err != nil {
 			r.Reject()
 			return res, err
 		}
-		if err := r.Accept(n.q, nil); err != nil {
+		if err := r.Accept(n.QP, nil); err != nil {
 			return res, err
 		}
 		nodes = append(nodes, n)
@@ -202,13 +119,13 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Re
 	}
 	fmt.Fprintln(cfg.Out, "receiving data transfers")
 	for _, n := range nodes {
-		err := n.poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
-			if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) || wc.Flags&qp.WCWithImm == 0 || (n.ah != nil && wc.Imm != n.qpn) {
+		err := n.Poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
+			if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) || wc.Flags&qp.WCWithImm == 0 || (n.AH != nil && wc.Imm != n.QPN) {
 				return fmt.Errorf("%w: %d bytes, immediate %#x (flags %#x)", ErrMismatch, wc.ByteLen, wc.Imm, wc.Flags)
 			}
-			if n.ah == nil { // create_reply_ah
-				n.ah = &rxego.AH{Dest: netip.AddrPortFrom(wc.Src.Addr(), rxego.DefaultPort)}
-				n.qpn = wc.Imm
+			if n.AH == nil { // create_reply_ah
+				n.AH = &rxego.AH{Dest: netip.AddrPortFrom(wc.Src.Addr(), rxego.DefaultPort)}
+				n.QPN = wc.Imm
 			}
 			res.Received++
 			return nil
@@ -221,10 +138,10 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Re
 	for _, n := range nodes {
 		// From the first message's slot: what udaddy's single buffer
 		// holds, the GRH and then the client's data.
-		if err := n.send(0, cfg.Count, cfg.Size); err != nil {
+		if err := n.Send(0, cfg.Count, cfg.Size); err != nil {
 			return res, err
 		}
-		if err := n.poll(ctx, 1, qp.WCSend, func(rxego.WC) error { return nil }); err != nil {
+		if err := n.Poll(ctx, 1, qp.WCSend, func(rxego.WC) error { return nil }); err != nil {
 			return res, err
 		}
 		res.Sent += cfg.Count
@@ -244,9 +161,9 @@ func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) 
 	fmt.Fprintln(cfg.Out, "udaddy: starting client")
 	fmt.Fprintln(cfg.Out, "udaddy: connecting")
 	var res Result
-	nodes := make([]*node, 0, cfg.Connections)
+	nodes := make([]*udnode.Node, 0, cfg.Connections)
 	for range cfg.Connections {
-		n, err := newNode(m.Device(), cfg)
+		n, err := udnode.New(m.Device(), "udaddy", cfg.Count, cfg.Size)
 		if err != nil {
 			return res, err
 		}
@@ -257,8 +174,8 @@ func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) 
 		if peer.QKey != cm.UDPQKey {
 			return res, fmt.Errorf("%w: SIDR reply Q_Key %#x", ErrMismatch, peer.QKey)
 		}
-		n.ah, n.qpn = &rxego.AH{Dest: peer.Addr}, peer.QPN
-		src := n.at(cfg.Count)
+		n.AH, n.QPN = &rxego.AH{Dest: peer.Addr}, peer.QPN
+		src := n.At(cfg.Count)
 		for i := range cfg.Size {
 			src[i] = pattern(i)
 		}
@@ -267,7 +184,7 @@ func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) 
 	}
 	fmt.Fprintln(cfg.Out, "initiating data transfers")
 	for _, n := range nodes {
-		if err := n.send(cfg.Count, cfg.Count, cfg.Size); err != nil {
+		if err := n.Send(cfg.Count, cfg.Count, cfg.Size); err != nil {
 			return res, err
 		}
 		res.Sent += cfg.Count
@@ -278,14 +195,14 @@ func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) 
 		want[i] = pattern(i)
 	}
 	for _, n := range nodes {
-		err := n.poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
+		err := n.Poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
 			if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) {
 				return fmt.Errorf("%w: reply of %d bytes", ErrMismatch, wc.ByteLen)
 			}
 			res.Received++
 			// The reply is the server's buffer: the GRH it received, then
 			// our message; it landed after our own GRH.
-			if !bytes.Equal(n.at(int(wc.ID))[2*qp.GRHLen:qp.GRHLen+cfg.Size], want) {
+			if !bytes.Equal(n.At(int(wc.ID))[2*qp.GRHLen:qp.GRHLen+cfg.Size], want) {
 				return fmt.Errorf("%w: reply does not carry our message", ErrMismatch)
 			}
 			res.Verified++
