@@ -151,6 +151,14 @@ const (
 	WCWRFlushErr = qp.WCWRFlushErr
 )
 
+// Completion flags (WC.Flags): the GRH is in the receive buffer's first
+// 40 bytes (UD), an immediate (WC.Imm) or an invalidated rkey came.
+const (
+	WCWithGRH = qp.WCWithGRH
+	WCWithImm = qp.WCWithImm
+	WCWithInv = qp.WCWithInv
+)
+
 // Send flags.
 const (
 	SendFence     = qp.SendFence

@@ -1,22 +1,20 @@
 package conformance
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
-	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/conformance/lab"
 	"github.com/rxego/rxego/internal/devstats"
 )
-
-// mckeyQKey is rdma_cm's Q_Key for UDP port space QPs and multicast
-// (RDMA_UDP_QKEY), which mckey's datagrams carry.
-const mckeyQKey = 0x01234567
 
 // mcastGroup is the IPv4 group p's multicast cases use, inside the lab:
 // one per kernel (from the host address's last byte), since both kernels'
@@ -26,67 +24,89 @@ func (p *Peer) mcastGroup() string {
 	return fmt.Sprintf("239.1.2.%d", a[3])
 }
 
-// TestMulticastMckey runs mckey (rdmacm-utils) in the guest against an
-// rxego UD QP attached with rxego.AttachMcast, on every kernel: as sender
-// (rxe's datagrams to the group, QPN 0xFFFFFF, reach rxego's QP whole) and
-// as receiver (rxego's datagrams to the group reach mckey, which joined
-// with rdma_join_multicast). rxego joins with AttachMcast, not rdma_cm.
+// TestMulticastMckey runs mckey (rdmacm-utils) in the guest against
+// rxego on every kernel, rxego joining with rdma_cm's multicast join
+// (cm.Manager.JoinMulticast) in each role:
+//   - mckey -s sends; two rxego QPs joined to the group each get every
+//     datagram rxe put on the wire, whole;
+//   - rxego mckey -s sends; mckey -c 2 in the guest (two QPs on rxe's
+//     device, both attached) receives all ten on each;
+//   - rxego mckey -c 2 receives what mckey -s sends (one datagram: rxe
+//     6.12 puts only the first of mckey's burst on the wire).
 func TestMulticastMckey(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
-		for _, rxeSends := range []bool{true, false} {
-			role := "rxego receives"
-			if !rxeSends {
-				role = "rxego sends"
-			}
-			// rxego sends until mckey has what it wants: the last datagrams
-			// may meet a receiver that is gone (Tail).
-			p.Case(t, Case{Name: "mckey 239.1.2.x", Role: role, Tail: !rxeSends}, func(t *testing.T) Outcome { return p.mckey(t, rxeSends) })
-		}
+		p.Case(t, Case{Name: "mckey -s -o (rdma_cm join, 2 QPs)", Role: "rxego receives"}, p.mckeyJoined)
+		p.Case(t, Case{Name: "mckey -c 2", Role: "rxego mckey -s"}, func(t *testing.T) Outcome { return p.mckeyCLI(t, true) })
+		p.Case(t, Case{Name: "mckey -s -o -C 1", Role: "rxego mckey -c 2"}, func(t *testing.T) Outcome { return p.mckeyCLI(t, false) })
 	})
 }
 
-func (p *Peer) mckey(t *testing.T, rxeSends bool) Outcome {
-	const count, size = 10, 100
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// Multicast leaves by a route: in the guest for rxe's sends, in the
-	// lab namespace for rxego's.
+// mcastRoutes routes multicast out of the lab's interfaces: the guest's
+// for rxe's sends, the lab namespace's bridge for rxego's.
+func (p *Peer) mcastRoutes(t *testing.T, ctx context.Context) {
+	t.Helper()
 	if res, err := p.Guest.Run(ctx, "ip", "route", "replace", "224.0.0.0/4", "dev", "eth0"); err != nil {
 		t.Fatalf("guest route: %v %s", err, res.Stderr)
 	}
 	if out, err := p.Lab.Command("ip", "route", "replace", "224.0.0.0/4", "dev", p.Lab.Bridge()).CombinedOutput(); err != nil {
 		t.Fatalf("lab route: %v %s", err, out)
 	}
-	group := p.mcastGroup()
-	mgid := netip.MustParseAddr("::ffff:" + group)
+}
+
+// mckeyJoined: mckey -s -o in the guest sends ten datagrams to the group
+// (a send-only join: the guest itself does not join, so rxe takes in none
+// of them); two rxego UD QPs, joined with rdma_cm's join, each receive
+// every datagram rxe put on the wire.
+func (p *Peer) mckeyJoined(t *testing.T) Outcome {
+	const count, size, qps = 10, 100, 2
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p.mcastRoutes(t, ctx)
+	group := netip.MustParseAddr(p.mcastGroup())
 	var dev *rxego.Device
-	var q *rxego.QP
-	var pd *rxego.PD
-	var cq *rxego.CQ
-	var mr *rxego.MR
-	buf := make([]byte, count*2048)
+	var m *cm.Manager
+	type member struct {
+		q  *rxego.QP
+		cq *rxego.CQ
+		ms *cm.Membership
+	}
+	members := make([]member, qps)
 	err := p.Lab.InNetns(func() (err error) {
 		if dev, err = rxego.Open(p.HostIP, nil); err != nil {
 			return err
 		}
-		if pd, err = dev.AllocPD(); err != nil {
+		if m, err = cm.New(dev, nil); err != nil {
 			return err
 		}
-		if cq, err = dev.CreateCQ(64); err != nil {
+		pd, err := dev.AllocPD()
+		if err != nil {
 			return err
 		}
-		if mr, err = pd.RegMR(buf, rxego.AccessLocalWrite); err != nil {
+		mr, err := pd.RegMR(make([]byte, qps*count*2048), rxego.AccessLocalWrite)
+		if err != nil {
 			return err
 		}
-		if q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: cq, RecvCQ: cq,
-			Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
-			return err
-		}
-		if err = rxego.ActivateUD(q, mckeyQKey, 0); err != nil {
-			return err
-		}
-		if rxeSends {
-			return rxego.AttachMcast(q, mgid)
+		for i := range members {
+			mb := &members[i]
+			if mb.cq, err = dev.CreateCQ(64); err != nil {
+				return err
+			}
+			if mb.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: mb.cq, RecvCQ: mb.cq,
+				Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+				return err
+			}
+			if err = rxego.ActivateUD(mb.q, cm.UDPQKey, 0); err != nil {
+				return err
+			}
+			for j := range count {
+				off := uint64((i*count + j) * 2048)
+				if err := mb.q.PostRecv(rxego.RecvWR{ID: uint64(j), SGL: []rxego.SGE{{Addr: mr.IOVA() + off, Length: 2048, LKey: mr.LKey()}}}); err != nil {
+					return err
+				}
+			}
+			if mb.ms, err = m.JoinMulticast(pd, mb.q, group, nil); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -94,96 +114,107 @@ func (p *Peer) mckey(t *testing.T, rxeSends bool) Outcome {
 		t.Fatal(err)
 	}
 	defer dev.Close()
-	args := []string{"mckey", "-m", group, "-b", p.Guest.IP(), "-C", strconv.Itoa(count), "-S", strconv.Itoa(size)}
-	if rxeSends {
-		for i := range count {
-			if err := q.PostRecv(rxego.RecvWR{ID: uint64(i), SGL: []rxego.SGE{{Addr: mr.IOVA() + uint64(i)*2048, Length: 2048, LKey: mr.LKey()}}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		// -o: a send-only join, so the guest does not join the IP group
-		// and rxe does not take in its own datagrams.
-		args = append(args, "-s", "-o")
-	}
-	proc, err := p.Guest.Start(args...)
+	defer m.Close()
+	res, err := p.Guest.Run(ctx, "mckey", "-m", group.String(), "-b", p.Guest.IP(), "-s", "-o", "-C", strconv.Itoa(count), "-S", strconv.Itoa(size))
 	if err != nil {
-		t.Fatal(err)
-	}
-	defer proc.Kill()
-	fail := func(f string, a ...any) {
-		t.Helper()
 		p.logQPState(t)
-		stdout, stderr, _ := proc.Output()
-		t.Fatalf(f+"\nmckey stdout: %s\nmckey stderr: %s", append(a, stdout, stderr)...)
+		t.Fatalf("mckey: %v\nstdout: %s\nstderr: %s", err, res.Stdout, res.Stderr)
 	}
-	got := 0
-	var res lab.Result
-	if rxeSends {
-		// Every datagram rxe put on the wire must arrive whole; Case
-		// checks that against rxe's sent_pkts. rxe 6.12 completes all of
-		// mckey's sends but puts only the first on the wire (its
-		// hw_counters say sent_pkts=1), so the count is rxe's, not -C.
-		if res, err = proc.Wait(ctx); err != nil {
-			fail("mckey: %v", err)
-		}
-		devstats.Settle(dev, 250*time.Millisecond, 5*time.Second)
+	if !bytes.Contains(res.Stdout, []byte("return status 0")) {
+		t.Fatalf("mckey did not end with status 0:\n%s", res.Stdout)
+	}
+	// Every datagram rxe put on the wire must reach each QP whole; Case
+	// checks the count against rxe's sent_pkts. rxe 6.12 completes all of
+	// mckey's sends but puts only the first on the wire (sent_pkts=1),
+	// so the count is rxe's, not -C.
+	devstats.Settle(dev, 250*time.Millisecond, 5*time.Second)
+	var got []int
+	for i, mb := range members {
 		wcs := make([]rxego.WC, count+1)
-		for _, wc := range wcs[:cq.Poll(wcs)] {
-			if wc.Status != rxego.WCSuccess || wc.ByteLen != 40+size || wc.Src.Addr() != netip.MustParseAddr(p.Guest.IP()) {
-				fail("datagram %d: %+v", got, wc)
+		n := 0
+		for _, wc := range wcs[:mb.cq.Poll(wcs)] {
+			if wc.Status != rxego.WCSuccess || wc.ByteLen != 40+size || wc.Flags&rxego.WCWithImm == 0 || wc.Src.Addr() != netip.MustParseAddr(p.Guest.IP()) {
+				t.Fatalf("QP %d datagram %d: %+v", i, n, wc)
 			}
-			got++
+			n++
 		}
-		if got == 0 || got > count {
-			fail("%d datagrams arrived", got)
-		}
-	} else {
-		// mckey's receiver joins, then posts its receives: send until it
-		// has all it wants (it exits then), a datagram every 50 ms.
-		ah, err := pd.CreateAH(netip.AddrPortFrom(mgid, 0))
-		if err != nil {
+		got = append(got, n)
+	}
+	if got[0] == 0 || got[0] > count || got[1] != got[0] {
+		t.Fatalf("datagrams per joined QP: %v, want the same 1..%d on each", got, count)
+	}
+	note := fmt.Sprintf("two QPs joined %v (MGID %v) with rdma_cm's join; each received %d of mckey's %d", group, members[0].ms.MGID, got[0], count)
+	return Outcome{Note: note, Rxego: devstats.Map(dev)}
+}
+
+// mckeyCLI runs rxego mckey against mckey in the guest: rxego sending
+// ten datagrams to mckey -c 2, or receiving on two QPs (-c 2) the one
+// datagram mckey -s sends.
+func (p *Peer) mckeyCLI(t *testing.T, rxegoSends bool) Outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p.mcastRoutes(t, ctx)
+	group := p.mcastGroup()
+	rx := []string{"mckey", "-m", group, "-b", p.HostIP, "--stats", "-timeout", "50s"}
+	guest := []string{"mckey", "-m", group, "-b", p.Guest.IP()}
+	var proc *lab.Proc
+	var h *hostProc
+	var err error
+	if rxegoSends {
+		// The guest joins first (mckey -c 2: two QPs); rxego sends once
+		// the guest's interface is in the group, after its 3 s pause.
+		if proc, err = p.Guest.Start(append(guest, "-c", "2")...); err != nil {
 			t.Fatal(err)
 		}
-		type end struct {
-			res lab.Result
-			err error
+		defer proc.Kill()
+		if err := p.waitGuestGroup(ctx, group); err != nil {
+			t.Fatal(err)
 		}
-		done := make(chan end, 1)
-		go func() { r, err := proc.Wait(ctx); done <- end{r, err} }()
-		wc := make([]rxego.WC, 1)
-	send:
-		for i := 0; i < 400; i++ {
-			select {
-			case e := <-done:
-				if e.err != nil {
-					fail("mckey: %v", e.err)
-				}
-				res = e.res
-				break send
-			case <-time.After(50 * time.Millisecond):
-			}
-			if err := q.PostSend(rxego.SendWR{ID: uint64(i), Opcode: rxego.WRSend, Flags: rxego.SendSignaled, AH: ah,
-				RemoteQPN: rxego.MulticastQPN, RemoteQKey: mckeyQKey,
-				SGL: []rxego.SGE{{Addr: mr.IOVA(), Length: size, LKey: mr.LKey()}}}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := cq.PollWait(ctx, wc); err != nil || wc[0].Status != rxego.WCSuccess {
-				t.Fatalf("send %d: %+v %v", i, wc[0], err)
-			}
-			got++
+		h = p.startRxego(t, ctx, append(rx, "-s", "-o")...)
+	} else {
+		h = p.startRxego(t, ctx, append(rx, "-c", "2", "-C", "1", "--pause", "0")...)
+		if err := h.waitOutput(ctx, "receiving data transfers"); err != nil {
+			t.Fatalf("rxego mckey: %v\n%s", err, h.output())
+		}
+		if proc, err = p.Guest.Start(append(guest, "-s", "-o", "-C", "1")...); err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+	}
+	herr := h.wait(ctx)
+	if herr != nil {
+		proc.Kill()
+	}
+	res, err := proc.Wait(ctx)
+	if herr != nil || err != nil {
+		p.logQPState(t)
+		t.Fatalf("rxego mckey: %v\n%s\nguest mckey: %v\nstdout: %s", herr, h.output(), err, res.Stdout)
+	}
+	if !bytes.Contains(res.Stdout, []byte("return status 0")) {
+		t.Errorf("guest mckey did not end with status 0:\n%s", res.Stdout)
+	}
+	want := "rxego mckey: 1 connections, 10 sent, 0 received, 0 verified"
+	if !rxegoSends {
+		want = "rxego mckey: 2 connections, 0 sent, 2 received, 0 verified"
+	}
+	if !bytes.Contains(h.stdout.Bytes(), []byte(want)) {
+		t.Errorf("rxego: want %q:\n%s", want, h.output())
+	}
+	return cmOutcome(t, h.stdout.Bytes(), strings.TrimPrefix(want, "rxego mckey: "))
+}
+
+// waitGuestGroup waits until the guest's eth0 is a member of group (as
+// `ip maddr` lists it): mckey's join reached the kernel.
+func (p *Peer) waitGuestGroup(ctx context.Context, group string) error {
+	for {
+		res, err := p.Guest.Run(ctx, "ip", "maddr", "show", "dev", "eth0")
+		if err == nil && bytes.Contains(res.Stdout, []byte(" "+group+"\n")) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("guest: eth0 never joined %s: %w (last: %s)", group, ctx.Err(), res.Stdout)
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	if res.Stdout == nil {
-		fail("mckey did not end after %d datagrams", got)
-	}
-	want := regexp.MustCompile(`test complete|receiving data transfers|initiating data transfers`)
-	if !want.Match(res.Stdout) {
-		fail("mckey output")
-	}
-	devstats.Settle(dev, 250*time.Millisecond, 5*time.Second)
-	note := fmt.Sprintf("rxego received %d datagrams to %s (mckey -C %d)", got, group, count)
-	if !rxeSends {
-		note = fmt.Sprintf("mckey received %d; rxego sent %d to %s", count, got, group)
-	}
-	return Outcome{Note: note, Rxego: devstats.Map(dev)}
 }
