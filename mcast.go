@@ -167,7 +167,7 @@ func (d *Device) detach(q *QP, g netip.Addr) error {
 	}
 	if left == 0 {
 		delete(d.mcast, g)
-		grp.leave()
+		d.leaveLocked(grp)
 	}
 	return nil
 }
@@ -180,13 +180,20 @@ func (grp *mcastGroup) leave() {
 	grp.rcv.Close()
 }
 
+// leaveLocked leaves grp, keeping its socket's counters in the device's
+// totals; d.mcMu is held.
+func (d *Device) leaveLocked(grp *mcastGroup) {
+	grp.leave()
+	d.mcastLeft.Add(grp.conn.Stats())
+}
+
 // leaveAll leaves every group: the device is closing.
 func (d *Device) leaveAll() {
 	d.mcMu.Lock()
 	defer d.mcMu.Unlock()
 	for g, grp := range d.mcast {
 		delete(d.mcast, g)
-		grp.leave()
+		d.leaveLocked(grp)
 	}
 }
 

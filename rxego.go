@@ -263,6 +263,9 @@ type Device struct {
 
 	mcMu  sync.Mutex                 // guards mcast
 	mcast map[netip.Addr]*mcastGroup // joined groups (mcast.go)
+	// mcastLeft sums the counters of the group sockets closed when their
+	// groups were left, so that the device's totals never go back.
+	mcastLeft transport.Stats
 	tap   transport.Tap              // SetTap's, for the groups joined later
 
 	stop      chan struct{}
@@ -624,6 +627,7 @@ func (t *deviceTransport) Stats() transport.Stats {
 	for _, g := range d.mcast {
 		st.Add(g.conn.Stats()) // the joined groups' sockets
 	}
+	st.Add(d.mcastLeft) // and those of the groups left
 	d.mcMu.Unlock()
 	return st
 }

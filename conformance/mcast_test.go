@@ -203,17 +203,21 @@ func (p *Peer) mckeyCLI(t *testing.T, rxegoSends bool) Outcome {
 	return cmOutcome(t, h.stdout.Bytes(), strings.TrimPrefix(want, "rxego mckey: "))
 }
 
-// waitGuestGroup waits until the guest's eth0 is a member of group (as
-// `ip maddr` lists it): mckey's join reached the kernel.
+// waitGuestGroup waits until the guest's eth0 is a member of the IPv4
+// group (/proc/net/igmp lists it): mckey's join reached the kernel.
 func (p *Peer) waitGuestGroup(ctx context.Context, group string) error {
+	// /proc/net/igmp prints a group as its 32 bits in host (little-endian)
+	// order, in hex.
+	g := netip.MustParseAddr(group).As4()
+	want := []byte(fmt.Sprintf("%02X%02X%02X%02X", g[3], g[2], g[1], g[0]))
 	for {
-		res, err := p.Guest.Run(ctx, "ip", "maddr", "show", "dev", "eth0")
-		if err == nil && bytes.Contains(res.Stdout, []byte(" "+group+"\n")) {
+		b, err := p.Guest.ReadFile("/proc/net/igmp")
+		if err == nil && bytes.Contains(b, want) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("guest: eth0 never joined %s: %w (last: %s)", group, ctx.Err(), res.Stdout)
+			return fmt.Errorf("guest: never joined %s: %w (/proc/net/igmp: %s, %v)", group, ctx.Err(), b, err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -183,6 +183,10 @@ func TestMckeyAcrossWire(t *testing.T) {
 			if !strings.Contains(out.String(), "mckey: joined dgid: "+mgid.String()+" ") {
 				t.Errorf("no join line for MGID %v:\n%s", mgid, out)
 			}
+			// The group's socket is closed (left), its counters kept.
+			if st := rcv.dev.Transport().Stats(); st.RecvPackets != count {
+				t.Errorf("receiver's transport counted %d packets received, want %d", st.RecvPackets, count)
+			}
 			c := rcv.m.Counters()
 			if c["cm_mcast_joins"] != 2 || c["cm_mcast_leaves"] != 2 {
 				t.Errorf("receiver CM counters: joins %d leaves %d, want 2 and 2", c["cm_mcast_joins"], c["cm_mcast_leaves"])
