@@ -46,18 +46,11 @@ func (x exchange) run(args []string) error {
 	size := fs.Int("S", x.size, "message size")
 	port := fs.Uint("p", x.port, "rdma_cm port")
 	f := addCMFlags(fs)
-	operands, err := parseArgs(fs, args)
-	if err != nil {
+	if err := parseFlags(fs, args, "c", "C", "S"); err != nil {
 		return err
-	}
-	if len(operands) > 0 {
-		return usageErrorf("unexpected argument %q", operands[0])
 	}
 	if *port > 0xffff {
 		return usageErrorf("port %d out of range", *port)
-	}
-	if err := positive(fs, "c", "C", "S"); err != nil {
-		return err
 	}
 	cfg := exchangeConfig{*conns, *count, *size}
 	// Checked before anything listens or dials.

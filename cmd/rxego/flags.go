@@ -195,6 +195,20 @@ func quoteIfString(f *flag.Flag, def string) string {
 	return def
 }
 
+// parseFlags is parseArgs for a command that takes no operands: one is a
+// usage error, as is a flag named in positives that was given a number
+// below 1.
+func parseFlags(fs *flag.FlagSet, args []string, positives ...string) error {
+	operands, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(operands) > 0 {
+		return usageErrorf("unexpected argument %q", operands[0])
+	}
+	return positive(fs, positives...)
+}
+
 // positive checks that each named flag given on the command line holds a
 // number of at least 1: counts, sizes and depths where 0 would otherwise
 // silently mean "the default".

@@ -50,14 +50,7 @@ flags:
 	sendOnly := fs.Bool("o", false, "join as a send-only full member (senders: no IP group join, no attach)")
 	pause := fs.Duration("pause", mckey.DefaultPause, "wait after joining before sending or receiving")
 	f := addCMFlags(fs)
-	operands, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(operands) > 0 {
-		return usageErrorf("unexpected argument %q", operands[0])
-	}
-	if err := positive(fs, "c", "C", "S"); err != nil {
+	if err := parseFlags(fs, args, "c", "C", "S"); err != nil {
 		return err
 	}
 	if n, err := strconv.ParseInt(*ps, 0, 32); err != nil || n != udpPortSpace {

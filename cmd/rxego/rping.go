@@ -258,12 +258,9 @@ flags:
 	validate := fs.Bool("V", false, "client: validate ping data (the server always does)")
 	_ = fs.Bool("P", false, "persistent server (accepted; rxego serves one client)")
 	f := addCMFlags(fs)
-	operands, err := parseArgs(fs, args)
+	err := parseFlags(fs, args)
 	if err != nil {
 		return err
-	}
-	if len(operands) > 0 {
-		return usageErrorf("unexpected argument %q", operands[0])
 	}
 	if *server == *client {
 		return usageErrorf("give exactly one of -s and -c")
