@@ -202,8 +202,10 @@ type Options struct {
 	// 0xC000-0xFFFF as rxe and RNICs do, so that ECMP fabrics and the
 	// receiving host's RSS spread QPs: every packet of a QP leaves from
 	// the port its peer's QP number hashes to (transport.FlowHash). 0
-	// means DefaultSourcePorts; negative sends everything from the
-	// device's own port (4791). Ignored with Conn.
+	// means DefaultSourcePorts, except on a loopback address (127.0.0.0/8,
+	// ::1), where nothing would spread and everything is sent from the
+	// device's own port; negative sends everything from the device's own
+	// port (4791). Ignored with Conn.
 	SourcePorts int
 	// Window is the most unacknowledged PSNs per QP (default 256).
 	Window int
@@ -331,6 +333,16 @@ func (o *Options) shardCount() (int, error) {
 	return n, nil
 }
 
+// allLoopback reports whether every GID is a loopback address.
+func allLoopback(gids []netip.AddrPort) bool {
+	for _, g := range gids {
+		if !g.Addr().IsLoopback() {
+			return false
+		}
+	}
+	return true
+}
+
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
 // UDP port 4791 (or the given one) on that address and starts the
 // engines' receive loops and timers.
@@ -357,6 +369,9 @@ func Open(addr string, opts *Options) (*Device, error) {
 		topts := o.Transport
 		switch {
 		case topts.SourcePorts != 0: // set in the transport options themselves
+		case o.SourcePorts == 0 && allLoopback(gids):
+			// Loopback has no fabric to spread over and no RSS: the
+			// ports would only cut GSO runs and split sendmmsg batches.
 		case o.SourcePorts == 0:
 			topts.SourcePorts = DefaultSourcePorts
 		case o.SourcePorts > 0:

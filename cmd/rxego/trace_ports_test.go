@@ -14,20 +14,26 @@ import (
 	"github.com/rxego/rxego/transport/pcaptap"
 )
 
-// TestTracePortsPerQP records, with pcaptap, two devices (two shards, the
-// default source ports) writing over 8 QP pairs, and checks that
-// `rxego trace --json` on the capture shows each QP's packets from one
-// UDP source port in 0xC000-0xFFFF, the ports differing between QPs,
-// every ICRC (which covers the port) good.
+// TestTracePortsPerQP records, with pcaptap, two devices (two shards)
+// writing over 8 QP pairs, and checks with `rxego trace --json` on the
+// capture, every ICRC (which covers the port) good, that with
+// DefaultSourcePorts each QP's packets leave from one UDP source port in
+// 0xC000-0xFFFF, the ports differing between QPs, and that by default on
+// loopback every packet leaves from 4791.
 func TestTracePortsPerQP(t *testing.T) {
+	t.Run("source ports", func(t *testing.T) { tracePorts(t, rxego.DefaultSourcePorts) })
+	t.Run("loopback default", func(t *testing.T) { tracePorts(t, 0) })
+}
+
+func tracePorts(t *testing.T, sourcePorts int) {
 	const nqp = 8
 	path := filepath.Join(t.TempDir(), "ports.pcapng")
 	w, err := pcaptap.Create(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := testaddr.Open(t, &rxego.Options{Shards: 2, Tap: w})
-	b := testaddr.Open(t, &rxego.Options{Shards: 2})
+	a := testaddr.Open(t, &rxego.Options{Shards: 2, SourcePorts: sourcePorts, Tap: w})
+	b := testaddr.Open(t, &rxego.Options{Shards: 2, SourcePorts: sourcePorts})
 	var qps [2][]*rxego.QP
 	var mrs [2]*rxego.MR
 	var cqs [2]*rxego.CQ
@@ -96,7 +102,7 @@ func TestTracePortsPerQP(t *testing.T) {
 		if r.Src != a.Addr().Addr().String() {
 			continue // what a received
 		}
-		if r.SrcPort < 0xC000 || r.DstPort != rxego.DefaultPort {
+		if sourcePorts == 0 && r.SrcPort != rxego.DefaultPort || sourcePorts > 0 && r.SrcPort < 0xC000 || r.DstPort != rxego.DefaultPort {
 			t.Errorf("packet to QP %d from port %d to %d", r.DQPN, r.SrcPort, r.DstPort)
 		}
 		if p, ok := portOf[r.DQPN]; ok && p != r.SrcPort {
@@ -105,7 +111,7 @@ func TestTracePortsPerQP(t *testing.T) {
 		portOf[r.DQPN] = r.SrcPort
 		ports[r.SrcPort] = true
 	}
-	if len(portOf) != nqp || len(ports) < 4 {
+	if len(portOf) != nqp || sourcePorts > 0 && len(ports) < 4 || sourcePorts == 0 && len(ports) != 1 {
 		t.Errorf("%d QPs' packets from %d ports: %v", len(portOf), len(ports), portOf)
 	}
 	t.Logf("source ports by destination QP: %v", portOf)

@@ -103,7 +103,7 @@ func TestDeviceCapture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := newEnd(t, testaddr.Open(t, &rxego.Options{Tap: w}))
+	a := newEnd(t, testaddr.Open(t, &rxego.Options{Tap: w, SourcePorts: rxego.DefaultSourcePorts}))
 	b := newEnd(t, testaddr.Open(t, nil))
 	connect(t, a, b)
 	traffic(t, a, b)
