@@ -268,7 +268,7 @@ type Device struct {
 	// mcastLeft sums the counters of the group sockets closed when their
 	// groups were left, so that the device's totals never go back.
 	mcastLeft transport.Stats
-	tap   transport.Tap              // SetTap's, for the groups joined later
+	tap       transport.Tap // SetTap's, for the groups joined later
 
 	stop      chan struct{}
 	wg        sync.WaitGroup
