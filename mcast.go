@@ -63,7 +63,9 @@ func AttachMcast(q *QP, mgid netip.Addr) error {
 
 // DetachMcast detaches q from the group (ibv_detach_mcast); the device
 // leaves the group when no QP is attached any more. Detaching a QP that
-// is not attached fails.
+// is not attached fails. While q is attached to any group, q.Destroy
+// fails with ErrBusy (verbs: EBUSY) and changes nothing; Device.Close
+// detaches and destroys all the same.
 func DetachMcast(q *QP, mgid netip.Addr) error {
 	d, g, err := mcastArgs(q, mgid)
 	if err != nil {
@@ -98,17 +100,29 @@ func (d *Device) attach(q *QP, g netip.Addr) error {
 		return err
 	}
 	grp := d.mcast[g]
+	if grp != nil {
+		grp.in.mu.Lock()
+		in := slices.Contains(grp.in.qps, q)
+		grp.in.mu.Unlock()
+		if in {
+			return nil
+		}
+	}
+	// Counted in the QP first (this fails on a destroyed QP), so that
+	// QP.Destroy refuses from now on; mcMu keeps qps as read above.
+	if err := q.AttachGroup(); err != nil {
+		return fmt.Errorf("rxego: attach QP %d to %v: %w", q.Num(), g, err)
+	}
 	if grp == nil {
 		var err error
 		if grp, err = d.join(g); err != nil {
+			q.DetachGroup()
 			return err
 		}
 	}
 	grp.in.mu.Lock()
-	defer grp.in.mu.Unlock()
-	if !slices.Contains(grp.in.qps, q) {
-		grp.in.qps = append(grp.in.qps, q)
-	}
+	grp.in.qps = append(grp.in.qps, q)
+	grp.in.mu.Unlock()
 	return nil
 }
 
@@ -165,6 +179,7 @@ func (d *Device) detach(q *QP, g netip.Addr) error {
 	if i < 0 {
 		return fmt.Errorf("rxego: QP %d is not attached to %v", q.Num(), g)
 	}
+	q.DetachGroup()
 	if left == 0 {
 		delete(d.mcast, g)
 		d.leaveLocked(grp)

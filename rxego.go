@@ -176,7 +176,9 @@ const DefaultPort = transport.Port
 var ErrClosed = qp.ErrClosed
 
 // ErrBusy is what CQ.Close returns while a QP still uses the CQ (verbs:
-// EBUSY from ibv_destroy_cq). Destroy the QP first.
+// EBUSY from ibv_destroy_cq; destroy the QP first), and QP.Destroy while
+// the QP is attached to a multicast group (EBUSY from ibv_destroy_qp;
+// DetachMcast first), wrapped: test with errors.Is.
 var ErrBusy = qp.ErrBusy
 
 // errNotOpen is the zero Device's error.

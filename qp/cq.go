@@ -3,6 +3,7 @@ package qp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"time"
@@ -13,9 +14,11 @@ import (
 // CQ overrun it is fatal to the CQ's QPs.
 var ErrCQOverrun = errors.New("qp: completion queue overrun")
 
-// ErrBusy is returned by CQ.Close while a QP still uses the CQ, as
-// ibv_destroy_cq fails with EBUSY: destroy the QP first.
-var ErrBusy = errors.New("qp: CQ in use by a QP")
+// ErrBusy is returned (wrapped) by CQ.Close while a QP still uses the
+// CQ, as ibv_destroy_cq fails with EBUSY: destroy the QP first; and by
+// QP.Destroy while the QP is attached to a multicast group, as
+// ibv_destroy_qp does.
+var ErrBusy = errors.New("qp: busy")
 
 // CQ is a completion queue. The engine pushes completions; the application
 // polls them, or waits until some are there.
@@ -348,7 +351,7 @@ func (c *CQ) Close() error {
 		return ErrClosed
 	}
 	if c.users > 0 {
-		return ErrBusy
+		return fmt.Errorf("%w: CQ in use by %d QP(s)", ErrBusy, c.users)
 	}
 	c.closed = true
 	close(c.done)

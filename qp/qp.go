@@ -60,6 +60,7 @@ type QP struct {
 
 	// Everything below is guarded by the engine lock.
 	destroyed bool
+	groups    int // multicast groups attached (AttachGroup); Destroy refuses while > 0
 	state     State
 	attr      Attr
 	mtu       int
@@ -288,7 +289,10 @@ func (q *QP) reset() {
 
 // Destroy removes the QP from its engine and lets go of its CQs (see
 // CQ.Close). Outstanding work is dropped without completions; move the QP
-// to ERR first to have it complete with WR_FLUSH_ERR.
+// to ERR first to have it complete with WR_FLUSH_ERR. While the QP is
+// attached to multicast groups (AttachGroup) Destroy fails with ErrBusy
+// and changes nothing, as ibv_destroy_qp does: detach it first. (Closing
+// the engine destroys it all the same.)
 func (q *QP) Destroy() error {
 	e := q.e
 	e.mu.Lock()
@@ -296,12 +300,38 @@ func (q *QP) Destroy() error {
 	if q.destroyed {
 		return ErrClosed
 	}
+	if q.groups > 0 {
+		return fmt.Errorf("%w: QP %d is attached to %d multicast group(s); detach it first", ErrBusy, q.num, q.groups)
+	}
 	// ACKs held back for the application's answer (see InputPolled) go
 	// out first, as in Modify: the peer must learn that what it sent
 	// arrived, or it retries, then fails, work that was done.
 	e.flushAll()
 	q.destroy()
 	return nil
+}
+
+// AttachGroup counts one more multicast group the QP is attached to; the
+// engine does not deliver multicast itself (the caller hands it each
+// group's datagrams), but Destroy must refuse while any is attached. It
+// fails with ErrClosed on a destroyed QP.
+func (q *QP) AttachGroup() error {
+	q.e.mu.Lock()
+	defer q.e.mu.Unlock()
+	if q.destroyed {
+		return ErrClosed
+	}
+	q.groups++
+	return nil
+}
+
+// DetachGroup undoes one AttachGroup.
+func (q *QP) DetachGroup() {
+	q.e.mu.Lock()
+	defer q.e.mu.Unlock()
+	if q.groups > 0 {
+		q.groups--
+	}
 }
 
 // destroy takes the QP out of the engine and lets go of its CQs. The
