@@ -127,6 +127,18 @@ func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 	return nil
 }
 
+// SetSourceGID makes q's packets to the remote QP leave from the
+// device's GID remote.SGIDIndex, for a QP moved to RTR with QP.Modify by
+// hand (the sgid_index of the ibv_ah_attr given to ibv_modify_qp);
+// ConnectRC does the same itself.
+func SetSourceGID(q *QP, remote RemoteQP) error {
+	remote.Addr = peerAddr(remote.Addr)
+	if err := connectRoute(q, remote); err != nil {
+		return fmt.Errorf("rxego: QP %d: %w", q.Num(), err)
+	}
+	return nil
+}
+
 // InitQP moves a fresh RC or UC QP to INIT with the given remote access
 // (all of it when 0), so receives can be posted before the connection is
 // made, as the rdma-core examples do.

@@ -19,8 +19,9 @@ import (
 //   - an RC or UC QP connected with ConnectRC, RemoteQP.SGIDIndex (the
 //     sgid_index of ibv_ah_attr's GRH);
 //   - a UD send, the SGIDIndex of the AH (CreateAHFrom);
-//   - anything else (a QP moved by hand with QP.Modify, the connection
-//     manager's replies), the first GID of the peer's address family.
+//   - a QP moved by hand with QP.Modify, the index SetSourceGID gave;
+//   - anything else (the connection manager's replies), the first GID of
+//     the peer's address family.
 //
 // The choice is made where packets leave the engine (shardOut.Emit), by
 // the peer's address and QP number: see routeTable.

@@ -14,7 +14,7 @@ import (
 // anywhere (127.0.0.2) belongs to the loopback interface, as the kernel
 // routes it there.
 func InterfaceMTU(addr netip.Addr) (int, error) {
-	addr = addr.Unmap()
+	addr = addr.Unmap().WithZone("") // a link-local address's zone: the interface's addresses have none
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return 0, fmt.Errorf("transport: interface MTU of %v: %w", addr, err)

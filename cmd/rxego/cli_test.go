@@ -35,12 +35,22 @@ func TestMain(m *testing.M) {
 // exit code.
 func rxegoCmd(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return rxegoIn(t, "", args...)
+}
+
+// rxegoIn runs the command line args in the network namespace named ns
+// (ip netns exec), or in the test's own for "".
+func rxegoIn(t *testing.T, ns string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	if ns != "" {
+		args, exe = append([]string{"netns", "exec", ns, exe}, args...), "ip"
+	}
 	c := exec.CommandContext(ctx, exe, args...)
 	c.Env = append(os.Environ(), "RXEGO_CLI_MAIN=1")
 	var o, e bytes.Buffer

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/perftest"
 )
 
@@ -53,7 +54,7 @@ func newPerfFlags(name string) *perfFlags {
 	f.outReads = fs.Int("o", 0, "outstanding READs/atomics this side accepts (READ and atomic tests; default 128)")
 	f.atomicOp = fs.String("A", "", "atomic operation: FETCH_AND_ADD (default) or CMP_AND_SWAP")
 	f.port = fs.Int("p", perftest.DefaultPort, "TCP port of the exchange (with -R: the rdma_cm port)")
-	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6; without -d an index is ignored)")
+	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6; with -d the device serves its whole table and sends from that entry; without -d an index is ignored)")
 	f.addr = fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
 	f.conn = fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
 	f.rdmaCM = fs.Bool("R", false, "connect with rdma_cm, as perftest's -R: the exchange over an rdma_cm-connected QP on port -p, each data QP its own rdma_cm connection (IPv4)")
@@ -123,11 +124,11 @@ func runPerf(args []string) error {
 		return err
 	}
 	local := *f.addr
-	x, _, err := gidArg("x", *f.gid, *f.ifname)
+	sel, err := gidArg("x", *f.gid, *f.ifname)
 	if err != nil {
 		return err
 	}
-	if x.IsValid() {
+	if x := sel.addr; x.IsValid() {
 		if local != "" && local != x.String() {
 			return usageErrorf("-x %s and --addr %s disagree", *f.gid, local)
 		}
@@ -188,7 +189,17 @@ func runPerf(args []string) error {
 	if err := obs.start(); err != nil {
 		return err
 	}
-	dev, err := obs.openDevice(cfg.Local, server)
+	var dev *rxego.Device
+	if sel.table != nil && !cfg.RDMACM && (*f.addr == "" || cfg.Local == sel.addr) {
+		// -d IF with a GID index: the device serves IF's whole GID table,
+		// as rxe's on IF would, and sends from the index given. rdma_cm
+		// (-R) binds the one address.
+		if dev, cfg.GIDIndex, err = sel.open(os.Stderr, "rxego perf", rxego.Options{}); err == nil {
+			obs.attach(dev)
+		}
+	} else {
+		dev, err = obs.openDevice(cfg.Local, server)
+	}
 	if err != nil {
 		return errors.Join(err, obs.close())
 	}

@@ -49,7 +49,7 @@ flags:
 	rx := fs.Int("r", 500, "receive queue depth")
 	numQP := fs.Int("q", 16, "srq: number of QPs")
 	events := fs.Bool("e", false, "sleep on CQ events instead of busy polling")
-	gid := fs.String("g", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6)")
+	gid := fs.String("g", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6); with an index the device serves -d's whole table and sends from that entry")
 	addr := fs.String("addr", "", "local RoCE address (same as -g ADDRESS)")
 	ifname := fs.String("d", "", "network interface whose GID table (as rxe's on it) a -g index names; otherwise accepted for compatibility")
 	_ = fs.Int("l", 0, "service level (accepted for compatibility)")
@@ -86,17 +86,19 @@ flags:
 	if *ts {
 		fmt.Fprintln(os.Stderr, "rxego pingpong: --ts: rxego's completions carry no timestamps; none reported")
 	}
-	la, isIndex, err := gidArg("g", *gid, *ifname)
+	sel, err := gidArg("g", *gid, *ifname)
 	if err != nil {
 		return err
 	}
+	la := sel.addr
 	if *addr != "" {
 		if la, err = netip.ParseAddr(*addr); err != nil {
 			return usageErrorf("local address %q: %v", *addr, err)
 		}
+		sel.table = nil // --addr wins: the device serves that one address
 	}
 	if !la.IsValid() {
-		if isIndex {
+		if sel.index >= 0 {
 			return usageErrorf("-g %s: a GID index needs -d INTERFACE (or give the address with -g ADDRESS or --addr ADDRESS)", *gid)
 		}
 		return usageErrorf("give the local RoCE address with -g ADDRESS or --addr ADDRESS")
@@ -111,7 +113,11 @@ flags:
 	if err := cfg.Check(); err != nil {
 		return &usageError{err.Error()}
 	}
-	if !*stats && !obs.active() {
+	// -d IF with a GID index: the device serves IF's whole GID table, as
+	// rxe's on IF would, and sends from the index given. rdma_cm (-R)
+	// binds the one address.
+	table := sel.table != nil && !cfg.RDMACM
+	if !*stats && !obs.active() && !table {
 		_, err = pingpong.Run(context.Background(), cfg)
 		return err
 	}
@@ -120,7 +126,12 @@ flags:
 	}
 	// The device is opened here so its counters outlive the run; they are
 	// printed whether or not the run succeeded.
-	if cfg.Device, err = rxego.Open(netip.AddrPortFrom(la, rxego.DefaultPort).String(), nil); err != nil {
+	if table {
+		cfg.Device, cfg.GIDIndex, err = sel.open(os.Stderr, "rxego pingpong", rxego.Options{})
+	} else {
+		cfg.Device, err = rxego.Open(netip.AddrPortFrom(la, rxego.DefaultPort).String(), nil)
+	}
+	if err != nil {
 		return errors.Join(err, obs.close())
 	}
 	defer cfg.Device.Close()

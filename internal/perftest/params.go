@@ -137,6 +137,9 @@ type Config struct {
 	Listener net.Listener
 	// Device, when set, is used instead of opening one on Local.
 	Device *rxego.Device
+	// GIDIndex is the Device's GID the QPs send from and the exchange
+	// names (perftest's -x index; needs Device; 0: Open's address).
+	GIDIndex int
 	// KeepDevice leaves the device Run opens open (Result.Device), for
 	// counters that settle after the run; the caller closes it.
 	KeepDevice bool

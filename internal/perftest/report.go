@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -73,7 +74,7 @@ func (s *session) printHeader() {
 	}
 	p.f(" Mtu             : %d[B]\n", c.mtu.Bytes())
 	p.f(" Link type       : Ethernet\n")
-	p.f(" GID address     : %s\n", s.dev.Addr().Addr())
+	p.f(" GID address     : %s\n", netip.AddrFrom16(s.gid()).Unmap())
 	if v := c.Test.verb(); v == read || v == atomic {
 		p.f(" Outstand reads  : %d\n", c.OutReads)
 	} else {

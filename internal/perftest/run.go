@@ -292,8 +292,18 @@ func (s *session) openDevice(local netip.Addr) error {
 			return err
 		}
 	}
+	if _, err := s.dev.QueryGID(c.GIDIndex); err != nil {
+		return fmt.Errorf("perftest: %w", err)
+	}
 	s.clampMTU()
 	return nil
+}
+
+// gid is the GID the QPs send from: Config.GIDIndex's (checked in
+// openDevice).
+func (s *session) gid() [16]byte {
+	g, _ := s.dev.QueryGID(s.cfg.GIDIndex)
+	return g
 }
 
 // clampMTU lowers -m to the port's active MTU, as perftest's set_mtu does
@@ -349,7 +359,7 @@ func (s *session) setup() error {
 		}
 		s.qps = append(s.qps, q)
 		s.my = append(s.my, Dest{OutReads: uint16(c.OutReads), QPN: q.Num(), PSN: (psn + uint32(i)*0x1111) & 0xffffff,
-			RKey: s.mr.RKey(), VAddr: s.mr.IOVA() + uint64(s.lay.vaddr(i)), GID: s.dev.GID()})
+			RKey: s.mr.RKey(), VAddr: s.mr.IOVA() + uint64(s.lay.vaddr(i)), GID: s.gid()})
 	}
 	s.res.Local = s.my[0]
 	return nil
@@ -415,6 +425,9 @@ func (s *session) modify() error {
 		rtr := qp.Attr{State: qp.RTR, PathMTU: s.cfg.mtu, DestQPN: r.QPN, RQPSN: r.PSN,
 			Dest: netip.AddrPortFrom(r.Addr(), rxego.DefaultPort), HopLimit: 0xff,
 			MaxDestRdAtomic: uint8(s.my[i].OutReads), MinRNRTimer: minRNRTimer}
+		if err := rxego.SetSourceGID(s.qps[i], rxego.RemoteQP{Addr: rtr.Dest, QPN: r.QPN, SGIDIndex: s.cfg.GIDIndex}); err != nil {
+			return fmt.Errorf("perftest: %w", err)
+		}
 		if err := s.qps[i].Modify(&rtr, qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|
 			qp.AttrMaxDestRdAtomic|qp.AttrMinRNRTimer); err != nil {
 			return fmt.Errorf("perftest: QP %d to RTR: %w", s.qps[i].Num(), err)

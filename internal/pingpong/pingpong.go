@@ -49,6 +49,9 @@ type Config struct {
 	Listener net.Listener
 	// Device, when set, is used instead of opening one on Local.
 	Device *rxego.Device
+	// GIDIndex is the Device's GID the QPs send from and the exchange
+	// names (ibv_*_pingpong's -g index; needs Device; 0: Open's address).
+	GIDIndex int
 	// RDMACM connects the QPs with rdma_cm instead of the TCP exchange
 	// (kinds rc and srq; see rdmacm.go); CMConfig tunes its connection
 	// manager (nil: rdma_cm's values).
@@ -150,6 +153,14 @@ func (c *Config) defaults() error {
 	}
 	if !c.Local.IsValid() && c.Device == nil {
 		return errors.New("pingpong: a local RoCE address is needed (-g ADDRESS)")
+	}
+	if c.GIDIndex != 0 {
+		if c.Device == nil {
+			return errors.New("pingpong: a GID index needs a Device")
+		}
+		if _, err := c.Device.QueryGID(c.GIDIndex); err != nil {
+			return fmt.Errorf("pingpong: %w", err)
+		}
 	}
 	if c.RDMACM {
 		return c.checkRDMACM()
@@ -339,10 +350,19 @@ func (c *conn) postRecv(qi int) error {
 	return c.qps[qi].PostRecv(wr)
 }
 
+// gid is the GID the QPs send from: Config.GIDIndex's.
+func (c *conn) gid() [16]byte {
+	g, err := c.dev.QueryGID(c.cfg.GIDIndex)
+	if err != nil { // checked in defaults: only a closed device
+		return c.dev.GID()
+	}
+	return g
+}
+
 func (c *conn) localDests() []Dest {
 	out := make([]Dest, len(c.qps))
 	for i, q := range c.qps {
-		out[i] = Dest{QPN: q.Num(), PSN: c.psn, GID: c.dev.GID()}
+		out[i] = Dest{QPN: q.Num(), PSN: c.psn, GID: c.gid()}
 	}
 	return out
 }
@@ -432,11 +452,12 @@ func (c *conn) connect() error {
 	mtu, _ := qp.MTUFromBytes(c.cfg.MTU)
 	if c.cfg.Kind == UD {
 		var err error
-		c.ah, err = c.pd.CreateAH(netip.AddrPortFrom(c.remote[0].Addr(), rxego.DefaultPort))
+		c.ah, err = c.pd.CreateAHFrom(c.cfg.GIDIndex, netip.AddrPortFrom(c.remote[0].Addr(), rxego.DefaultPort))
 		return err
 	}
 	for i, q := range c.qps {
-		r := rxego.RemoteQP{Addr: netip.AddrPortFrom(c.remote[i].Addr(), rxego.DefaultPort), QPN: c.remote[i].QPN, PSN: c.remote[i].PSN}
+		r := rxego.RemoteQP{Addr: netip.AddrPortFrom(c.remote[i].Addr(), rxego.DefaultPort), QPN: c.remote[i].QPN, PSN: c.remote[i].PSN,
+			SGIDIndex: c.cfg.GIDIndex}
 		if err := rxego.ConnectRC(q, r, &rxego.ConnectOptions{MTU: mtu, LocalPSN: c.psn, MinRNRTimer: 12}); err != nil {
 			return err
 		}
