@@ -24,26 +24,23 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/cm/internal/exchange"
 	"github.com/rxego/rxego/qp"
 )
 
 // Defaults of ucmatose.
 const (
 	DefaultPort        = 7471
-	DefaultConnections = 1
-	DefaultCount       = 10
-	DefaultSize        = 100
-	maxCount           = 4096
+	DefaultConnections = exchange.DefaultConnections
+	DefaultCount       = exchange.DefaultCount
+	DefaultSize        = exchange.DefaultSize
 )
 
-// Config is what both roles take; zero fields take ucmatose's defaults.
-type Config struct {
-	Connections int // -c
-	Count       int // -C: messages each way per connection
-	Size        int // -S: message size
-	// Out receives ucmatose's progress lines; nil discards them.
-	Out io.Writer
-}
+// Config is what both roles take: Connections (-c), Count (-C: messages
+// each way per connection), Size (-S: message size, at most 1 MiB) and
+// Out (ucmatose's progress lines; nil discards them). Zero fields take
+// ucmatose's defaults.
+type Config exchange.Params
 
 // Check reports whether c is usable (after the defaults), so a command
 // can refuse bad arguments before it listens or dials.
@@ -53,20 +50,8 @@ func (c Config) Check() error {
 }
 
 func (c Config) withDefaults() (Config, error) {
-	if c.Connections == 0 {
-		c.Connections = DefaultConnections
-	}
-	if c.Count == 0 {
-		c.Count = DefaultCount
-	}
-	if c.Size == 0 {
-		c.Size = DefaultSize
-	}
-	if c.Connections < 0 || c.Connections > 1024 || c.Count < 0 || c.Count > maxCount || c.Size < 1 || c.Size > 1<<20 {
-		return c, fmt.Errorf("cmatose: connections %d (1..1024), count %d (1..%d), size %d (1..1 MiB)",
-			c.Connections, c.Count, maxCount, c.Size)
-	}
-	return c, nil
+	p, err := exchange.Params(c).WithDefaults("cmatose", 1<<20, "1 MiB")
+	return Config(p), err
 }
 
 // Result counts what a run did over all connections.

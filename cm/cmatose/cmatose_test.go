@@ -1,8 +1,7 @@
 package cmatose
 
 import (
-	"context"
-	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/rxego/rxego/cm"
@@ -13,12 +12,7 @@ import (
 // several connections: every message arrives and the echoes match.
 func TestServeDial(t *testing.T) {
 	cfg := Config{Connections: 4, Count: 10, Size: 300}
-	srv, serr, cli, cerr := cmtest.ServeDial(t, func(m *cm.Manager) (func(context.Context) (Result, error), error) {
-		l, err := m.Listen(DefaultPort)
-		return func(ctx context.Context) (Result, error) { return Serve(ctx, m, l, cfg) }, err
-	}, func(ctx context.Context, m *cm.Manager) (Result, error) {
-		return Dial(ctx, m, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), cfg)
-	})
+	srv, serr, cli, cerr := cmtest.ServeDial(t, DefaultPort, cfg, (*cm.Manager).Listen, Serve, Dial)
 	want := Result{Connections: 4, Sent: 40, Received: 40, Verified: 40}
 	if cerr != nil || cli != want {
 		t.Fatalf("client: %+v %v", cli, cerr)
@@ -28,14 +22,13 @@ func TestServeDial(t *testing.T) {
 	}
 }
 
-// TestConfig refuses out-of-range settings.
+// TestConfig: messages up to 1 MiB (ucmatose's limit is its memory);
+// the other limits are package exchange's.
 func TestConfig(t *testing.T) {
-	for _, c := range []Config{{Connections: -1}, {Count: maxCount + 1}, {Size: -1}} {
-		if err := c.Check(); err == nil {
-			t.Errorf("%+v accepted", c)
-		}
+	if err := (Config{Size: 1 << 20}).Check(); err != nil {
+		t.Errorf("1 MiB refused: %v", err)
 	}
-	if err := (Config{}).Check(); err != nil {
-		t.Errorf("defaults refused: %v", err)
+	if err := (Config{Size: 1<<20 + 1}).Check(); err == nil || !strings.HasPrefix(err.Error(), "cmatose: ") {
+		t.Errorf("1 MiB + 1: %v", err)
 	}
 }

@@ -23,32 +23,28 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cm/internal/udnode"
+	"github.com/rxego/rxego/cm/internal/exchange"
 	"github.com/rxego/rxego/qp"
 )
 
 // Defaults of udaddy.
 const (
 	DefaultPort        = 7174
-	DefaultConnections = 1
-	DefaultCount       = 10
-	DefaultSize        = 100
-	maxCount           = 4096
+	DefaultConnections = exchange.DefaultConnections
+	DefaultCount       = exchange.DefaultCount
+	DefaultSize        = exchange.DefaultSize
 )
 
-// Config is what both roles take; zero fields take udaddy's defaults.
-type Config struct {
-	Connections int // -c
-	Count       int // -C: messages each way per connection
-	Size        int // -S: message size (at most the path MTU)
-	// Out receives udaddy's progress lines; nil discards them.
-	Out io.Writer
-}
+// Config is what both roles take: Connections (-c), Count (-C: messages
+// each way per connection), Size (-S: message size, at most 4096 and the
+// path MTU) and Out (udaddy's progress lines; nil discards them). Zero
+// fields take udaddy's defaults.
+type Config exchange.Params
 
 // Check reports whether c is usable (after the defaults), so a command
 // can refuse bad arguments before it listens or dials.
@@ -58,23 +54,8 @@ func (c Config) Check() error {
 }
 
 func (c Config) withDefaults() (Config, error) {
-	if c.Connections == 0 {
-		c.Connections = DefaultConnections
-	}
-	if c.Count == 0 {
-		c.Count = DefaultCount
-	}
-	if c.Size == 0 {
-		c.Size = DefaultSize
-	}
-	if c.Connections < 1 || c.Connections > 1024 || c.Count < 1 || c.Count > maxCount || c.Size < 1 || c.Size > 4096 {
-		return c, fmt.Errorf("udaddy: connections %d (1..1024), count %d (1..%d), size %d (1..4096)",
-			c.Connections, c.Count, maxCount, c.Size)
-	}
-	if c.Out == nil {
-		c.Out = io.Discard
-	}
-	return c, nil
+	p, err := exchange.Params(c).WithDefaults("udaddy", 4096, "4096")
+	return Config(p), err
 }
 
 // Result counts what a run did over all connections.

@@ -1,8 +1,7 @@
 package udaddy
 
 import (
-	"context"
-	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/rxego/rxego/cm"
@@ -15,12 +14,7 @@ import (
 // udaddy's echo does.
 func TestServeDial(t *testing.T) {
 	cfg := Config{Connections: 3, Count: 10, Size: 300}
-	srv, serr, cli, cerr := cmtest.ServeDial(t, func(m *cm.Manager) (func(context.Context) (Result, error), error) {
-		l, err := m.ListenUD(DefaultPort)
-		return func(ctx context.Context) (Result, error) { return Serve(ctx, m, l, cfg) }, err
-	}, func(ctx context.Context, m *cm.Manager) (Result, error) {
-		return Dial(ctx, m, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), cfg)
-	})
+	srv, serr, cli, cerr := cmtest.ServeDial(t, DefaultPort, cfg, (*cm.Manager).ListenUD, Serve, Dial)
 	if cerr != nil || cli != (Result{Connections: 3, Sent: 30, Received: 30, Verified: 30}) {
 		t.Fatalf("client: %+v %v", cli, cerr)
 	}
@@ -29,11 +23,13 @@ func TestServeDial(t *testing.T) {
 	}
 }
 
-// TestConfig refuses out-of-range settings.
+// TestConfig: datagrams up to 4096 bytes (the largest RoCE MTU); the
+// other limits are package exchange's.
 func TestConfig(t *testing.T) {
-	for _, c := range []Config{{Connections: -1}, {Count: maxCount + 1}, {Size: -1}, {Size: 5000}} {
-		if err := c.Check(); err == nil {
-			t.Errorf("%+v accepted", c)
-		}
+	if err := (Config{Size: 4097}).Check(); err == nil || !strings.Contains(err.Error(), "udaddy: ") {
+		t.Errorf("4097 bytes: %v", err)
+	}
+	if err := (Config{Size: 4096, Connections: 2}).Check(); err != nil {
+		t.Errorf("4096 bytes refused: %v", err)
 	}
 }

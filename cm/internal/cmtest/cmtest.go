@@ -53,26 +53,28 @@ func Node(t *testing.T, n *transport.PipeNetwork, a netip.Addr, cfg *cm.Config) 
 	return m
 }
 
-// ServeDial starts a server on a fresh Pair's server manager (start
-// listens and returns the serving function, which runs in a goroutine)
-// and runs dial on its client, both under one 20-second context; it
-// returns both results once both have ended.
-func ServeDial[R any](t *testing.T, start func(m *cm.Manager) (func(ctx context.Context) (R, error), error),
-	dial func(ctx context.Context, m *cm.Manager) (R, error)) (srv R, srvErr error, cli R, cliErr error) {
+// ServeDial runs a peer package's two roles with configuration cfg on a
+// fresh Pair: listen opens the server's listener on port, serve serves
+// it in a goroutine, and dial connects the client to the server's port,
+// both under one 20-second context. It returns both results once both
+// have ended.
+func ServeDial[L, C, R any](t *testing.T, port uint16, cfg C, listen func(m *cm.Manager, port uint16) (L, error),
+	serve func(ctx context.Context, m *cm.Manager, l L, cfg C) (R, error),
+	dial func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg C) (R, error)) (srv R, srvErr error, cli R, cliErr error) {
 	t.Helper()
 	s, c := Pair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	serve, err := start(s)
+	l, err := listen(s, port)
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		srv, srvErr = serve(ctx)
+		srv, srvErr = serve(ctx, s, l, cfg)
 	}()
-	cli, cliErr = dial(ctx, c)
+	cli, cliErr = dial(ctx, c, netip.AddrPortFrom(ServerAddr, port), cfg)
 	<-done
 	return srv, srvErr, cli, cliErr
 }
