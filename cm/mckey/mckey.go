@@ -20,39 +20,36 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"time"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/cm/internal/exchange"
 	"github.com/rxego/rxego/cm/internal/udnode"
 	"github.com/rxego/rxego/qp"
 )
 
 // Defaults of mckey.
 const (
-	DefaultConnections = 1
-	DefaultCount       = 10
-	DefaultSize        = 100
+	DefaultConnections = exchange.DefaultConnections
+	DefaultCount       = exchange.DefaultCount
+	DefaultSize        = exchange.DefaultSize
 	DefaultPause       = 3 * time.Second
-	maxCount           = 4096
 )
 
 // Config is what a run takes; zero fields take mckey's defaults.
 type Config struct {
-	Group       netip.Addr // -m: the IP multicast group (-M: an IPv6 MGID)
-	Source      netip.Addr // -b: the device address to join from; zero: its first GID of the group's family
-	Sender      bool       // -s
-	SendOnly    bool       // -o: a send-only join (senders only)
-	Connections int        // -c: QPs, each joined
-	Count       int        // -C: datagrams per connection
-	Size        int        // -S: datagram size (at most the path MTU)
+	// Params holds -c (QPs, each joined), -C (datagrams per connection),
+	// -S (datagram size, at most the path MTU) and the progress output.
+	exchange.Params
+	Group    netip.Addr // -m: the IP multicast group (-M: an IPv6 MGID)
+	Source   netip.Addr // -b: the device address to join from; zero: its first GID of the group's family
+	Sender   bool       // -s
+	SendOnly bool       // -o: a send-only join (senders only)
 	// Pause is the wait between the joins and the sends (or the start of
 	// receiving); 0 means DefaultPause, a negative value none.
 	Pause time.Duration
-	// Out receives mckey's progress lines; nil discards them.
-	Out io.Writer
 }
 
 // Check reports whether c is usable (after the defaults), so a command
@@ -63,20 +60,8 @@ func (c Config) Check() error {
 }
 
 func (c Config) withDefaults() (Config, error) {
-	if c.Connections == 0 {
-		c.Connections = DefaultConnections
-	}
-	if c.Count == 0 {
-		c.Count = DefaultCount
-	}
-	if c.Size == 0 {
-		c.Size = DefaultSize
-	}
 	if c.Pause == 0 {
 		c.Pause = DefaultPause
-	}
-	if c.Out == nil {
-		c.Out = io.Discard
 	}
 	if _, err := cm.MGID(c.Group); err != nil {
 		return c, fmt.Errorf("mckey: %w", err)
@@ -84,11 +69,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SendOnly && !c.Sender {
 		return c, errors.New("mckey: a send-only join (-o) receives nothing: it is for senders (-s)")
 	}
-	if c.Connections < 1 || c.Connections > 1024 || c.Count < 1 || c.Count > maxCount || c.Size < 1 || c.Size > 4096 {
-		return c, fmt.Errorf("mckey: connections %d (1..1024), count %d (1..%d), size %d (1..4096)",
-			c.Connections, c.Count, maxCount, c.Size)
-	}
-	return c, nil
+	var err error
+	c.Params, err = c.Params.WithDefaults("mckey", 4096, "4096")
+	return c, err
 }
 
 // Result counts what a run did over all connections.

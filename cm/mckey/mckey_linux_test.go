@@ -15,6 +15,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/cm/internal/exchange"
 	"github.com/rxego/rxego/cm/mckey"
 	"github.com/rxego/rxego/internal/netns"
 )
@@ -158,7 +159,8 @@ func TestMckeyAcrossWire(t *testing.T) {
 			go func() {
 				var r result
 				r.err = netns.Do(rcv.ns, func() (err error) {
-					r.res, err = mckey.Run(ctx, rcv.m, mckey.Config{Group: group, Connections: 2, Count: count, Size: size, Pause: -1, Out: out})
+					r.res, err = mckey.Run(ctx, rcv.m, mckey.Config{Group: group, Pause: -1,
+						Params: exchange.Params{Connections: 2, Count: count, Size: size, Out: out}})
 					return err
 				})
 				done <- r
@@ -170,7 +172,8 @@ func TestMckeyAcrossWire(t *testing.T) {
 			}
 			var sres mckey.Result
 			err := netns.Do(snd.ns, func() (err error) {
-				sres, err = mckey.Run(ctx, snd.m, mckey.Config{Group: group, Sender: true, SendOnly: true, Count: count, Size: size, Pause: -1})
+				sres, err = mckey.Run(ctx, snd.m, mckey.Config{Group: group, Sender: true, SendOnly: true, Pause: -1,
+					Params: exchange.Params{Count: count, Size: size}})
 				return err
 			})
 			if err != nil || sres != (mckey.Result{Connections: 1, Sent: count}) {

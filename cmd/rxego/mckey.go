@@ -76,8 +76,8 @@ flags:
 	if *pause <= 0 {
 		*pause = -1 // mckey.Config: none
 	}
-	cfg := mckey.Config{Group: g, Sender: *sender, SendOnly: *sendOnly,
-		Connections: *conns, Count: *count, Size: *size, Pause: *pause, Out: os.Stdout}
+	cfg := mckey.Config{Group: g, Sender: *sender, SendOnly: *sendOnly, Pause: *pause}
+	cfg.Connections, cfg.Count, cfg.Size, cfg.Out = *conns, *count, *size, os.Stdout
 	if err := cfg.Check(); err != nil {
 		return &usageError{err.Error()}
 	}
