@@ -222,3 +222,170 @@ func (p *Peer) waitGuestGroup(ctx context.Context, group string) error {
 		}
 	}
 }
+
+// TestMulticastVerbs: an IPv6 multicast group between rxego and rxe with
+// verbs alone (ibv_attach_mcast; rdma_cm's RoCEv2 join refuses IPv6
+// groups), on every kernel, with mcpeer (mcpeer/mcpeer.c) as rxe's side:
+// rxego sends ten datagrams to the group and mcpeer, attached to the
+// MGID, receives each whole (its GRH naming the group, the bytes the
+// pattern of the immediate); and mcpeer sends ten that each of two rxego
+// QPs attached with AttachMcast receives whole.
+func TestMulticastVerbs(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, rxegoSends := range []bool{true, false} {
+			role := "rxego receives (2 QPs)"
+			if rxegoSends {
+				role = "rxego sends"
+			}
+			p.Case(t, Case{Name: "ibv_attach_mcast ff0e::/16 (mcpeer)", Role: role}, func(t *testing.T) Outcome { return p.mcastVerbs(t, rxegoSends) })
+		}
+	})
+}
+
+// mcastPattern is byte i of mcpeer's datagram whose immediate is imm.
+func mcastPattern(imm uint32, i int) byte { return byte(imm + uint32(i)*7 + 1) }
+
+func (p *Peer) mcastVerbs(t *testing.T, rxegoSends bool) Outcome {
+	const count, size, qps = 10, 100, 2
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// One group per kernel: both kernels' cases share the bridge.
+	group := netip.MustParseAddr(fmt.Sprintf("ff0e::db8:%d", netip.MustParseAddr(p.HostIP).As4()[3]))
+	args := []string{cPeer(t, p.Lab, "mcpeer"), "-m", group.String(), "-I", "eth0", "-x", strconv.Itoa(p.gid6Index(t)),
+		"-C", strconv.Itoa(count), "-S", strconv.Itoa(size)}
+	var dev *rxego.Device
+	var pd *rxego.PD
+	var mr *rxego.MR
+	type member struct {
+		q  *rxego.QP
+		cq *rxego.CQ
+	}
+	members := make([]member, qps)
+	mem := make([]byte, qps*count*2048)
+	err := p.Lab.InNetns(func() (err error) {
+		if dev, err = rxego.Open("["+p.HostIP6+"]", nil); err != nil {
+			return err
+		}
+		if pd, err = dev.AllocPD(); err != nil {
+			return err
+		}
+		if mr, err = pd.RegMR(mem, rxego.AccessLocalWrite); err != nil {
+			return err
+		}
+		for i := range members {
+			mb := &members[i]
+			if mb.cq, err = dev.CreateCQ(64); err != nil {
+				return err
+			}
+			if mb.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: mb.cq, RecvCQ: mb.cq,
+				Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+				return err
+			}
+			if err = rxego.ActivateUD(mb.q, cm.UDPQKey, 0); err != nil {
+				return err
+			}
+			if rxegoSends {
+				continue
+			}
+			for j := range count {
+				off := uint64((i*count + j) * 2048)
+				if err := mb.q.PostRecv(rxego.RecvWR{ID: off, SGL: []rxego.SGE{{Addr: mr.IOVA() + off, Length: 2048, LKey: mr.LKey()}}}); err != nil {
+					return err
+				}
+			}
+			if err := rxego.AttachMcast(mb.q, group); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	if !rxegoSends {
+		args = append(args, "-s")
+	}
+	proc, err := p.Guest.Start(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Kill()
+	fail := func(f string, a ...any) {
+		t.Helper()
+		p.logQPState(t)
+		stdout, stderr, _ := proc.Output()
+		t.Fatalf(f+"\nmcpeer stdout: %s\nmcpeer stderr: %s", append(a, stdout, stderr)...)
+	}
+	if rxegoSends {
+		// mcpeer prints "attached" once its QP is attached and its
+		// receives are posted.
+		for {
+			out, _, err := proc.Output()
+			if err == nil && bytes.Contains(out, []byte("attached\n")) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				fail("mcpeer never attached: %v", ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		ah, err := pd.CreateAH(netip.AddrPortFrom(group, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wc := make([]rxego.WC, 1)
+		for k := range count {
+			buf := mem[:size]
+			for i := range buf {
+				buf[i] = mcastPattern(uint32(k), i)
+			}
+			if err := members[0].q.PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRSendImm, Imm: uint32(k), Flags: rxego.SendSignaled,
+				AH: ah, RemoteQPN: rxego.MulticastQPN, RemoteQKey: cm.UDPQKey,
+				SGL: []rxego.SGE{{Addr: mr.IOVA(), Length: size, LKey: mr.LKey()}}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := members[0].cq.PollWait(ctx, wc); err != nil || wc[0].Status != rxego.WCSuccess {
+				t.Fatalf("send %d: %+v %v", k, wc[0], err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	res, err := proc.Wait(ctx)
+	if err != nil {
+		fail("mcpeer: %v", err)
+	}
+	want := fmt.Sprintf("received %d\n", count)
+	if !rxegoSends {
+		want = fmt.Sprintf("sent %d\n", count)
+	}
+	if !bytes.Contains(res.Stdout, []byte(want)) {
+		fail("mcpeer did not say %q", want)
+	}
+	devstats.Settle(dev, 250*time.Millisecond, 5*time.Second)
+	note := fmt.Sprintf("mcpeer received all %d datagrams rxego sent to %s", count, group)
+	if !rxegoSends {
+		guest := netip.MustParseAddr(p.Guest.IP6())
+		for i, mb := range members {
+			wcs := make([]rxego.WC, count+1)
+			n := mb.cq.Poll(wcs)
+			if n != count {
+				t.Fatalf("QP %d received %d datagrams, want %d", i, n, count)
+			}
+			for _, wc := range wcs[:n] {
+				d := mem[wc.ID : wc.ID+uint64(wc.ByteLen)]
+				ok := wc.Status == rxego.WCSuccess && wc.ByteLen == 40+size && wc.Flags&rxego.WCWithImm != 0 &&
+					wc.Src.Addr() == guest && netip.AddrFrom16([16]byte(d[24:40])) == group
+				for j := range size {
+					ok = ok && d[40+j] == mcastPattern(wc.Imm, j)
+				}
+				if !ok {
+					t.Fatalf("QP %d: datagram %+v does not check (GRH destination %v)", i, wc, netip.AddrFrom16([16]byte(d[24:40])))
+				}
+			}
+		}
+		note = fmt.Sprintf("each of two rxego QPs attached to %s received mcpeer's %d datagrams whole", group, count)
+	}
+	return Outcome{Note: note, Rxego: devstats.Map(dev)}
+}

@@ -34,26 +34,35 @@ const (
 func mwPatA(j int) byte { return byte(j*13 + 7) }
 func mwPatB(i int) byte { return byte(i*31 + 3) }
 
-// mwpeerBuild builds mwpeer once into the shared lab's share directory.
-var mwpeerBuild struct {
-	once sync.Once
-	err  error
+// cPeers builds the lab's own libibverbs peers (mwpeer, mcpeer), each
+// once, into the shared lab's share directory.
+var cPeers struct {
+	mu    sync.Mutex
+	built map[string]error
 }
 
-// mwpeer returns mwpeer's path in the guests, building it on first use.
-func mwpeer(t *testing.T, l *lab.Lab) string {
+// cPeer returns the path in the guests of the C peer name (name/name.c),
+// building it on first use.
+func cPeer(t *testing.T, l *lab.Lab, name string) string {
 	t.Helper()
-	mwpeerBuild.once.Do(func() {
-		out, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(l.ShareDir(), "mwpeer"),
-			filepath.Join("mwpeer", "mwpeer.c"), "-libverbs").CombinedOutput()
-		if err != nil {
-			mwpeerBuild.err = fmt.Errorf("building mwpeer (conformance/setup.sh installs gcc and libibverbs-dev): %v\n%s", err, out)
+	cPeers.mu.Lock()
+	defer cPeers.mu.Unlock()
+	err, done := cPeers.built[name]
+	if !done {
+		out, cerr := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(l.ShareDir(), name),
+			filepath.Join(name, name+".c"), "-libverbs").CombinedOutput()
+		if cerr != nil {
+			err = fmt.Errorf("building %s (conformance/setup.sh installs gcc and libibverbs-dev): %v\n%s", name, cerr, out)
 		}
-	})
-	if mwpeerBuild.err != nil {
-		t.Fatal(mwpeerBuild.err)
+		if cPeers.built == nil {
+			cPeers.built = map[string]error{}
+		}
+		cPeers.built[name] = err
 	}
-	return lab.GuestShareDir + "/mwpeer"
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lab.GuestShareDir + "/" + name
 }
 
 // mwCase is one memory-window case: who binds, the window type, and how
@@ -78,7 +87,7 @@ func TestMemoryWindows(t *testing.T) {
 		{false, 1, "unbind"}, {false, 2, "local"}, {false, 2, "send"},
 	}
 	forEachKernel(t, func(t *testing.T, p *Peer) {
-		bin := mwpeer(t, p.Lab)
+		bin := cPeer(t, p.Lab, "mwpeer")
 		for _, c := range cases {
 			// The access after invalidation is NAKed (rxe counts neither
 			// sending nor receiving that NAK): rxego's requester completes

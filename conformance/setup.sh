@@ -26,8 +26,8 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 # --- packages ---------------------------------------------------------------
 # chromium: the headless-browser test of rxego trace's HTML page
 # (internal/ladder); fonts-liberation gives its text metrics. gcc,
-# libc6-dev and libibverbs-dev build mwpeer (mwpeer/mwpeer.c), the
-# memory-window peer the tests compile into the lab's share directory
+# libc6-dev and libibverbs-dev build mwpeer and mcpeer (mwpeer/mwpeer.c, mcpeer/mcpeer.c), the
+# memory-window and multicast peers the tests compile into the lab's share directory
 # (guests run the host's root, so its libibverbs too).
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
 	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod
@@ -60,7 +60,7 @@ programs=(
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
 	rping ucmatose udaddy mckey                              # rdmacm-utils
 	chromium                                                 # chromium
-	gcc                                                      # gcc: builds conformance/mwpeer
+	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer
 	sh bash dd cat echo true                                 # base system
 )
 for p in "${programs[@]}"; do
