@@ -280,8 +280,17 @@ func lease(t *testing.T, kernel string) *Peer {
 	if s.err != nil {
 		t.Fatal(s.err)
 	}
-	if s.peer.Guest.Exited() {
-		t.Fatalf("kernel %s: guest has exited; console:\n%s", kernel, s.peer.Guest.ConsoleTail(40))
+	if g := s.peer.Guest; g.Exited() {
+		// The guest died during an earlier case (that case failed and
+		// printed its console): a fresh one serves the cases after it,
+		// which would otherwise all fail.
+		logf("kernel %s: the guest had died (console below); booting a fresh one\n%s", kernel, g.ConsoleTail(40))
+		g.Close()
+		ng, err := l.Boot(kernel, g.IP(), lab.BootOptions{})
+		if err != nil {
+			t.Fatalf("kernel %s: rebooting the guest: %v", kernel, err)
+		}
+		s.peer.Guest = ng
 	}
 	return s.peer
 }
@@ -440,6 +449,10 @@ func (p *Peer) Case(t *testing.T, c Case, body func(t *testing.T) Outcome) {
 			if capt != nil {
 				capt.Stop()
 				t.Logf("capture: %s", capt.Path())
+			}
+			if p.Guest.Exited() {
+				t.Errorf("the guest died during the case; its console:\n%s", p.Guest.ConsoleTail(40))
+				out.Note = strings.TrimSpace(out.Note + "; the guest kernel died")
 			}
 			after, err := p.Guest.HWCounters()
 			if err != nil {
