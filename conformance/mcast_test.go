@@ -41,6 +41,38 @@ func TestMulticastMckey(t *testing.T) {
 	})
 }
 
+// mcastQP is one UD QP of the multicast cases, with its CQ and, when it
+// joined through rdma_cm, its membership.
+type mcastQP struct {
+	q  *rxego.QP
+	cq *rxego.CQ
+	ms *cm.Membership
+}
+
+// newMcastQP makes a UD QP with Q_Key cm.UDPQKey on pd, in RTS.
+func newMcastQP(dev *rxego.Device, pd *rxego.PD) (mb mcastQP, err error) {
+	if mb.cq, err = dev.CreateCQ(64); err != nil {
+		return mb, err
+	}
+	if mb.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: mb.cq, RecvCQ: mb.cq,
+		Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		return mb, err
+	}
+	return mb, rxego.ActivateUD(mb.q, cm.UDPQKey, 0)
+}
+
+// postRecvs posts n receives of 2 KiB slots of mr from slot first on;
+// each receive's ID is its slot's offset in mr.
+func (mb mcastQP) postRecvs(mr *rxego.MR, first, n int) error {
+	for j := first; j < first+n; j++ {
+		off := uint64(j * 2048)
+		if err := mb.q.PostRecv(rxego.RecvWR{ID: off, SGL: []rxego.SGE{{Addr: mr.IOVA() + off, Length: 2048, LKey: mr.LKey()}}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // mcastRoutes routes multicast out of the lab's interfaces: the guest's
 // for rxe's sends, the lab namespace's bridge for rxego's.
 func (p *Peer) mcastRoutes(t *testing.T, ctx context.Context) {
@@ -65,12 +97,7 @@ func (p *Peer) mckeyJoined(t *testing.T) Outcome {
 	group := netip.MustParseAddr(p.mcastGroup())
 	var dev *rxego.Device
 	var m *cm.Manager
-	type member struct {
-		q  *rxego.QP
-		cq *rxego.CQ
-		ms *cm.Membership
-	}
-	members := make([]member, qps)
+	members := make([]mcastQP, qps)
 	err := p.Lab.InNetns(func() (err error) {
 		if dev, err = rxego.Open(p.HostIP, nil); err != nil {
 			return err
@@ -88,21 +115,11 @@ func (p *Peer) mckeyJoined(t *testing.T) Outcome {
 		}
 		for i := range members {
 			mb := &members[i]
-			if mb.cq, err = dev.CreateCQ(64); err != nil {
+			if *mb, err = newMcastQP(dev, pd); err != nil {
 				return err
 			}
-			if mb.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: mb.cq, RecvCQ: mb.cq,
-				Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+			if err := mb.postRecvs(mr, i*count, count); err != nil {
 				return err
-			}
-			if err = rxego.ActivateUD(mb.q, cm.UDPQKey, 0); err != nil {
-				return err
-			}
-			for j := range count {
-				off := uint64((i*count + j) * 2048)
-				if err := mb.q.PostRecv(rxego.RecvWR{ID: uint64(j), SGL: []rxego.SGE{{Addr: mr.IOVA() + off, Length: 2048, LKey: mr.LKey()}}}); err != nil {
-					return err
-				}
 			}
 			if mb.ms, err = m.JoinMulticast(pd, mb.q, group, nil); err != nil {
 				return err
@@ -256,11 +273,7 @@ func (p *Peer) mcastVerbs(t *testing.T, rxegoSends bool) Outcome {
 	var dev *rxego.Device
 	var pd *rxego.PD
 	var mr *rxego.MR
-	type member struct {
-		q  *rxego.QP
-		cq *rxego.CQ
-	}
-	members := make([]member, qps)
+	members := make([]mcastQP, qps)
 	mem := make([]byte, qps*count*2048)
 	err := p.Lab.InNetns(func() (err error) {
 		if dev, err = rxego.Open("["+p.HostIP6+"]", nil); err != nil {
@@ -274,24 +287,14 @@ func (p *Peer) mcastVerbs(t *testing.T, rxegoSends bool) Outcome {
 		}
 		for i := range members {
 			mb := &members[i]
-			if mb.cq, err = dev.CreateCQ(64); err != nil {
-				return err
-			}
-			if mb.q, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.UD, SendCQ: mb.cq, RecvCQ: mb.cq,
-				Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
-				return err
-			}
-			if err = rxego.ActivateUD(mb.q, cm.UDPQKey, 0); err != nil {
+			if *mb, err = newMcastQP(dev, pd); err != nil {
 				return err
 			}
 			if rxegoSends {
 				continue
 			}
-			for j := range count {
-				off := uint64((i*count + j) * 2048)
-				if err := mb.q.PostRecv(rxego.RecvWR{ID: off, SGL: []rxego.SGE{{Addr: mr.IOVA() + off, Length: 2048, LKey: mr.LKey()}}}); err != nil {
-					return err
-				}
+			if err := mb.postRecvs(mr, i*count, count); err != nil {
+				return err
 			}
 			if err := rxego.AttachMcast(mb.q, group); err != nil {
 				return err
