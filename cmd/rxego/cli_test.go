@@ -268,39 +268,51 @@ func TestPingpongLongOptions(t *testing.T) {
 // TestPingpongGIDIndex: a server given "-g 1 -d lo", as ibv_rc_pingpong
 // -d rxe0 -g 1, serves on lo's IPv4 GID (rxe's index 1) and says so; a
 // client on another loopback address completes the exchange with it.
-// rxe's index 0, a link-local GID lo does not hold, cannot be bound and
-// is left out with a line on stderr.
+// By default the device serves that one address; with --gid-table, lo's
+// whole table, where rxe's index 0, a link-local GID lo does not hold,
+// cannot be bound and is left out with a line on stderr.
 func TestPingpongGIDIndex(t *testing.T) {
 	if c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 4791}); err != nil {
 		t.Skipf("127.0.0.1:4791 is taken: %v", err)
 	} else {
 		c.Close()
 	}
-	cli := testaddr.Loopback()
-	port := refusedPort(t)
-	done := make(chan string, 1)
-	go func() {
-		out, errOut, code := rxegoCmd(t, "pingpong", "-d", "lo", "-g", "1", "-p", port, "-n", "20", "-c")
-		done <- strconv.Itoa(code) + errOut + out
-	}()
-	var out, errOut string
-	var code int
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		out, errOut, code = rxegoCmd(t, "pingpong", "-g", cli.String(), "-p", port, "-n", "20", "-c", "127.0.0.1")
-		if !strings.Contains(errOut, "connection refused") { // the server was not listening yet
-			break
+	for _, table := range []bool{false, true} {
+		cli := testaddr.Loopback()
+		port := refusedPort(t)
+		done := make(chan string, 1)
+		go func() {
+			args := []string{"pingpong", "-d", "lo", "-g", "1", "-p", port, "-n", "20", "-c"}
+			if table {
+				args = append(args, "--gid-table")
+			}
+			out, errOut, code := rxegoCmd(t, args...)
+			done <- strconv.Itoa(code) + errOut + out
+		}()
+		var out, errOut string
+		var code int
+		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			out, errOut, code = rxegoCmd(t, "pingpong", "-g", cli.String(), "-p", port, "-n", "20", "-c", "127.0.0.1")
+			if !strings.Contains(errOut, "connection refused") { // the server was not listening yet
+				break
+			}
 		}
-	}
-	if code != 0 || !strings.Contains(out, "verify: 20 of 20") || !strings.Contains(out, "remote address: LID 0x0000, QPN") ||
-		!strings.Contains(out, "GID ::ffff:127.0.0.1") {
-		t.Errorf("client: exit %d\n%s%s", code, out, errOut)
-	}
-	// lo holds no link-local address: rxe's index 0 is left out, and the
-	// server says where index 1 went.
-	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "GID ::ffff:127.0.0.1") || !strings.Contains(s, "verify: 20 of 20") ||
-		!strings.Contains(s, "-d lo: GID index 0 (fe80::200:ff:fe00:0%lo) not served: bind: cannot assign requested address") ||
-		!strings.Contains(s, "-d lo: rxe's GID index 1 is this device's index 0") {
-		t.Errorf("server: %s", s)
+		if code != 0 || !strings.Contains(out, "verify: 20 of 20") || !strings.Contains(out, "remote address: LID 0x0000, QPN") ||
+			!strings.Contains(out, "GID ::ffff:127.0.0.1") {
+			t.Errorf("client: exit %d\n%s%s", code, out, errOut)
+		}
+		s := <-done
+		if !strings.HasPrefix(s, "0") || !strings.Contains(s, "GID ::ffff:127.0.0.1") || !strings.Contains(s, "verify: 20 of 20") {
+			t.Errorf("server (--gid-table %v): %s", table, s)
+		}
+		// lo holds no link-local address: with the whole table, rxe's
+		// index 0 is left out, and the server says where index 1 went;
+		// serving index 1 alone, it says nothing of the others.
+		tableLines := strings.Contains(s, "-d lo: GID index 0 (fe80::200:ff:fe00:0%lo) not served: bind: cannot assign requested address") &&
+			strings.Contains(s, "-d lo: rxe's GID index 1 is this device's index 0")
+		if tableLines != table || !table && strings.Contains(s, "not served") {
+			t.Errorf("server (--gid-table %v): %s", table, s)
+		}
 	}
 }
 

@@ -19,14 +19,22 @@ type gidSel struct {
 	table  []netip.Addr // -d's GID table as rxe's (rxego.InterfaceGIDs), with an index
 }
 
+// gidTableUsage is pingpong's and perf's --gid-table.
+const gidTableUsage = "with -d IF and a GID index, serve IF's whole GID table as rxe's device does (the index typed is then the device's own) " +
+	"rather than only that entry: this process then holds port 4791 on every address of IF, which no other rxego process on IF can then use"
+
 // gidArg reads pingpong's -g or perf's -x: an address, or a GID index as
 // the C tools take (ibv_rc_pingpong -d rxe0 -g 1). An index names an entry
 // of the table rxe would have on the network interface given with -d
 // (rxego.InterfaceGIDs: 0 link-local, 1 the IPv4 address, then IPv6
-// ones); with such an index, gidSel.open serves the whole table. An index
-// with no -d leaves addr invalid, which the caller treats as before
+// ones); the device then serves that entry's address, or, with
+// wholeTable (--gid-table), the whole table (gidSel.open). Serving one
+// address is the default because an rxego process is a device of its
+// own: one that held every address of the interface would lock out every
+// other rxego process there, where rxe's one device serves them all. An
+// index with no -d leaves addr invalid, which the caller treats as before
 // (pingpong: needs --addr; perf: the exchange's address).
-func gidArg(flagName, sel, ifname string) (gidSel, error) {
+func gidArg(flagName, sel, ifname string, wholeTable bool) (gidSel, error) {
 	s := gidSel{index: -1, ifname: ifname}
 	if sel == "" {
 		return s, nil
@@ -51,7 +59,10 @@ func gidArg(flagName, sel, ifname string) (gidSel, error) {
 	if n < 0 || n >= len(gids) {
 		return s, usageErrorf("-%s %d: no such GID index on %s (its table, as rxe's: %s)", flagName, n, ifname, gidList(gids, nil))
 	}
-	s.addr, s.table = gids[n], gids
+	s.addr = gids[n]
+	if wholeTable {
+		s.table = gids
+	}
 	return s, nil
 }
 

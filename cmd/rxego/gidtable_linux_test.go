@@ -112,7 +112,7 @@ func TestPingpongGIDTable(t *testing.T) {
 			}
 			done := make(chan [3]string, 1)
 			go func() {
-				out, errOut, code := rxegoIn(t, ns, append(tc.cmd, "-d", "d0", gflag, strconv.Itoa(n), "-p", port)...)
+				out, errOut, code := rxegoIn(t, ns, append(tc.cmd, "-d", "d0", gflag, strconv.Itoa(n), "--gid-table", "-p", port)...)
 				done <- [3]string{strconv.Itoa(code), out, errOut}
 			}()
 			pcap := t.TempDir() + "/client.pcapng"

@@ -32,7 +32,7 @@ type perfFlags struct {
 	port, cqMod, postList, duration, margin  *int
 	qpTimeout                                *int
 	all, rdmaCM, stats, bidir, gbits, events *bool
-	infinite                                 *bool
+	infinite, gidTable                       *bool
 	atomicOp, gid, addr, conn, hold, ifname  *string
 	timeout                                  *time.Duration
 	obs                                      *observeFlags
@@ -54,7 +54,7 @@ func newPerfFlags(name string) *perfFlags {
 	f.outReads = fs.Int("o", 0, "outstanding READs/atomics this side accepts (READ and atomic tests; default 128)")
 	f.atomicOp = fs.String("A", "", "atomic operation: FETCH_AND_ADD (default) or CMP_AND_SWAP")
 	f.port = fs.Int("p", perftest.DefaultPort, "TCP port of the exchange (with -R: the rdma_cm port)")
-	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6; with -d the device serves its whole table and sends from that entry; without -d an index is ignored)")
+	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6; without -d an index is ignored)")
 	f.addr = fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
 	f.conn = fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
 	f.rdmaCM = fs.Bool("R", false, "connect with rdma_cm, as perftest's -R: the exchange over an rdma_cm-connected QP on port -p, each data QP its own rdma_cm connection (IPv4)")
@@ -68,6 +68,7 @@ func newPerfFlags(name string) *perfFlags {
 	f.gbits = fs.Bool("report_gbits", false, "report bandwidth in Gb/s instead of MB/s")
 	f.bidir = fs.Bool("b", false, "bidirectional: both sides post and each prints the sum (write_bw and read_bw; give it to both sides)")
 	f.ifname = fs.String("d", "", "network interface whose GID table (as rxe's on it) an -x index names; otherwise accepted for compatibility")
+	f.gidTable = fs.Bool("gid-table", false, gidTableUsage)
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility)")
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
 	f.timeout = fs.Duration("timeout", 2*time.Minute, "give up after this long (with --run_infinitely: no limit unless given)")
@@ -124,7 +125,7 @@ func runPerf(args []string) error {
 		return err
 	}
 	local := *f.addr
-	sel, err := gidArg("x", *f.gid, *f.ifname)
+	sel, err := gidArg("x", *f.gid, *f.ifname, *f.gidTable)
 	if err != nil {
 		return err
 	}

@@ -49,9 +49,10 @@ flags:
 	rx := fs.Int("r", 500, "receive queue depth")
 	numQP := fs.Int("q", 16, "srq: number of QPs")
 	events := fs.Bool("e", false, "sleep on CQ events instead of busy polling")
-	gid := fs.String("g", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6); with an index the device serves -d's whole table and sends from that entry")
+	gid := fs.String("g", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6)")
 	addr := fs.String("addr", "", "local RoCE address (same as -g ADDRESS)")
 	ifname := fs.String("d", "", "network interface whose GID table (as rxe's on it) a -g index names; otherwise accepted for compatibility")
+	gidTable := fs.Bool("gid-table", false, gidTableUsage)
 	_ = fs.Int("l", 0, "service level (accepted for compatibility)")
 	ibPort := fs.Int("i", 1, "IB port (accepted for compatibility; rxego has port 1)")
 	_ = fs.Bool("o", false, "on-demand paging (accepted for compatibility: rxego's memory regions are Go memory, always present)")
@@ -86,7 +87,7 @@ flags:
 	if *ts {
 		fmt.Fprintln(os.Stderr, "rxego pingpong: --ts: rxego's completions carry no timestamps; none reported")
 	}
-	sel, err := gidArg("g", *gid, *ifname)
+	sel, err := gidArg("g", *gid, *ifname, *gidTable)
 	if err != nil {
 		return err
 	}
