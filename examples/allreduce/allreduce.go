@@ -5,11 +5,16 @@
 // rank on the ring, which adds it into its own copy and passes the sum
 // on at the next step; after it, each rank holds one chunk fully reduced.
 // In the all-gather phase, N-1 more steps, the reduced chunks travel
-// round the ring and land in place. Every chunk moves by RDMA WRITE with
-// immediate to the next rank: the WRITE puts the bytes in the next
-// rank's memory (a staging slot per reduce-scatter step, the chunk's
-// final place in the all-gather) and the immediate (phase and step)
-// tells it they are there. The same ring runs over TCP for comparison.
+// round the ring. Every chunk moves by RDMA WRITE with immediate to the
+// next rank: the WRITE puts the bytes in the next rank's memory (a
+// staging slot per reduce-scatter step, the chunk's place in a gather
+// area in the all-gather) and the immediate (phase and step) tells it
+// they are there. The gather area keeps the all-gather's incoming WRITEs
+// off the data the reduce-scatter's WRITEs read (a retransmission reads
+// its source again, until acknowledged, while the previous rank is
+// already gathering): the gathered chunks are copied into the data once
+// every WRITE of the round is acknowledged. The same ring runs over TCP
+// for comparison.
 //
 // The inputs are small integers (rank r's element j is (31j+7r) mod
 // 64), so every sum is exact in float32 whatever the order, and each
@@ -103,20 +108,22 @@ func Run(ctx context.Context, c Config, start job.Starter) (Result, error) {
 func Input(r, j int) float32 { return float32((31*j + 7*r) % 64) }
 
 // ring is one rank's view of the buffer: its data, the reduce-scatter
-// staging slots, and the chunk boundaries.
+// staging slots, the all-gather's gather area, and the chunk boundaries.
 type ring struct {
 	c       Config
 	rank    int
-	all     []float32 // data, then N-1 staging slots of a chunk each
+	all     []float32 // data, then N-1 staging slots of a chunk each, then the gather area
 	data    []float32
-	chunk   int // elements per chunk (the last may be shorter or empty)
+	gather  []float32 // as long as data: chunk k gathers at its own elements
+	chunk   int       // elements per chunk (the last may be shorter or empty)
 	checked int
 }
 
 func newRing(c Config, rank int) *ring {
 	cs := (c.Count + c.Ranks - 1) / c.Ranks
-	all := make([]float32, c.Count+(c.Ranks-1)*cs)
+	all := make([]float32, 2*c.Count+(c.Ranks-1)*cs)
 	g := &ring{c: c, rank: rank, all: all, data: all[:c.Count], chunk: cs}
+	g.gather = all[g.gatherOff():]
 	job.Touch(g.bytes()) // the staging slots; fill touches the data
 	return g
 }
@@ -132,6 +139,18 @@ func (g *ring) span(k int) (lo, hi int) {
 
 // slot is the element offset of reduce-scatter step s's staging slot.
 func (g *ring) slot(s int) int { return g.c.Count + s*g.chunk }
+
+// gatherOff is the element offset of the gather area.
+func (g *ring) gatherOff() int { return g.slot(g.c.Ranks - 1) }
+
+// ungather copies the chunks gathered in the all-gather into the data:
+// every chunk but the one this rank reduced itself.
+func (g *ring) ungather() {
+	for s := 0; s < g.c.Ranks-1; s++ {
+		lo, hi := g.span(g.sendAG(s) - 1)
+		copy(g.data[lo:hi], g.gather[lo:hi])
+	}
+}
 
 // sendRS and recvRS are the chunks rank r sends and receives at
 // reduce-scatter step s; sendAG and recvAG at all-gather step s.
@@ -221,17 +240,8 @@ func imm(phase, s int) uint32 { return uint32(phase<<16 | s) }
 func (g *ring) runRDMA(ctx context.Context, r *job.Rank) (any, error) {
 	steps := 2 * (g.c.Ranks - 1)
 	nextRank, prevRank := (r.ID+1)%g.c.Ranks, (r.ID+g.c.Ranks-1)%g.c.Ranks
-	// One shard: the ring reads chunks for its WRITEs (and, on a
-	// retransmission, again) that the previous rank's WRITEs may overwrite
-	// meanwhile, through the other QP. On one engine those accesses are
-	// ordered; on two shards they are a data race (docs/design-notes.md).
-	opts := rxego.Options{}
-	if o := job.DeviceOptions(g.c.Devices, r.ID); o != nil {
-		opts = *o
-	}
-	opts.Shards = 1
 	n, eps, err := job.OpenLinked(r, job.NodeConfig{Buf: g.bytes(), Access: rxego.AccessRemoteWrite, QPs: 2,
-		SendDepth: steps, RecvDepth: steps, CQDepth: steps, Options: &opts},
+		SendDepth: steps, RecvDepth: steps, CQDepth: steps, Options: job.DeviceOptions(g.c.Devices, r.ID)},
 		[]job.Link{{Local: toNext, Rank: nextRank, QP: fromPrev}, {Local: fromPrev, Rank: prevRank, QP: toNext}})
 	if err != nil {
 		return nil, err
@@ -239,7 +249,8 @@ func (g *ring) runRDMA(ctx context.Context, r *job.Rank) (any, error) {
 	defer n.Close()
 	next := eps[nextRank]
 	wcs := make([]rxego.WC, 1)
-	// write sends data elements [lo, hi) to the next rank's element off.
+	// write sends the elements [lo, hi) of the buffer to the next rank's
+	// element off.
 	write := func(phase, s, lo, hi, off int) error {
 		return n.QPs[toNext].PostSend(rxego.SendWR{ID: uint64(imm(phase, s)), Opcode: rxego.WRWriteImm, Imm: imm(phase, s),
 			Flags: rxego.SendSignaled, SGL: n.SGE(lo*4, (hi-lo)*4), RemoteAddr: next.VA + uint64(off)*4, RKey: next.RKey})
@@ -273,22 +284,31 @@ func (g *ring) runRDMA(ctx context.Context, r *job.Rank) (any, error) {
 			}
 			g.reduce(s)
 		}
+		gather := g.gatherOff()
 		for s := 0; s < g.c.Ranks-1; s++ {
+			// Step 0 sends the chunk this rank reduced, from the data;
+			// later steps the one gathered at the step before.
 			lo, hi := g.span(g.sendAG(s))
-			if err := write(1, s, lo, hi, lo); err != nil {
+			from := 0
+			if s > 0 {
+				from = gather
+			}
+			if err := write(1, s, from+lo, from+hi, gather+lo); err != nil {
 				return err
 			}
 			if err := arrived(1, s); err != nil {
 				return err
 			}
 		}
-		// Our own WRITEs are acknowledged too before the next round
-		// refills the data they read from.
+		// Our own WRITEs are acknowledged too before the data they read
+		// from changes: the gathered chunks now, the next round's inputs
+		// after.
 		for range steps {
 			if _, err := job.Poll(ctx, n.SendCQ, wcs); err != nil {
 				return err
 			}
 		}
+		g.ungather()
 		return nil
 	}
 	res, err := g.iterate(r, prepare, allreduce, "rdma")
