@@ -65,7 +65,7 @@ func TestPerftestIPv6(t *testing.T) {
 
 // TestPerftestFlags runs the BW tests with several QPs, a smaller tx
 // depth, a path MTU rxego asks to lower (perftest takes the smaller of
-// both sides') and write_bw and read_bw over every size (-a: 2 B to 8
+// both sides'), a traffic class (--tclass 104: DSCP 26) and write_bw and read_bw over every size (-a: 2 B to 8
 // MiB), in both roles. read_bw -a as the rxego client is the case that
 // drew READ retry storms from rxe 6.1 before the completer kept to one
 // retry at a time (docs/perf.md).
@@ -78,6 +78,7 @@ func TestPerftestFlags(t *testing.T) {
 			{Test: "atomic_bw", Atomic: "FETCH_AND_ADD", Iters: 10, QPs: 2},
 			{Test: "write_bw", Size: 4096, Iters: 20, Args: []string{"-t", "2"}},
 			{Test: "send_bw", Size: 2000, Iters: 10, RxegoArgs: []string{"-m", "512"}},
+			{Test: "write_bw", Size: 4096, Iters: 10, Args: []string{"--tclass", "104"}},
 			{Test: "write_bw", All: true, Iters: 5, Timeout: 4 * time.Minute},
 			{Test: "read_bw", All: true, Iters: 5, Timeout: 4 * time.Minute},
 		}
@@ -119,6 +120,7 @@ func TestPerftestRDMACM(t *testing.T) {
 			{Test: "send_bw", Size: 4096, Iters: 10, QPs: 2}, {Test: "write_bw", Size: 4096, Iters: 10, QPs: 2},
 			{Test: "read_bw", Size: 4096, Iters: 10, QPs: 2},
 			{Test: "atomic_bw", Atomic: "FETCH_AND_ADD", Iters: 20},
+			{Test: "write_bw", Size: 4096, Iters: 10, Args: []string{"-T", "104"}},
 			{Test: "send_lat", Size: 64, Iters: 20}, {Test: "write_lat", Size: 64, Iters: 20},
 			{Test: "read_lat", Size: 64, Iters: 20}, {Test: "atomic_lat", Atomic: "CMP_AND_SWAP", Iters: 20},
 		}

@@ -150,7 +150,7 @@ func (o *observeFlags) status(start time.Time) string {
 // the library opens its own. Progress alone does not force a device: a
 // server that learns its address from the connection shows none. The
 // caller closes the device.
-func (o *observeFlags) openDevice(local netip.Addr, server string) (*rxego.Device, error) {
+func (o *observeFlags) openDevice(local netip.Addr, server string, opts *rxego.Options) (*rxego.Device, error) {
 	needed := o.pcap != "" || o.metricsAddr != ""
 	if !o.active() || !needed && !local.IsValid() && server == "" {
 		return nil, nil
@@ -168,7 +168,7 @@ func (o *observeFlags) openDevice(local netip.Addr, server string) (*rxego.Devic
 			return nil, err
 		}
 	}
-	dev, err := rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil)
+	dev, err := rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), opts)
 	if err != nil {
 		return nil, err
 	}

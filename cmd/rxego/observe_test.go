@@ -167,17 +167,17 @@ func TestDemoCommand(t *testing.T) {
 func TestObserveOpenDevice(t *testing.T) {
 	local := testaddr.Loopback()
 	var none observeFlags
-	if d, err := none.openDevice(local, ""); d != nil || err != nil {
+	if d, err := none.openDevice(local, "", nil); d != nil || err != nil {
 		t.Fatalf("no flags: %v %v", d, err)
 	}
 	o := &observeFlags{pcap: filepath.Join(t.TempDir(), "perf.pcapng")}
 	if err := o.start(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.openDevice(netip.Addr{}, ""); err == nil || !strings.Contains(err.Error(), "--addr") {
+	if _, err := o.openDevice(netip.Addr{}, "", nil); err == nil || !strings.Contains(err.Error(), "--addr") {
 		t.Errorf("server mode without an address: %v", err)
 	}
-	d, err := o.openDevice(local, "")
+	d, err := o.openDevice(local, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,5 +190,47 @@ func TestObserveOpenDevice(t *testing.T) {
 	}
 	if err := trace.ReadFile(o.pcap, func(trace.Record) error { return nil }); err != nil {
 		t.Errorf("the capture does not read: %v", err)
+	}
+}
+
+// TestPerfTClass: perf's --tclass sets the IP TOS of the packets its
+// device sends (perftest's GRH traffic class): a write_bw server given
+// --tclass 104 (DSCP 26) sends its ACKs with DSCP 26 and, DCQCN being on,
+// ECT(0); the client, given none, sends DSCP 0. Its --pcap shows both.
+func TestPerfTClass(t *testing.T) {
+	srv, cli := testaddr.Loopback().String(), testaddr.Loopback().String()
+	port := strconv.Itoa(freePort(t, srv))
+	pcap := filepath.Join(t.TempDir(), "server.pcapng")
+	done := make(chan error, 1)
+	go func() {
+		done <- runPerf([]string{"write_bw", "--tclass", "104", "--addr", srv, "-p", port, "-n", "20", "-s", "4096", "--pcap", pcap, "--timeout", "20s"})
+	}()
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if err = runPerf([]string{"write_bw", "--addr", cli, "-p", port, "-n", "20", "-s", "4096", "--timeout", "20s", srv}); err == nil ||
+			!strings.Contains(err.Error(), "refused") {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	dscp := map[string]map[[2]uint8]int{}
+	err = trace.ReadFile(pcap, func(r trace.Record) error {
+		if dscp[r.Src.String()] == nil {
+			dscp[r.Src.String()] = map[[2]uint8]int{}
+		}
+		dscp[r.Src.String()][[2]uint8{r.DSCP, r.ECN}]++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, c := dscp[srv], dscp[cli]
+	if len(s) != 1 || s[[2]uint8{26, 2}] == 0 || len(c) != 1 || c[[2]uint8{0, 2}] == 0 {
+		t.Errorf("(DSCP, ECN) of the packets: server %v, client %v; want (26, 2) and (0, 2)", s, c)
 	}
 }

@@ -33,6 +33,7 @@ type perfFlags struct {
 	qpTimeout                                *int
 	all, rdmaCM, stats, bidir, gbits, events *bool
 	infinite, gidTable                       *bool
+	tos, tclass                              *int
 	atomicOp, gid, addr, conn, hold, ifname  *string
 	timeout                                  *time.Duration
 	obs                                      *observeFlags
@@ -69,6 +70,8 @@ func newPerfFlags(name string) *perfFlags {
 	f.bidir = fs.Bool("b", false, "bidirectional: both sides post and each prints the sum (write_bw and read_bw; give it to both sides)")
 	f.ifname = fs.String("d", "", "network interface whose GID table (as rxe's on it) an -x index names; otherwise accepted for compatibility")
 	f.gidTable = fs.Bool("gid-table", false, gidTableUsage)
+	f.tos = fs.Int("T", -1, "with -R: the IP TOS of the test's packets, 0-255 (rdma_cm's RDMA_OPTION_ID_TOS); ECN bits 00 become ECT(0) while DCQCN is on")
+	f.tclass = fs.Int("tclass", -1, "without -R: the GRH traffic class of the test's packets, their IP TOS, 0-255; ECN bits 00 become ECT(0) while DCQCN is on")
 	_ = fs.Int("i", 1, "IB port (accepted for compatibility)")
 	_ = fs.Bool("F", false, "accepted for compatibility (perftest's CPU frequency warning)")
 	f.timeout = fs.Duration("timeout", 2*time.Minute, "give up after this long (with --run_infinitely: no limit unless given)")
@@ -80,7 +83,7 @@ func newPerfFlags(name string) *perfFlags {
 		"t": {"tx-depth"}, "u": {"qp-timeout"}, "x": {"gid-index"}, "a": {"all"}, "F": {"CPU-freq"},
 		"c": {"connection"}, "q": {"qp"}, "e": {"events"}, "o": {"outs"}, "R": {"rdma_cm"}, "r": {"rx-depth"},
 		"b": {"bidirectional"}, "Q": {"cq-mod"}, "A": {"atomic_type"}, "l": {"post_list"}, "D": {"duration"},
-		"f": {"margin"},
+		"f": {"margin"}, "T": {"tos"},
 	} {
 		alias(fs, short, longs...)
 	}
@@ -181,6 +184,26 @@ func runPerf(args []string) error {
 			}
 		}
 	}
+	// perftest takes -T (a TOS for rdma_cm's IDs) only with -R and
+	// --tclass (the GRH's) only without.
+	var devOpts rxego.Options
+	switch {
+	case *f.tos >= 0 && !cfg.RDMACM:
+		return usageErrorf("-T %d: the TOS is for rdma_cm QPs (-R); without -R give --tclass", *f.tos)
+	case *f.tclass >= 0 && cfg.RDMACM:
+		return usageErrorf("--tclass %d: with -R give the TOS with -T", *f.tclass)
+	case *f.tos >= 0:
+		if err := inRange("T", int64(*f.tos), 0, 255); err != nil {
+			return err
+		}
+		devOpts.DataTOS = uint8(*f.tos)
+	case *f.tclass >= 0:
+		if err := inRange("tclass", int64(*f.tclass), 0, 255); err != nil {
+			return err
+		}
+		devOpts.DataTOS = uint8(*f.tclass)
+	}
+	cfg.DeviceOptions = &devOpts
 	// Every size, count and depth is checked before a device, a socket or
 	// a buffer exists.
 	if err := cfg.Check(); err != nil {
@@ -195,11 +218,11 @@ func runPerf(args []string) error {
 		// -d IF with a GID index: the device serves IF's whole GID table,
 		// as rxe's on IF would, and sends from the index given. rdma_cm
 		// (-R) binds the one address.
-		if dev, cfg.GIDIndex, err = sel.open(os.Stderr, "rxego perf", rxego.Options{}); err == nil {
+		if dev, cfg.GIDIndex, err = sel.open(os.Stderr, "rxego perf", devOpts); err == nil {
 			obs.attach(dev)
 		}
 	} else {
-		dev, err = obs.openDevice(cfg.Local, server)
+		dev, err = obs.openDevice(cfg.Local, server, &devOpts)
 	}
 	if err != nil {
 		return errors.Join(err, obs.close())

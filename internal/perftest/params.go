@@ -137,6 +137,9 @@ type Config struct {
 	Listener net.Listener
 	// Device, when set, is used instead of opening one on Local.
 	Device *rxego.Device
+	// DeviceOptions are the options of the device Run opens when Device
+	// is nil (nil: the defaults), e.g. the data packets' IP TOS (-T).
+	DeviceOptions *rxego.Options
 	// GIDIndex is the Device's GID the QPs send from and the exchange
 	// names (perftest's -x index; needs Device; 0: Open's address).
 	GIDIndex int

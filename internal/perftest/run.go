@@ -288,7 +288,7 @@ func (s *session) openDevice(local netip.Addr) error {
 			return errors.New("perftest: no local address for the device")
 		}
 		var err error
-		if s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), nil); err != nil {
+		if s.dev, err = rxego.Open(netip.AddrPortFrom(local, rxego.DefaultPort).String(), c.DeviceOptions); err != nil {
 			return err
 		}
 	}
