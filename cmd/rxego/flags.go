@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // The command line follows the C tools rxego stands in for, which parse
@@ -36,7 +37,25 @@ func usageErrorf(format string, a ...any) error {
 }
 
 // aliases maps a flag set to its long aliases: alias name -> flag name.
-var aliases = map[*flag.FlagSet]map[string]string{}
+// Guarded by aliasMu: commands run concurrently in tests. A flag set's
+// own map is written and read by the goroutine that builds and parses it.
+var (
+	aliasMu sync.Mutex
+	aliases = map[*flag.FlagSet]map[string]string{}
+)
+
+// aliasesOf returns fs's aliases (alias name -> flag name), making the
+// map when create is set.
+func aliasesOf(fs *flag.FlagSet, create bool) map[string]string {
+	aliasMu.Lock()
+	defer aliasMu.Unlock()
+	m := aliases[fs]
+	if m == nil && create {
+		m = map[string]string{}
+		aliases[fs] = m
+	}
+	return m
+}
 
 // alias makes each name in longs another spelling of the flag name.
 func alias(fs *flag.FlagSet, name string, longs ...string) {
@@ -44,12 +63,10 @@ func alias(fs *flag.FlagSet, name string, longs ...string) {
 	if f == nil {
 		panic("alias of undefined flag " + name)
 	}
-	if aliases[fs] == nil {
-		aliases[fs] = map[string]string{}
-	}
+	m := aliasesOf(fs, true)
 	for _, l := range longs {
 		fs.Var(f.Value, l, "same as -"+name)
-		aliases[fs][l] = name
+		m[l] = name
 	}
 }
 
@@ -152,12 +169,12 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 func printFlags(fs *flag.FlagSet) {
 	w := fs.Output()
 	long := map[string][]string{}
-	for l, n := range aliases[fs] {
+	for l, n := range aliasesOf(fs, false) {
 		long[n] = append(long[n], l)
 	}
 	var lines []string
 	fs.VisitAll(func(f *flag.Flag) {
-		if _, isAlias := aliases[fs][f.Name]; isAlias {
+		if _, isAlias := aliasesOf(fs, false)[f.Name]; isAlias {
 			return
 		}
 		names := []string{dash(f.Name)}
@@ -216,7 +233,7 @@ func positive(fs *flag.FlagSet, names ...string) error {
 	var err error
 	fs.Visit(func(f *flag.Flag) {
 		name := f.Name
-		if n, ok := aliases[fs][name]; ok {
+		if n, ok := aliasesOf(fs, false)[name]; ok {
 			name = n
 		}
 		for _, want := range names {
