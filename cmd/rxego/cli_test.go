@@ -98,7 +98,16 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"pingpong", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"pingpong", "--bogus"}, "flag provided but not defined: --bogus"},
+		{[]string{"pingpong", "-bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"ibv_ud_pingpong", "-m", "1024"}, "flag provided but not defined: -m"}, // ud_pingpong has no -m
+		{[]string{"ibv_rc_pingpong", "-R"}, "flag provided but not defined: -R"},
+		{[]string{"ibv_srq_pingpong", "-g", "127.0.0.1", "-q", "0"}, "-q 0: must be at least 1"},
+		{[]string{"ib_send_lat", "-b"}, "are for the BW tests"},
+		{[]string{"ib_write_bw", "-x", "1"}, "-x 1: a GID index needs -d INTERFACE"},
+		{[]string{"perf", "write_bw", "-x", "1"}, "-x 1: a GID index needs -d INTERFACE"},
+		{[]string{"pingpong", "-g", "127.0.0.1", "--metrics-addr", "nonsense"}, `--metrics-addr "nonsense": want HOST:PORT`},
+		{[]string{"perf", "write_bw", "--metrics-addr", "127.0.0.1:http"}, `--metrics-addr "127.0.0.1:http": want HOST:PORT`},
 		{[]string{"pingpong", "-g", "127.0.0.1", "-s", "99999999999"}, "message size (-s) 99999999999: want 1 to"},
 		{[]string{"pingpong", "-g", "127.0.0.1", "-s", "4194304"}, "one slot per receive"},
 		{[]string{"pingpong", "-g", "127.0.0.1", "-n", "0"}, "-n 0: must be at least 1"},
@@ -143,6 +152,77 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if _, errOut, code := rxegoCmd(t, "nosuch"); code != 2 || !strings.Contains(errOut, "unknown command") {
 		t.Errorf("unknown command: exit %d: %s", code, errOut)
+	}
+	// help's own error points at the list of commands, not at help's flags.
+	if _, errOut, code := rxegoCmd(t, "help", "foo"); code != 2 ||
+		errOut != "rxego help: unknown command \"foo\"\ntry 'rxego help' for the list of commands\n" {
+		t.Errorf("help foo: exit %d: %q", code, errOut)
+	}
+}
+
+// TestHelpListsCTools: `rxego help` names every C tool command, and each
+// command's -h shows its long options with two dashes.
+func TestHelpListsCTools(t *testing.T) {
+	out, _, code := rxegoCmd(t, "help")
+	for _, name := range []string{"ibv_rc_pingpong", "ibv_uc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong",
+		"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_atomic_bw", "ib_write_lat", "ib_read_lat", "ib_send_lat",
+		"ib_atomic_lat", "rping", "ucmatose", "udaddy", "mckey"} {
+		if code != 0 || !strings.Contains(out, " "+name) {
+			t.Errorf("help: exit %d, no %s:\n%s", code, name, out)
+		}
+	}
+	for name := range commands {
+		out, _, _ := rxegoCmd(t, name, "-h")
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(line, "  -") && !strings.HasPrefix(f[0], "--") &&
+				len(strings.TrimSuffix(f[0], ",")) > 2 {
+				t.Errorf("%s -h: a long flag with one dash: %q", name, line)
+			}
+		}
+	}
+}
+
+// TestCToolCommandLines: a C tool's command line runs as it is with
+// "rxego " in front: ibv_rc_pingpong's -t is --ts (rxego pingpong's -t
+// picks the tool and would swallow -g), and the server runs as
+// ibv_rc_pingpong too.
+func TestCToolCommandLines(t *testing.T) {
+	srv, cli := testaddr.Loopback(), testaddr.Loopback()
+	port := refusedPort(t)
+	done := make(chan string, 1)
+	go func() {
+		out, errOut, code := rxegoCmd(t, "ibv_rc_pingpong", "-g", srv.String(), "-p", port, "-n", "20", "-c")
+		done <- strconv.Itoa(code) + errOut + out
+	}()
+	var out, errOut string
+	var code int
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		out, errOut, code = rxegoCmd(t, "ibv_rc_pingpong", "-t", "-g", cli.String(), "-p", port, "-n", "20", "-c", srv.String())
+		if !strings.Contains(errOut, "connection refused") {
+			break
+		}
+	}
+	if code != 0 || !strings.Contains(out, "verify: 20 of 20") || !strings.Contains(errOut, "--ts: rxego's completions carry no timestamps") {
+		t.Errorf("client: exit %d\n%s%s", code, out, errOut)
+	}
+	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "verify: 20 of 20") {
+		t.Errorf("server: %s", s)
+	}
+}
+
+// TestMetricsAddrBusy: a --metrics-addr port another program holds gets a
+// hint that names --metrics-addr (not -p, the exchange's port).
+func TestMetricsAddrBusy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, errOut, code := rxegoCmd(t, "pingpong", "-g", testaddr.Loopback().String(), "--metrics-addr", ln.Addr().String(),
+		"-p", refusedPort(t), "127.0.0.1")
+	if code != 1 || !strings.Contains(errOut, "address already in use") ||
+		!strings.Contains(errOut, "hint: another program listens on this TCP port; give --metrics-addr another port") {
+		t.Errorf("exit %d: %s", code, errOut)
 	}
 }
 

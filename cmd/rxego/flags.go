@@ -148,7 +148,7 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 			return nil, errHelp
 		}
 		if err != nil {
-			return nil, &usageError{err.Error()}
+			return nil, &usageError{asTyped(err.Error(), args)}
 		}
 		if fs.NArg() == 0 {
 			return operands, nil
@@ -162,6 +162,22 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 		operands = append(operands, fs.Arg(0))
 		rest = fs.Args()[1:]
 	}
+}
+
+// asTyped rewrites the flag package's "-name" in msg with the spelling
+// the user typed ("--name"): flag reports every flag with one dash.
+func asTyped(msg string, args []string) string {
+	const undefined = "flag provided but not defined: -"
+	name, ok := strings.CutPrefix(msg, undefined)
+	if !ok {
+		return msg
+	}
+	for _, a := range args {
+		if n, _, _ := strings.Cut(a, "="); n == "--"+name {
+			return undefined + "-" + name
+		}
+	}
+	return msg
 }
 
 // printFlags writes fs's flags as "-s, --size N  usage", one entry per
@@ -188,7 +204,7 @@ func printFlags(fs *flag.FlagSet) {
 			head += " " + arg
 		}
 		_, usage := flag.UnquoteUsage(f)
-		if def := f.DefValue; def != "" && def != "0" && def != "false" && !isBool(f) {
+		if def := f.DefValue; def != "" && def != "0" && def != "0s" && def != "false" && !isBool(f) {
 			usage += fmt.Sprintf(" (default %s)", quoteIfString(f, def))
 		}
 		lines = append(lines, head+"\n    \t"+strings.ReplaceAll(usage, "\n", "\n    \t"))

@@ -23,6 +23,10 @@ import (
 type command struct {
 	summary string
 	run     func(args []string) error
+	// cTool marks the name of a C tool (ibv_rc_pingpong, ib_write_bw,
+	// rping, ...): it takes that tool's flags exactly, so that a tutorial's
+	// command line runs with "rxego " in front.
+	cTool bool
 }
 
 var commands = map[string]command{}
@@ -30,7 +34,13 @@ var commands = map[string]command{}
 // register adds a subcommand; called from the init function of each
 // subcommand's file.
 func register(name, summary string, run func(args []string) error) {
-	commands[name] = command{summary, run}
+	commands[name] = command{summary: summary, run: run}
+}
+
+// registerCTool adds the command named after a C tool, which takes that
+// tool's flags exactly; summary names the tool it stands in for.
+func registerCTool(name, summary string, run func(args []string) error) {
+	commands[name] = command{summary: summary, run: run, cTool: true}
 }
 
 func init() {
@@ -46,9 +56,26 @@ func usage(w io.Writer) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	tools := []string{"mckey", "rping", "ucmatose", "udaddy"} // commands under their C names already
 	for _, n := range names {
+		if commands[n].cTool {
+			tools = append(tools, n)
+			continue
+		}
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
+	fmt.Fprintln(w, "\nthe C tools' names, each taking that tool's flags exactly (put \"rxego \" in front")
+	fmt.Fprintln(w, "of a tutorial's command line):")
+	sort.Strings(tools)
+	line := " "
+	for _, n := range tools {
+		if len(line)+1+len(n) > 78 {
+			fmt.Fprintln(w, line)
+			line = " "
+		}
+		line += " " + n
+	}
+	fmt.Fprintln(w, line)
 	fmt.Fprintln(w, "\nrun 'rxego <command> -h' for a command's flags")
 }
 
@@ -60,7 +87,7 @@ func runHelp(args []string) error {
 	}
 	c, ok := commands[args[0]]
 	if !ok || args[0] == "help" {
-		return usageErrorf("help: unknown command %q", args[0])
+		return &unknownCommandError{args[0]}
 	}
 	return c.run([]string{"-h"})
 }
@@ -126,7 +153,7 @@ func main() {
 	}
 	c, ok := commands[name]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "rxego: unknown command %q\ntry 'rxego help'\n", name)
+		fmt.Fprintf(os.Stderr, "rxego: %v\ntry 'rxego help'\n", &unknownCommandError{name})
 		os.Exit(2)
 	}
 	os.Exit(exitCode(os.Stderr, name, c.run(os.Args[2:])))
@@ -143,6 +170,10 @@ func exitCode(w io.Writer, name string, err error) int {
 	if h := hint(err); h != "" {
 		fmt.Fprintf(w, "hint: %s\n", h)
 	}
+	if errors.As(err, new(*unknownCommandError)) {
+		fmt.Fprintln(w, "try 'rxego help' for the list of commands")
+		return 2
+	}
 	var ue *usageError
 	if errors.As(err, &ue) {
 		fmt.Fprintf(w, "try 'rxego %s -h'\n", name)
@@ -151,9 +182,24 @@ func exitCode(w io.Writer, name string, err error) int {
 	return 1
 }
 
+// unknownCommandError names a command rxego does not have.
+type unknownCommandError struct{ name string }
+
+func (e *unknownCommandError) Error() string { return fmt.Sprintf("unknown command %q", e.name) }
+
 // libraryPrefix is the prefix the library behind a command puts on its
 // errors, where it is not the command's name.
-var libraryPrefix = map[string]string{"perf": "perftest: ", "ucmatose": "cmatose: "}
+func libraryPrefix(name string) string {
+	switch {
+	case name == "perf" || strings.HasPrefix(name, "ib_"):
+		return "perftest: "
+	case name == "ucmatose":
+		return "cmatose: "
+	case name == "pingpong" || strings.HasPrefix(name, "ibv_"):
+		return "pingpong: "
+	}
+	return ""
+}
 
 // trimPrefixes drops a leading "rxego: ", "NAME: " or the command's
 // library prefix from msg: the line already starts with "rxego NAME: ",
@@ -161,7 +207,7 @@ var libraryPrefix = map[string]string{"perf": "perftest: ", "ucmatose": "cmatose
 func trimPrefixes(msg, name string) string {
 	for changed := true; changed; {
 		changed = false
-		for _, p := range []string{"rxego: ", name + ": ", libraryPrefix[name]} {
+		for _, p := range []string{"rxego: ", name + ": ", libraryPrefix(name)} {
 			if p == "" {
 				continue
 			}
@@ -177,6 +223,10 @@ func trimPrefixes(msg, name string) string {
 func hint(err error) string {
 	if !errors.Is(err, syscall.EADDRINUSE) {
 		return ""
+	}
+	var fe *flagListenError
+	if errors.As(err, &fe) {
+		return "another program listens on this TCP port; give " + fe.flag + " another port (HOST:0 takes any free one)"
 	}
 	var oe *net.OpError
 	if errors.As(err, &oe) && strings.HasPrefix(oe.Net, "tcp") {

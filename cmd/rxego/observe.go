@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -77,10 +78,14 @@ func (o *observeFlags) start() error {
 		return fmt.Errorf("--metrics-per-qp %d: want 0 or more", o.perQP)
 	}
 	if o.metricsAddr != "" {
+		if _, port, err := net.SplitHostPort(o.metricsAddr); err != nil || !isPort(port) {
+			o.closePcap()
+			return usageErrorf("--metrics-addr %q: want HOST:PORT with a port number, e.g. 127.0.0.1:9479", o.metricsAddr)
+		}
 		ln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
 			o.closePcap()
-			return fmt.Errorf("--metrics-addr: %w", err)
+			return &flagListenError{flag: "--metrics-addr", err: err}
 		}
 		o.ln, o.coll = ln, metrics.NewCollectorOptions(metrics.Options{PerQP: o.perQP})
 		mux := http.NewServeMux()
@@ -91,6 +96,22 @@ func (o *observeFlags) start() error {
 	}
 	return nil
 }
+
+// isPort reports whether s is a TCP port number.
+func isPort(s string) bool {
+	n, err := strconv.ParseUint(s, 10, 16)
+	return err == nil && n <= 0xffff
+}
+
+// flagListenError is a listener a flag names (--metrics-addr) that could
+// not be opened; its hint names that flag.
+type flagListenError struct {
+	flag string
+	err  error
+}
+
+func (e *flagListenError) Error() string { return e.flag + ": " + e.err.Error() }
+func (e *flagListenError) Unwrap() error { return e.err }
 
 // metricsPrefix starts the line naming the metrics URL.
 const metricsPrefix = "rxego: metrics on "

@@ -19,6 +19,12 @@ import (
 
 func init() {
 	register("perf", "peer for perftest's ib_{send,write,read,atomic}_{bw,lat} (same TCP exchange, or rdma_cm with -R; same flags and tables)", runPerf)
+	for _, t := range perftest.Tests {
+		name := "ib_" + string(t)
+		registerCTool(name, "peer for perftest's "+name+" (its flags exactly)", func(args []string) error {
+			return perfCommand(name, perftest.Test(name[len("ib_"):]), args)
+		})
+	}
 }
 
 // holdPrefix starts the line --hold prints when rxego waits at the final
@@ -55,7 +61,7 @@ func newPerfFlags(name string) *perfFlags {
 	f.outReads = fs.Int("o", 0, "outstanding READs/atomics this side accepts (READ and atomic tests; default 128)")
 	f.atomicOp = fs.String("A", "", "atomic operation: FETCH_AND_ADD (default) or CMP_AND_SWAP")
 	f.port = fs.Int("p", perftest.DefaultPort, "TCP port of the exchange (with -R: the rdma_cm port)")
-	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6; without -d an index is ignored)")
+	f.gid = fs.String("x", "", "local RoCE address (the GID as an IP address), or a GID index of -d's interface as rxe numbers it (0 link-local, 1 IPv4, then IPv6; an index needs -d)")
 	f.addr = fs.String("addr", "", "local RoCE address (same as -x ADDRESS; default: the address of the TCP exchange)")
 	f.conn = fs.String("c", "RC", "connection type: RC (the only one rxego's perf speaks)")
 	f.rdmaCM = fs.Bool("R", false, "connect with rdma_cm, as perftest's -R: the exchange over an rdma_cm-connected QP on port -p, each data QP its own rdma_cm connection (IPv4)")
@@ -104,10 +110,16 @@ func runPerf(args []string) error {
 	if !test.Valid() {
 		return usageErrorf("unknown test %q; want one of %v", args[0], perftest.Tests)
 	}
-	f := newPerfFlags("perf " + string(test))
+	return perfCommand("perf "+string(test), test, args[1:])
+}
+
+// perfCommand runs test with perf's flags: `rxego perf TEST` (name "perf
+// TEST") or the command named after the perftest tool (ib_write_bw).
+func perfCommand(name string, test perftest.Test, args []string) error {
+	f := newPerfFlags(name)
 	fs := f.fs
 	// perftest's getopt lets the server name sit among the flags.
-	operands, err := parseArgs(fs, args[1:])
+	operands, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
@@ -131,6 +143,9 @@ func runPerf(args []string) error {
 	sel, err := gidArg("x", *f.gid, *f.ifname, *f.gidTable)
 	if err != nil {
 		return err
+	}
+	if sel.index >= 0 && !sel.addr.IsValid() {
+		return usageErrorf("-x %s: a GID index needs -d INTERFACE (or give the address with -x ADDRESS or --addr ADDRESS)", *f.gid)
 	}
 	if x := sel.addr; x.IsValid() {
 		if local != "" && local != x.String() {
@@ -250,6 +265,23 @@ func runPerf(args []string) error {
 }
 
 func perfUsage(fs *flag.FlagSet) {
+	if name := fs.Name(); strings.HasPrefix(name, "ib_") {
+		fmt.Fprintf(fs.Output(), `usage: rxego %[1]s [flags] [server]
+
+Talks to perftest's %[1]s over its default Ethernet (TCP) exchange, or
+with -R its rdma_cm mode, and takes its flags exactly (short flags
+cluster: -aF; its long options: --size, --report_gbits, ...): put
+"rxego " in front of the tool's command line. rxego's own additions are
+long options only. The same as rxego perf %[2]s.
+
+  rxego %[1]s -n 1000 -s 65536               # server
+  %[1]s -d rxe0 -x 1 -n 1000 -s 65536 HOST   # the client, elsewhere
+
+flags:
+`, name, name[len("ib_"):])
+		printFlags(fs)
+		return
+	}
 	fmt.Fprintf(fs.Output(), `usage: rxego perf TEST [flags] [server]
 
 TEST is one of send_bw, write_bw, read_bw, atomic_bw, send_lat, write_lat,

@@ -66,7 +66,7 @@ boundaries, PSNs, ACKs, and what went wrong marked where it happened.
 
 flags:
 `)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	files, err := parseArgs(fs, args)
 	if err != nil {
