@@ -433,12 +433,18 @@ func ListenMulticast(group netip.AddrPort, iface netip.Addr, opts Options) (Conn
 }
 
 // interfaceIndex returns the index of the interface holding address a.
+// A loopback address not assigned anywhere (127.0.50.1) belongs to the
+// loopback interface, as the kernel routes it there (see InterfaceMTU).
 func interfaceIndex(a netip.Addr) (int, error) {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		return 0, err
 	}
+	loop := 0
 	for _, ifc := range ifs {
+		if ifc.Flags&net.FlagLoopback != 0 && loop == 0 {
+			loop = ifc.Index
+		}
 		addrs, err := ifc.Addrs()
 		if err != nil {
 			continue
@@ -448,6 +454,9 @@ func interfaceIndex(a netip.Addr) (int, error) {
 				return ifc.Index, nil
 			}
 		}
+	}
+	if a.Unmap().IsLoopback() && loop > 0 {
+		return loop, nil
 	}
 	return 0, fmt.Errorf("transport: no interface holds %v", a)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"math/rand/v2"
 	"os/exec"
 	"reflect"
 	"strconv"
@@ -471,5 +472,27 @@ func TestTimeoutSays(t *testing.T) {
 		if code != 1 || !strings.Contains(errOut, c.want) {
 			t.Errorf("%q: exit %d: %s", c.args, code, errOut)
 		}
+	}
+}
+
+// TestMckeyAnyLoopback: mckey binds to any 127.x address, as every other
+// command does (the kernel routes them all to lo), not only to one an
+// interface holds: a receiver and a sender on two such addresses
+// exchange the datagrams.
+func TestMckeyAnyLoopback(t *testing.T) {
+	rcv, snd := testaddr.Loopback(), testaddr.Loopback()
+	group := netip.AddrFrom4([4]byte{239, 1, byte(rand.IntN(256)), byte(1 + rand.IntN(254))}).String()
+	done := make(chan string, 1)
+	go func() {
+		out, errOut, code := rxegoCmd(t, "mckey", "-m", group, "-b", rcv.String(), "-C", "3", "--pause", "2s", "-timeout", "20s")
+		done <- strconv.Itoa(code) + errOut + out
+	}()
+	time.Sleep(time.Second) // the receiver joins within its 2 s pause
+	out, errOut, code := rxegoCmd(t, "mckey", "-m", group, "-b", snd.String(), "-s", "-C", "3", "--pause", "2s", "-timeout", "20s")
+	if code != 0 || !strings.Contains(out, "3 sent") {
+		t.Errorf("sender: exit %d\n%s%s", code, out, errOut)
+	}
+	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "3 received, 3 verified") {
+		t.Errorf("receiver: %s", s)
 	}
 }
