@@ -131,6 +131,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"perf", "write_bw", "-R", "--tclass", "104", "--addr", "127.0.0.1"}, "--tclass 104: with -R give the TOS with -T"},
 		{[]string{"perf", "write_bw", "--tclass", "256"}, "--tclass 256: want 0 to 255"},
 		{[]string{"rping", "-a", "127.0.0.1"}, "give exactly one of -s and -c"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "-S", "100000"}, "-S 100000: want 24 to 65535"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "-C", "-1"}, "-C -1: want 0 to"},
 		{[]string{"ucmatose", "-b", "127.0.0.1", "-C", "99999"}, "count 99999"},
 		{[]string{"ucmatose", "-c", "0"}, "-c 0: must be at least 1"},
 		{[]string{"mckey", "-s"}, "needs a multicast address: -m"},
@@ -494,5 +496,57 @@ func TestMckeyAnyLoopback(t *testing.T) {
 	}
 	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "3 received, 3 verified") {
 		t.Errorf("receiver: %s", s)
+	}
+}
+
+// TestRpingNobodyThere: a client toward a loopback address where no RoCE
+// device listens (nothing holds UDP port 4791 there) fails at once as
+// refused, for rping and the exchange tools alike; toward a device with no
+// rdma_cm, whose REQs go unanswered, it says on stderr that the REQ is
+// being resent while it waits, and which -timeout ended it.
+func TestRpingNobodyThere(t *testing.T) {
+	nobody := testaddr.Loopback().String()
+	for _, args := range [][]string{
+		{"rping", "-c", "-a", nobody, "-timeout", "60s"},
+		{"udaddy", "-s", nobody, "-timeout", "60s"},
+		{"ucmatose", "-s", nobody, "-timeout", "60s"},
+	} {
+		_, errOut, code := rxegoCmd(t, args...)
+		if code != 1 || !strings.Contains(errOut, "connection refused (no RoCE device on "+nobody+": nothing holds UDP port 4791 there)") {
+			t.Errorf("%q: exit %d: %s", args, code, errOut)
+		}
+	}
+	dev := testaddr.Open(t, nil) // a device without a connection manager: no REJ, no REP
+	_, errOut, code := rxegoCmd(t, "rping", "-c", "-a", dev.Addr().Addr().String(), "-I", testaddr.Loopback().String(), "-timeout", "6s")
+	if code != 1 || !strings.Contains(errOut, "connection request (CM REQ) resent, 1 of 15 retries") ||
+		!strings.Contains(errOut, "within the -timeout of 6s") {
+		t.Errorf("exit %d: %s", code, errOut)
+	}
+}
+
+// TestUdaddyServerSays: udaddy's server, which cannot verify content
+// (udaddy sends unset memory), says what it checked, and the client
+// verifies every echoed datagram.
+func TestUdaddyServerSays(t *testing.T) {
+	srv := testaddr.Loopback().String()
+	done := make(chan string, 1)
+	go func() {
+		out, errOut, code := rxegoCmd(t, "udaddy", "-b", srv, "-C", "4", "-timeout", "20s")
+		done <- strconv.Itoa(code) + errOut + out
+	}()
+	var out, errOut string
+	var code int
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		out, errOut, code = rxegoCmd(t, "udaddy", "-s", srv, "-b", testaddr.Loopback().String(), "-C", "4", "-timeout", "20s")
+		if !strings.Contains(errOut, "refused") {
+			break
+		}
+	}
+	if code != 0 || !strings.Contains(out, "4 received, 4 verified\n") {
+		t.Errorf("client: exit %d\n%s%s", code, out, errOut)
+	}
+	s := <-done
+	if !strings.HasPrefix(s, "0") || !strings.Contains(s, "4 received, 0 verified (nothing failed: the server checks each datagram's length") {
+		t.Errorf("server: %s", s)
 	}
 }

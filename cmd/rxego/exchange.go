@@ -24,6 +24,9 @@ type exchange struct {
 	// return the run's counts.
 	serve func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error)
 	dial  func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error)
+	// serverChecks, when set, follows the server's summary: what the
+	// server can check of what it received where it verifies no content.
+	serverChecks string
 }
 
 // exchangeConfig is what the flags set.
@@ -57,9 +60,13 @@ func (x exchange) run(args []string) error {
 	if err := x.check(cfg); err != nil {
 		return &usageError{err.Error()}
 	}
-	report := func(res exchangeResult, err error) error {
-		fmt.Printf("rxego %s: %d connections, %d sent, %d received, %d verified\n",
+	report := func(server bool, res exchangeResult, err error) error {
+		fmt.Printf("rxego %s: %d connections, %d sent, %d received, %d verified",
 			x.name, res.conns, res.sent, res.received, res.verified)
+		if server && x.serverChecks != "" {
+			fmt.Printf(" (%s)", x.serverChecks)
+		}
+		fmt.Println()
 		return err
 	}
 	if *dst == "" {
@@ -69,7 +76,8 @@ func (x exchange) run(args []string) error {
 		}
 		return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
 			ready := func() { fmt.Printf("%s%v\n", listeningPrefix, netip.AddrPortFrom(local, uint16(*port))) }
-			return report(x.serve(ctx, m, uint16(*port), cfg, ready))
+			res, err := x.serve(ctx, m, uint16(*port), cfg, ready)
+			return report(true, res, err)
 		})
 	}
 	peer, err := netip.ParseAddr(*dst)
@@ -80,8 +88,14 @@ func (x exchange) run(args []string) error {
 	if err != nil {
 		return err
 	}
+	to := netip.AddrPortFrom(peer, uint16(*port))
+	if err := noRoCEThere(to); err != nil {
+		return err
+	}
 	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
-		to := netip.AddrPortFrom(peer, uint16(*port))
-		return dialError(to, report(x.dial(ctx, m, to, cfg)))
+		stop := reportREQRetries(ctx, x.name, m, to)
+		defer stop()
+		res, err := x.dial(ctx, m, to, cfg)
+		return dialError(to, report(false, res, err), *f.timeout)
 	})
 }

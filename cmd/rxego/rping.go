@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -215,10 +218,13 @@ func localAddrs() ([]netip.Addr, error) {
 
 // dialError says what a failed rdma_cm connection attempt means, as the
 // C tools' "couldn't connect" does: a REJ for want of a listener is a
-// refused connection, a REQ nobody answered means no RoCE peer there.
-func dialError(addr netip.AddrPort, err error) error {
+// refused connection, a REQ nobody answered means no RoCE peer there, and
+// a run that ended first says which -timeout ended it.
+func dialError(addr netip.AddrPort, err error, timeout time.Duration) error {
 	var rej *cm.RejectError
 	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("couldn't connect to %v, or the run did not end, within the -timeout of %v: %w", addr, timeout, err)
 	case errors.As(err, &rej) && rej.Reason == cm.RejInvalidServiceID:
 		return fmt.Errorf("couldn't connect to %v: connection refused (REJ, reason %d: nobody listens on rdma_cm port %d there)",
 			addr, rej.Reason, addr.Port())
@@ -265,8 +271,13 @@ flags:
 	if *server == *client {
 		return usageErrorf("give exactly one of -s and -c")
 	}
-	if *port > 0xffff || *size < rping.MinSize || *size > rping.MaxSize || *count < 0 {
-		return usageErrorf("port %d, size %d (%d..%d), count %d out of range", *port, *size, rping.MinSize, rping.MaxSize, *count)
+	for _, r := range []struct {
+		name      string
+		v, lo, hi int64
+	}{{"p", int64(*port), 0, 0xffff}, {"S", int64(*size), rping.MinSize, rping.MaxSize}, {"C", int64(*count), 0, 1<<31 - 1}} {
+		if err := inRange(r.name, r.v, r.lo, r.hi); err != nil {
+			return err
+		}
 	}
 	var a netip.Addr
 	if *addr != "" || *client {
@@ -300,14 +311,111 @@ flags:
 	if err != nil {
 		return err
 	}
+	to := netip.AddrPortFrom(a, uint16(*port))
+	if err := noRoCEThere(to); err != nil {
+		return err
+	}
 	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
-		to := netip.AddrPortFrom(a, uint16(*port))
+		stop := reportREQRetries(ctx, "rping", m, to)
 		res, err := rping.Dial(ctx, m, to, cfg)
+		stop()
 		if err == nil || res.Pings > 0 {
 			fmt.Printf("rxego rping: %d pings, %d verified\n", res.Pings, res.Verified)
 		}
-		return dialError(to, err)
+		return dialError(to, err, *f.timeout)
 	})
+}
+
+// noRoCEThere fails at once when to is a loopback address (this host)
+// where no RoCE device listens: no socket holds UDP port 4791 there (the
+// kernel's table, /proc/net/udp, says so), so a CM REQ would only be
+// retried until rdma_cm gives up (over a minute). It reads the table and
+// sends nothing; other addresses cannot be checked so and return nil.
+func noRoCEThere(to netip.AddrPort) error {
+	a := to.Addr().Unmap()
+	if !a.IsLoopback() {
+		return nil
+	}
+	if held, known := udpPortHeld(a, rxego.DefaultPort); held || !known {
+		return nil
+	}
+	return fmt.Errorf("couldn't connect to %v: connection refused (no RoCE device on %v: nothing holds UDP port %d there)",
+		to, a, rxego.DefaultPort)
+}
+
+// udpPortHeld reports whether a UDP socket is bound to port on a, or on
+// the wildcard address, in this network namespace, as Linux lists them in
+// /proc/net/udp and udp6; known is false where the lists cannot be read.
+func udpPortHeld(a netip.Addr, port uint16) (held, known bool) {
+	for _, name := range []string{"/proc/net/udp", "/proc/net/udp6"} {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return false, false
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			host, p, ok := strings.Cut(f[1], ":")
+			if pn, err := strconv.ParseUint(p, 16, 16); !ok || err != nil || uint16(pn) != port {
+				continue
+			}
+			if bound, ok := procNetAddr(host); ok && (bound.IsUnspecified() || bound.Unmap() == a) {
+				return true, true
+			}
+		}
+	}
+	return false, true
+}
+
+// procNetAddr decodes an address of /proc/net/udp{,6}: 32-bit words in
+// hex, each in the host's byte order (little-endian on the machines rxego
+// runs on).
+func procNetAddr(h string) (netip.Addr, bool) {
+	raw, err := hex.DecodeString(h)
+	if err != nil || (len(raw) != 4 && len(raw) != 16) {
+		return netip.Addr{}, false
+	}
+	for i := 0; i < len(raw); i += 4 {
+		binary.BigEndian.PutUint32(raw[i:], binary.LittleEndian.Uint32(raw[i:]))
+	}
+	a, ok := netip.AddrFromSlice(raw)
+	return a, ok
+}
+
+// reqRetryEvery is how often reportREQRetries looks at the CM's counters.
+var reqRetryEvery = time.Second
+
+// reportREQRetries says on stderr, while a connection request goes
+// unanswered, that rdma_cm resends it and for how long it will: the REQ
+// is resent up to cm.DefaultMaxRetries times, each after the CM response
+// timeout, about 74 s in all, as Linux's CM does. The returned func stops
+// it.
+func reportREQRetries(ctx context.Context, tool string, m *cm.Manager, to netip.AddrPort) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(reqRetryEvery)
+		defer t.Stop()
+		start, told := time.Now(), uint64(0)
+		base := m.Counters()["cm_retransmits"]
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			n := m.Counters()["cm_retransmits"] - base
+			if n > told {
+				told = n
+				fmt.Fprintf(os.Stderr, "rxego %s: no answer from %v after %.0f s: connection request (CM REQ) resent, %d of %d retries\n",
+					tool, to, time.Since(start).Seconds(), n, cm.DefaultMaxRetries)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // localAddr is -I, or the route's source toward peer.

@@ -37,6 +37,11 @@ address (the client's default: the route's source toward -s).
 	dial: func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error) {
 		return udaddyResult(udaddy.Dial(ctx, m, raddr, udaddyConfig(c)))
 	},
+	// udaddy's client sends its buffer as it is (no pattern), so the
+	// server has no content to verify; the client checks that each reply
+	// carries its message back.
+	serverChecks: "nothing failed: the server checks each datagram's length and its immediate data (the sender's QPN); " +
+		"udaddy's payload is unset memory, so its content is verified by the client, which gets it echoed back",
 }
 
 func udaddyConfig(c exchangeConfig) udaddy.Config {
