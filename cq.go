@@ -79,7 +79,7 @@ func (c *CQ) Len() int { return c.cq.Len() }
 // Depth returns the CQ's capacity.
 func (c *CQ) Depth() int { return c.cq.Depth() }
 
-// Err returns qp.ErrCQOverrun once the CQ has overrun.
+// Err returns an error wrapping ErrCQOverrun once the CQ has overrun.
 func (c *CQ) Err() error { return c.cq.Err() }
 
 // Close closes the CQ (ibv_destroy_cq): goroutines waiting in PollWait,

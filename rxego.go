@@ -175,6 +175,14 @@ const DefaultPort = transport.Port
 // net.ErrClosed is for connections. The zero Device counts as closed.
 var ErrClosed = qp.ErrClosed
 
+// ErrCQOverrun is what CQ.PollWait and CQ.Wait return (wrapped, naming
+// the QPs hit) once a completion arrived while the CQ was full, after the
+// completions it holds are polled; verbs raises IBV_EVENT_CQ_ERR. The
+// completion is lost and the QP that generated it moves to ERR, so its
+// other work completes with WR_FLUSH_ERR; other QPs on the CQ go on. Poll
+// returns 0 on such a CQ: check CQ.Err.
+var ErrCQOverrun = qp.ErrCQOverrun
+
 // ErrBusy is what CQ.Close returns while a QP still uses the CQ (verbs:
 // EBUSY from ibv_destroy_cq; destroy the QP first), and QP.Destroy while
 // the QP is attached to a multicast group (EBUSY from ibv_destroy_qp;

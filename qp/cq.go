@@ -5,13 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 )
 
-// ErrCQOverrun is reported (once, through CQ.Err) when completions arrive
-// faster than the application polls and the queue is full; like a verbs
-// CQ overrun it is fatal to the CQ's QPs.
+// ErrCQOverrun is what PollWait and Wait return (wrapped, with the QPs
+// it hit), and CQ.Err, once a completion arrived while the CQ was full:
+// verbs raises IBV_EVENT_CQ_ERR. The completion is lost and the QP that
+// generated it moves to ERR (as rxe's responder does on a receive
+// completion it cannot post), so its outstanding work completes with
+// WR_FLUSH_ERR where there is room; other QPs on the CQ go on. The
+// completions already queued can still be polled; then PollWait fails.
 var ErrCQOverrun = errors.New("qp: completion queue overrun")
 
 // ErrBusy is returned (wrapped) by CQ.Close while a QP still uses the
@@ -28,7 +34,9 @@ type CQ struct {
 	head    int // next to poll
 	n       int // entries present
 	overrun bool
-	waiters int           // goroutines in Wait
+	lost    int      // completions lost to the overrun
+	hit     []uint32 // the QPs whose completions were lost (at most maxOverrunQPs)
+	waiters int      // goroutines in Wait
 	bell    chan struct{} // a token when entries arrive while someone waits
 	done    chan struct{} // closed by Close
 	closed  bool
@@ -133,7 +141,21 @@ func (c *CQ) pushWoke(wc WC) (ok, woke bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.n == len(c.ring) {
+		first := !c.overrun
 		c.overrun = true
+		c.lost++
+		if !slices.Contains(c.hit, wc.QPN) && len(c.hit) < maxOverrunQPs {
+			c.hit = append(c.hit, wc.QPN)
+		}
+		if first {
+			// Like IBV_EVENT_CQ_ERR: every waiter learns of it now, not
+			// when the next completion comes (none may).
+			c.ringBell()
+			if c.watched {
+				c.waiter.Wake()
+			}
+			c.signal()
+		}
 		return false, false
 	}
 	c.ring[(c.head+c.n)%len(c.ring)] = wc
@@ -184,18 +206,32 @@ func (c *CQ) Len() int {
 	return c.n
 }
 
-// Err returns ErrCQOverrun once the CQ has overrun.
+// maxOverrunQPs bounds the QPs an overrun error names.
+const maxOverrunQPs = 8
+
+// Err returns an error wrapping ErrCQOverrun once the CQ has overrun.
 func (c *CQ) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.overrun {
-		return ErrCQOverrun
+	return c.errLocked()
+}
+
+// errLocked is Err; c.mu is held.
+func (c *CQ) errLocked() error {
+	if !c.overrun {
+		return nil
 	}
-	return nil
+	qps := make([]string, len(c.hit))
+	for i, n := range c.hit {
+		qps[i] = fmt.Sprintf("%d (%#06x)", n, n)
+	}
+	return fmt.Errorf("%w: %d completion(s) arrived while all %d entries were full and were lost; QP %s moved to ERR",
+		ErrCQOverrun, c.lost, len(c.ring), strings.Join(qps, ", "))
 }
 
 // Wait blocks until at least one completion is waiting, ctx is done, or
-// the CQ is closed.
+// the CQ is closed (ErrClosed) or has overrun (ErrCQOverrun) and is
+// empty.
 func (c *CQ) Wait(ctx context.Context) error { return c.WaitOr(ctx, nil) }
 
 // WaitOr is Wait that also returns nil, CQ empty or not, when it receives
@@ -217,6 +253,9 @@ func (c *CQ) WaitOr(ctx context.Context, wake <-chan struct{}) error {
 		}
 		if c.closed {
 			return ErrClosed
+		}
+		if c.overrun {
+			return c.errLocked()
 		}
 		c.mu.Unlock()
 		var err error
@@ -240,8 +279,14 @@ func (c *CQ) WaitOr(ctx context.Context, wake <-chan struct{}) error {
 }
 
 // PollWait polls, waiting first when nothing is there: the blocking
-// equivalent of a completion-channel loop.
+// equivalent of a completion-channel loop. With no room in wcs it returns
+// 0 at once, as ibv_poll_cq asked for 0 entries does. Once the CQ has
+// overrun and its queued completions are polled, it fails with an error
+// wrapping ErrCQOverrun.
 func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
+	if len(wcs) == 0 {
+		return 0, nil
+	}
 	poller, spin, waiter := c.hooks()
 	if poller != nil && spin > 0 {
 		end := time.Now().Add(spin)
@@ -258,6 +303,9 @@ func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
 	for {
 		if n := c.Poll(wcs); n > 0 {
 			return n, nil
+		}
+		if err := c.Err(); err != nil {
+			return 0, err
 		}
 		var err error
 		if waiter != nil && !c.isClosed() {
