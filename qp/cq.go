@@ -34,9 +34,9 @@ type CQ struct {
 	head    int // next to poll
 	n       int // entries present
 	overrun bool
-	lost    int      // completions lost to the overrun
-	hit     []uint32 // the QPs whose completions were lost (at most maxOverrunQPs)
-	waiters int      // goroutines in Wait
+	lost    int           // completions lost to the overrun
+	hit     []uint32      // the QPs whose completions were lost (at most maxOverrunQPs)
+	waiters int           // goroutines in Wait
 	bell    chan struct{} // a token when entries arrive while someone waits
 	done    chan struct{} // closed by Close
 	closed  bool
