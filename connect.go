@@ -37,11 +37,18 @@ type RemoteQP struct {
 // default, so such a literal changes only the fields it names. LocalPSN
 // and TrafficClass are always used as given. A nil *ConnectOptions means
 // the defaults.
+//
+// RetryCnt 7 retries a lost packet forever, as rdma_rxe does (rxe's rule;
+// on ConnectX 7 is seven retries and then RETRY_EXC_ERR): with the
+// default, a peer that has gone away never fails the QP, it keeps
+// resending. Give RetryCnt 1 to 6 to have such work fail with
+// RETRY_EXC_ERR after that many retransmissions. RNRRetry 7 is "forever"
+// on every device. docs/rnic.md and docs/reliability.md give the timings.
 type ConnectOptions struct {
 	MTU          MTU    // path_mtu (default MTU 1024)
 	LocalPSN     uint32 // sq_psn, this side's first send PSN
 	Timeout      uint8  // local ACK timeout: 4.096 us << Timeout, 0 infinite (default 14)
-	RetryCnt     uint8  // retry_cnt, 7 infinite (default 7)
+	RetryCnt     uint8  // retry_cnt, 7 infinite (default 7): see below
 	RNRRetry     uint8  // rnr_retry, 7 infinite (default 7)
 	MinRNRTimer  uint8  // min_rnr_timer, the IB RNR timer code (default 12)
 	MaxRdAtomic  uint8  // max_rd_atomic and max_dest_rd_atomic (default 1)
@@ -92,7 +99,14 @@ func (o *ConnectOptions) withDefaults() ConnectOptions {
 }
 
 // ConnectRC moves a fresh RC (or UC) QP through INIT, RTR and RTS towards
-// the remote QP, with the attribute masks ibv_rc_pingpong uses.
+// the remote QP, with the attribute masks ibv_rc_pingpong uses. A QP
+// already in INIT (InitQP, to post receives early) starts from there.
+//
+// When a step fails (a value out of range, an MTU above the port's), the
+// error says which attribute and where the QP is: one that was in RESET
+// is moved back to RESET; one that was in INIT stays in INIT or, when the
+// move to RTS failed, in RTR (its posted receives are kept; the way back
+// is a move to RESET, which drops them).
 func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 	o := opts.withDefaults()
 	remote.Addr = peerAddr(remote.Addr)
@@ -116,15 +130,34 @@ func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
 		steps[1].mask |= qp.AttrMaxDestRdAtomic | qp.AttrMinRNRTimer
 		steps[2].mask |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRdAtomic
 	}
-	if q.State() == qp.Init {
+	start := q.State()
+	if start == qp.Init {
 		steps = steps[1:] // already initialised, e.g. to post receives early
 	}
 	for i := range steps {
 		if err := q.Modify(&steps[i].attr, steps[i].mask); err != nil {
-			return fmt.Errorf("rxego: connect QP %d: %w", q.Num(), err)
+			return fmt.Errorf("rxego: connect QP %d (%s): %w", q.Num(), rollBack(q, start), err)
 		}
 	}
 	return nil
+}
+
+// rollBack undoes a ConnectRC that failed part way, as far as verbs
+// allows, and says where the QP is: one that started in RESET goes back
+// to RESET (nothing can have been posted); one that started in INIT stays
+// where the failed step left it, INIT or RTR, because the only way back
+// is RESET, which would drop the receives the application posted.
+func rollBack(q *QP, start qp.State) string {
+	now := q.State()
+	if now == start {
+		return "left in " + now.String()
+	}
+	if start == qp.Reset {
+		if err := q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err == nil {
+			return "moved back to RESET"
+		}
+	}
+	return "left in " + now.String() + ", not moved back: its posted receives would be dropped"
 }
 
 // SetSourceGID makes q's packets to the remote QP leave from the

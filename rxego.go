@@ -511,13 +511,16 @@ func (d *Device) ActiveMTU() MTU {
 // on the device and on what it made (AllocPD, CreateCQ, RegMR, CreateQP,
 // PostSend, ...) fail with an error errors.Is matches with ErrClosed.
 // Registered memory stays the application's. A second Close returns
-// nil; Close of the zero Device returns an error wrapping ErrClosed.
+// ErrClosed, as os.File's does (and CQ.Close, QP.Destroy, MR.Deregister,
+// PD.Dealloc, MW.Dealloc, SRQ.Destroy); Close of the zero Device returns
+// an error wrapping ErrClosed.
 func (d *Device) Close() error {
 	if d.shards == nil {
 		return errNotOpen
 	}
-	var err error
+	err := ErrClosed // unless this call is the one that closes
 	d.closeOnce.Do(func() {
+		err = nil
 		d.cqMu.Lock()
 		d.closed.Store(true)
 		cqs := d.cqs

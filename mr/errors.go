@@ -40,4 +40,9 @@ var (
 	ErrBusy = errors.New("mr: busy")
 	// ErrTableFull: all 2^24-1 MR indices are in use (ENOMEM in verbs).
 	ErrTableFull = errors.New("mr: table full")
+	// ErrClosed: a second Deregister or Dealloc, on the os.File rule that
+	// rxego applies to every object (a second Close returns ErrClosed);
+	// such errors wrap ErrInvalidArgument too, verbs' EINVAL. qp.ErrClosed
+	// and rxego.ErrClosed are this error.
+	ErrClosed = errors.New("rxego: closed")
 )

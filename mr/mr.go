@@ -131,7 +131,7 @@ func (m *MR) Deregister() error {
 	defer t.mu.Unlock()
 	e := m.cur.Load()
 	if e.state == stateDeregistered {
-		return fmt.Errorf("%w: MR already deregistered", ErrInvalidArgument)
+		return fmt.Errorf("%w: MR already deregistered (%w)", ErrClosed, ErrInvalidArgument)
 	}
 	if m.nMW > 0 {
 		// rxe refuses too: a bound window's lookups rely on its MR.

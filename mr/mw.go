@@ -71,7 +71,7 @@ func (w *MW) Dealloc() error {
 	defer t.mu.Unlock()
 	e := w.cur.Load()
 	if e.state == stateDeregistered {
-		return fmt.Errorf("%w: memory window already deallocated", ErrInvalidArgument)
+		return fmt.Errorf("%w: memory window already deallocated (%w)", ErrClosed, ErrInvalidArgument)
 	}
 	t.publishWindowLocked(e, e.key, stateDeregistered, nil)
 	t.freeIndex(w.idx, uint8(e.key))

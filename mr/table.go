@@ -95,7 +95,7 @@ func (pd *PD) Dealloc() error {
 	defer t.mu.Unlock()
 	switch {
 	case pd.dead:
-		return fmt.Errorf("%w: PD already deallocated", ErrInvalidArgument)
+		return fmt.Errorf("%w: PD already deallocated (%w)", ErrClosed, ErrInvalidArgument)
 	case pd.nMR > 0:
 		return fmt.Errorf("%w: PD has %d registered MRs", ErrBusy, pd.nMR)
 	case pd.nMW > 0:

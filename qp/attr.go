@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rxego/rxego/bth"
@@ -145,6 +146,44 @@ const (
 	AttrDestQPN         AttrMask = 1 << 20
 )
 
+// attrMaskNames are ibv_qp_attr_mask's names, by bit.
+var attrMaskNames = [...]string{"IBV_QP_STATE", "IBV_QP_CUR_STATE", "IBV_QP_EN_SQD_ASYNC_NOTIFY",
+	"IBV_QP_ACCESS_FLAGS", "IBV_QP_PKEY_INDEX", "IBV_QP_PORT", "IBV_QP_QKEY", "IBV_QP_AV", "IBV_QP_PATH_MTU",
+	"IBV_QP_TIMEOUT", "IBV_QP_RETRY_CNT", "IBV_QP_RNR_RETRY", "IBV_QP_RQ_PSN", "IBV_QP_MAX_QP_RD_ATOMIC",
+	"IBV_QP_ALT_PATH", "IBV_QP_MIN_RNR_TIMER", "IBV_QP_SQ_PSN", "IBV_QP_MAX_DEST_RD_ATOMIC",
+	"IBV_QP_PATH_MIG_STATE", "IBV_QP_CAP", "IBV_QP_DEST_QPN"}
+
+// String names the mask's bits as ibv_qp_attr_mask does, joined with
+// "|" ("IBV_QP_AV|IBV_QP_PATH_MTU"); a bit verbs does not define shows as
+// a number.
+func (m AttrMask) String() string {
+	if m == 0 {
+		return "0"
+	}
+	var names []string
+	for i := range 32 {
+		bit := AttrMask(1) << i
+		if m&bit == 0 {
+			continue
+		}
+		if i < len(attrMaskNames) {
+			names = append(names, attrMaskNames[i])
+		} else {
+			names = append(names, fmt.Sprintf("%#x", uint32(bit)))
+		}
+	}
+	return strings.Join(names, "|")
+}
+
+// String returns the MTU as IBV_MTU_256 .. IBV_MTU_4096, or the number
+// when it is none of them.
+func (m MTU) String() string {
+	if b := m.Bytes(); b != 0 {
+		return "IBV_MTU_" + strconv.Itoa(b)
+	}
+	return "MTU(" + strconv.Itoa(int(m)) + ")"
+}
+
 // Attr is the modifiable state of a QP (ibv_qp_attr).
 type Attr struct {
 	State           State
@@ -279,10 +318,10 @@ func checkModify(t Type, cur State, a *Attr, mask AttrMask) error {
 	req, opt := r.required[t], r.optional[t]
 	attrs := mask &^ AttrState
 	if missing := req &^ attrs; missing != 0 {
-		return fmt.Errorf("%w: %v %v -> %v needs attribute mask %#x", ErrInvalidModify, t, cur, next, missing)
+		return fmt.Errorf("%w: %v %v -> %v also needs %v (attribute mask %#x)", ErrInvalidModify, t, cur, next, missing, uint32(missing))
 	}
 	if extra := attrs &^ (req | opt); extra != 0 {
-		return fmt.Errorf("%w: %v %v -> %v does not take attribute mask %#x", ErrInvalidModify, t, cur, next, extra)
+		return fmt.Errorf("%w: %v %v -> %v does not take %v (attribute mask %#x)", ErrInvalidModify, t, cur, next, extra, uint32(extra))
 	}
 	return checkValues(t, a, mask)
 }

@@ -139,8 +139,9 @@ type Engine struct {
 }
 
 // ErrClosed is returned by operations on a destroyed QP, a closed CQ or
-// a closed engine.
-var ErrClosed = errors.New("qp: closed")
+// a closed engine, and by a second Destroy or Close. It is mr.ErrClosed,
+// so that one error means "already closed" for every verbs object.
+var ErrClosed = mr.ErrClosed
 
 // Close shuts the engine down: every QP moves to ERR, so its outstanding
 // work requests complete with WR_FLUSH_ERR (as after ibv_modify_qp to

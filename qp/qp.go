@@ -98,11 +98,8 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 		return nil, errors.New("qp: a QP needs a PD, a send CQ and a receive CQ")
 	}
 	c := a.Caps
-	if c.MaxSendWR <= 0 || c.MaxSendWR > MaxWR || c.MaxSendSGE < 0 || c.MaxSendSGE > MaxSGE ||
-		c.MaxRecvSGE < 0 || c.MaxRecvSGE > MaxSGE || c.MaxInlineData < 0 || c.MaxInlineData > MaxInlineData ||
-		c.MaxRecvWR < 0 || c.MaxRecvWR > MaxWR || (a.SRQ == nil && c.MaxRecvWR == 0) {
-		return nil, fmt.Errorf("qp: capabilities out of range: %+v (limits: %d WRs, %d SGEs, %d inline bytes)",
-			c, MaxWR, MaxSGE, MaxInlineData)
+	if err := c.check(a.SRQ != nil); err != nil {
+		return nil, err
 	}
 	if c.MaxSendSGE == 0 {
 		c.MaxSendSGE = 1
@@ -142,12 +139,19 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 			}
 		}
 	}
-	if err := a.SendCQ.acquire(); err != nil {
+	if err := a.SRQ.acquire(); err != nil {
 		return nil, err
 	}
-	if err := a.RecvCQ.acquire(); err != nil {
-		a.SendCQ.release()
+	if err := a.SendCQ.acquire(); err != nil {
+		a.SRQ.release()
 		return nil, err
+	}
+	if a.RecvCQ != a.SendCQ { // a CQ counts QPs, not uses (see CQ.Close)
+		if err := a.RecvCQ.acquire(); err != nil {
+			a.SendCQ.release()
+			a.SRQ.release()
+			return nil, err
+		}
 	}
 	q.cc = e.newCC()
 	e.qps[q.num] = q
@@ -340,7 +344,10 @@ func (q *QP) destroy() {
 	q.destroyed = true
 	delete(q.e.qps, q.num)
 	q.sendCQ.release()
-	q.recvCQ.release()
+	if q.recvCQ != q.sendCQ {
+		q.recvCQ.release()
+	}
+	q.srq.release()
 }
 
 // PostSend posts send work requests. Each is checked before any is
@@ -605,6 +612,9 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.destroyed {
+		return ErrClosed
+	}
 	if s.n+len(wrs) > len(s.ring) {
 		return ErrQueueFull
 	}

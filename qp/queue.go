@@ -77,6 +77,7 @@ type SRQ struct {
 	n      int
 	maxSGE int
 	eng    *Engine
+	srqLife // srq.go: users, Destroy and the limit event
 }
 
 func (s *SRQ) take() (recvWQE, bool) {
@@ -89,6 +90,7 @@ func (s *SRQ) take() (recvWQE, bool) {
 	s.ring[s.head] = recvWQE{}
 	s.head = (s.head + 1) % len(s.ring)
 	s.n--
+	s.checkLimit()
 	return w, true
 }
 

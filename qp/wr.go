@@ -1,8 +1,10 @@
 package qp
 
 import (
+	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 
 	"github.com/rxego/rxego/bth"
 )
@@ -217,6 +219,28 @@ const (
 	WCWithImm WCFlags = 2
 	WCWithInv WCFlags = 8
 )
+
+// String names the flags as ibv_wc_flags does ("IBV_WC_GRH|IBV_WC_WITH_IMM"),
+// "0" for none; a bit verbs does not define shows as a number.
+func (f WCFlags) String() string {
+	if f == 0 {
+		return "0"
+	}
+	var names []string
+	for _, n := range []struct {
+		bit  WCFlags
+		name string
+	}{{WCWithGRH, "IBV_WC_GRH"}, {WCWithImm, "IBV_WC_WITH_IMM"}, {WCWithInv, "IBV_WC_WITH_INV"}} {
+		if f&n.bit != 0 {
+			names = append(names, n.name)
+			f &^= n.bit
+		}
+	}
+	if f != 0 {
+		names = append(names, fmt.Sprintf("%#x", uint32(f)))
+	}
+	return strings.Join(names, "|")
+}
 
 // WC is a work completion, as ibv_wc.
 type WC struct {
