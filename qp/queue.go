@@ -70,13 +70,13 @@ var ErrQueueFull = errors.New("qp: work queue full")
 // SRQ is a shared receive queue: receive WQEs that any QP attached to it
 // consumes.
 type SRQ struct {
-	mu     sync.Mutex
-	pd     any
-	ring   []recvWQE
-	head   int
-	n      int
-	maxSGE int
-	eng    *Engine
+	mu      sync.Mutex
+	pd      any
+	ring    []recvWQE
+	head    int
+	n       int
+	maxSGE  int
+	eng     *Engine
 	srqLife // srq.go: users, Destroy and the limit event
 }
 
