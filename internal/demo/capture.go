@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/rxego/rxego/internal/devstats"
@@ -35,7 +37,7 @@ const (
 // PcapDir/NAME.pcapng when a PcapDir is set, then draws the capture's
 // ladder.
 func (t *Tour) runCaptured(s Scenario) error {
-	t.notes, t.tap, t.header = nil, t.opts.Tap, ""
+	t.notes, t.tap, t.header, t.capturedOn = nil, t.opts.Tap, "", nil
 	if t.opts.PcapDir == "" {
 		return s.run(t)
 	}
@@ -44,7 +46,8 @@ func (t *Tour) runCaptured(s Scenario) error {
 	if err != nil {
 		return err
 	}
-	t.tap = tee{w, t.opts.Tap}
+	t.capturedOn = &localAddrs{}
+	t.tap = tee{w, t.opts.Tap, t.capturedOn}
 	t.a.dev.SetTap(t.tap)
 	runErr := s.run(t)
 	devstats.Settle(t.a.dev, settleQuiet, settleMax)
@@ -70,6 +73,9 @@ func (t *Tour) drawLadder(path string) error {
 		tr.Annotate(n.at, &alice, n.text)
 	}
 	o := t.opts.Ladder
+	if t.capturedOn != nil {
+		o.CapturedOn = t.capturedOn.list()
+	}
 	switch {
 	case o.MaxRows == 0:
 		o.MaxRows = DefaultLadderRows
@@ -117,4 +123,36 @@ func (ts tee) Drop(reason transport.DropReason, at time.Time, local, remote neti
 			t.Drop(reason, at, local, remote, tos, pkt)
 		}
 	}
+}
+
+// localAddrs is a Tap that notes the local addresses of the packets it
+// sees: the devices a capture was taken on, for the ladder's RTT column.
+type localAddrs struct {
+	mu    sync.Mutex
+	addrs []netip.Addr
+}
+
+func (l *localAddrs) add(a netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !slices.Contains(l.addrs, a) {
+		l.addrs = append(l.addrs, a)
+	}
+}
+
+// list returns the addresses seen.
+func (l *localAddrs) list() []netip.Addr {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.addrs)
+}
+
+// Packet implements transport.Tap.
+func (l *localAddrs) Packet(_ transport.Dir, _ time.Time, local, _ netip.AddrPort, _ uint8, _ uint16, _ []byte) {
+	l.add(local.Addr().Unmap())
+}
+
+// Drop implements transport.Tap.
+func (l *localAddrs) Drop(_ transport.DropReason, _ time.Time, local, _ netip.AddrPort, _ uint8, _ []byte) {
+	l.add(local.Addr().Unmap())
 }

@@ -142,6 +142,9 @@ func (t *Tour) congestion() error {
 	t.say("hyper increase every %v): %s, %s after the marking began; %d WRITEs in all.", demoCongestion().RP.TimeReset,
 		gbps(cs.Rate), time.Since(start).Round(100*time.Microsecond), sent)
 	t.chart(samples)
+	t.say("\nThe ladder below is %s's capture: a packet's time is when her device sent it or took it in. Received", a.name)
+	t.say("packets are taken in batches, so CNPs that %s sent at least %v apart can share one time there.", b.name,
+		congestion.PaperNPParams().MinTimeBetweenCNPs)
 	return nil
 }
 

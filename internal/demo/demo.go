@@ -22,6 +22,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/ladder"
+	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -83,6 +84,9 @@ type Tour struct {
 	// header then says whose device that was.
 	tap    transport.Tap
 	header string
+	// capturedOn notes the addresses of the devices the scenario's
+	// capture was taken on (see localAddrs).
+	capturedOn *localAddrs
 }
 
 type end struct {
@@ -151,7 +155,8 @@ func OpenWith(out io.Writer, o Options, candidates ...string) (*Tour, error) {
 		t.Close()
 		return nil, err
 	}
-	fmt.Fprintf(out, "Two rxego devices on loopback: %s at %v (QP %d) and %s at %v (QP %d),\n"+
+	// QP numbers as the ladders and the C tools print them (QPN 0x%06x).
+	fmt.Fprintf(out, "Two rxego devices on loopback: %s at %v (QP %#06x) and %s at %v (QP %#06x),\n"+
 		"joined by a reliable-connected (RC) queue pair, path MTU 1024.\n",
 		t.a.name, t.a.dev.Addr(), t.a.qp.Num(), t.b.name, t.b.dev.Addr(), t.b.qp.Num())
 	return t, nil
@@ -275,7 +280,7 @@ func (t *Tour) write() error {
 	if !bytes.Equal(b.buf[100:100+len(msg)], msg) {
 		return errors.New("the bytes did not land")
 	}
-	t.say("%s's completion: %s (%s acknowledged every packet).", a.name, wcString(wc), b.name)
+	t.say("%s's completion: %s (%s acknowledged every packet; a send completion carries no byte count).", a.name, wcString(wc), b.name)
 	t.say("%s's memory now reads: %q", b.name, b.buf[100:100+len(msg)])
 	b.dev.Sync() // hand the buffer back to Bob's engine: the scenario may run again and WRITE there
 	if !idle(b) {
@@ -302,7 +307,7 @@ func (t *Tour) send() error {
 	if rnr == 0 {
 		return errors.New("expected a Receiver Not Ready NAK")
 	}
-	t.say("%s's responder answered with a Receiver-Not-Ready NAK (RNR); %s waits the RNR timer and tries again (%d RNR NAKs so far).", b.name, a.name, rnr)
+	t.say("%s's responder answered with a Receiver-Not-Ready NAK (RNR); %s waits the RNR timer and tries again (%s so far).", b.name, a.name, ladder.Count(int(rnr), "RNR NAK"))
 	time.Sleep(rnrPause)
 	t.say("%s posts a receive buffer.", b.name)
 	if err := b.qp.PostRecv(rxego.RecvWR{ID: 20, SGL: b.sge(1000, 256)}); err != nil {
@@ -317,7 +322,7 @@ func (t *Tour) send() error {
 		return err
 	}
 	t.say("%s's completion: %s; %s's completion: %s.", b.name, wcString(wcb), a.name, wcString(wca))
-	t.say("%s received: %q (after %d RNR NAKs in all).", b.name, b.buf[1000:1000+wcb.ByteLen], a.dev.Stats().RcvdRNRErr.Load()-rnr0)
+	t.say("%s received: %q (after %s in all).", b.name, b.buf[1000:1000+wcb.ByteLen], ladder.Count(int(a.dev.Stats().RcvdRNRErr.Load()-rnr0), "RNR NAK"))
 	return nil
 }
 
@@ -325,7 +330,7 @@ func (t *Tour) writeImm() error {
 	a, b := t.a, t.b
 	msg := []byte("bulk data, written directly")
 	copy(a.buf, msg)
-	t.say("%s posts two receives; %s WRITEs %d bytes with the immediate value 0xC0FFEE.", b.name, a.name, len(msg))
+	t.say("%s posts two receives, wr_id 30 and then 31; %s WRITEs %d bytes with the immediate value 0xC0FFEE.", b.name, a.name, len(msg))
 	if err := b.qp.PostRecv(rxego.RecvWR{ID: 30, SGL: b.sge(2000, 64)}, rxego.RecvWR{ID: 31, SGL: b.sge(2100, 64)}); err != nil {
 		return err
 	}
@@ -341,11 +346,12 @@ func (t *Tour) writeImm() error {
 		return err
 	}
 	t.say("The data landed where the WRITE pointed: %q.", b.buf[3000:3000+len(msg)])
-	t.say("%s's completion: %s, immediate %#x, consuming receive %d only.", b.name, wcString(wcb), wcb.Imm, wcb.ID)
+	t.say("%s's completion: %s, immediate %#x, wr_id %d: it consumed the first receive only.", b.name, wcString(wcb), wcb.Imm, wcb.ID)
 	if !idle(b) {
 		return errors.New("more than one receive was consumed")
 	}
-	t.say("The second receive is still posted: a WRITE with immediate consumes exactly one.")
+	t.say("The second receive (wr_id 31) is still posted: a WRITE with immediate consumes exactly one.")
+	t.say("To leave none behind for the next scenario, %s SENDs 4 bytes (\"tidy\"), which take it: message #2 below.", a.name)
 	// Use it up so later scenarios start clean.
 	copy(a.buf, "tidy")
 	if err := a.qp.PostSend(rxego.SendWR{ID: 4, Opcode: rxego.WRSend, SGL: a.sge(0, 4)}); err != nil {
@@ -413,7 +419,17 @@ func (t *Tour) atomic() error {
 	return nil
 }
 
+// wcString says what a completion says: opcode, status and, where verbs
+// sets it (receives, READs, atomics), byte_len; a WRITE's or SEND's
+// completion carries no byte count.
 func wcString(wc rxego.WC) string {
+	switch wc.Opcode {
+	case qp.WCRead, qp.WCCompareSwap, qp.WCFetchAdd:
+	default:
+		if wc.Opcode < qp.WCRecv {
+			return fmt.Sprintf("%s %s", wc.Opcode, wc.Status)
+		}
+	}
 	return fmt.Sprintf("%s %s, %d bytes", wc.Opcode, wc.Status, wc.ByteLen)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -39,6 +40,7 @@ func TestTour(t *testing.T) {
 			t.Errorf("tour output lacks %q:\n%s", want, out.String())
 		}
 	}
+	checkTourText(t, out.String())
 	for _, s := range Scenarios {
 		path := filepath.Join(dir, s.Name+".pcapng")
 		if st, err := os.Stat(path); err != nil || st.Size() == 0 || !strings.Contains(out.String(), "Capture: "+path) {
@@ -65,5 +67,37 @@ func TestTourWithoutCapture(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "What went over the wire") || !strings.Contains(out.String(), "== read:") {
 		t.Errorf("output:\n%s", out.String())
+	}
+}
+
+// checkTourText holds the tour's text to what a learner can trust: a
+// send completion shows no byte count (byte_len means nothing there),
+// every message in a ladder is narrated (the 4-byte SEND after write-imm),
+// a wr_id is introduced before it is named, QP numbers read as in the
+// ladders, a capture taken at the responder calls its RTT a turnaround,
+// the congestion ladder's batch times are explained, and counts of one
+// are singular.
+func checkTourText(t *testing.T, out string) {
+	t.Helper()
+	for _, want := range []string{
+		"alice's completion: RDMA_WRITE success (", "alice's completion: SEND success.",
+		"bob posts two receives, wr_id 30 and then 31", "wr_id 30: it consumed the first receive only",
+		`alice SENDs 4 bytes ("tidy"), which take it: message #2 below`,
+		"(QP 0x000011) and bob at", "its turnaround, not a round trip", "measured at the responder: its turnaround",
+		"can share one time there", "requests by  msgs",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tour output lacks %q", want)
+		}
+	}
+	for _, bad := range []*regexp.Regexp{
+		regexp.MustCompile(`(RDMA_WRITE|SEND) success, \d+ bytes`),
+		regexp.MustCompile(`\b1 (RNR NAKs|QPs|connections|packets|messages)\b`),
+		regexp.MustCompile(`consuming receive`),
+		regexp.MustCompile(`\(QP \d+\)`),
+	} {
+		if m := bad.FindString(out); m != "" {
+			t.Errorf("tour output holds %q", m)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/rxego/rxego/examples/kvcache"
 	"github.com/rxego/rxego/examples/prefixcache"
 	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/ladder"
 )
 
 // record gives the scenario's tap to rank's device only (the others get
@@ -36,7 +37,7 @@ func (t *Tour) kvcache() error {
 		s.Layers, s.Tokens, s.Width, s.LayerBytes())
 	t.say("in blocks of %d tokens. The decode process registered a buffer for all of it and sent its address and rkey out of band.", s.BlockTokens)
 	t.say("Prefill WRITEs each block straight into that buffer; the last block of a layer goes as a WRITE with immediate = the layer.")
-	t.say("Layers alternate over %d QPs. Decode posted one empty receive per layer and starts on a layer when its immediate arrives.", c.Lanes)
+	t.say("Layers alternate over %s. Decode posted one empty receive per layer and starts on a layer when its immediate arrives.", ladder.Count(c.Lanes, "QP"))
 	ctx, cancel := workloadCtx()
 	defer cancel()
 	r, err := kvcache.Run(ctx, c, job.Goroutines(kvcache.Rank(c)))
@@ -66,6 +67,8 @@ func (t *Tour) prefix() error {
 	t.say("The readers have %d bytes between them, each copy checked byte for byte (%v).", r.Served, r.Verified)
 	t.say("The owner's application never ran. Its device did: with rxego, as with the kernel's rdma_rxe, the owner host's CPU")
 	t.say("runs the transport (takes the READ requests, sends the responses); only an RDMA NIC would leave that CPU out entirely.")
+	t.say("The capture below is the owner's, the responder's: it sees a READ arrive and its response leave, so what it")
+	t.say("measures for each READ is the owner's turnaround, not the readers' round trip (its statistics say so).")
 	return nil
 }
 
@@ -92,5 +95,7 @@ func (t *Tour) allreduce() error {
 		r.Checked, strings.Join(e0, " + "), sum)
 	t.say("Each rank sent %d WRITEs with immediate and took %d immediates; rank 0's device saw its WRITEs to rank 1 and rank 3's to it.",
 		2*(c.Ranks-1), 2*(c.Ranks-1))
+	t.say("For rank 3's WRITEs rank 0 is the responder: the time from a WRITE's arrival to its ACK is rank 0's turnaround,")
+	t.say("not a round trip (the statistics of that QP pair say so).")
 	return nil
 }

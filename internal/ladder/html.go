@@ -313,14 +313,11 @@ func kindOf(r *Row) Kind {
 
 // stats writes a conversation's statistics table.
 func (p *htmlPrinter) stats(c *Conversation) {
-	p.f("<table class=\"stats\"><tr><th>direction</th><th>messages</th><th>bytes</th><th>packets</th><th>retransmitted</th>" +
+	p.f("<table class=\"stats\"><tr><th>requests by</th><th>messages</th><th>bytes</th><th>packets</th><th>retransmitted</th>" +
 		"<th>lost</th><th>NAKs</th><th>RNR NAKs</th><th>CNPs</th><th>CE marks</th><th>dup ACKs</th><th>coalesced ACKs</th><th>RTT ms min / avg / max (samples)</th></tr>\n")
-	for i, dir := range []string{"A -&gt; B", "B -&gt; A"} {
+	for i, dir := range []string{"A", "B"} {
 		s := &c.Stats[i]
-		rtt := "-"
-		if n, lo, mean, hi := s.RTTStats(); n > 0 {
-			rtt = fmt.Sprintf("%s / %s / %s (%d)", relMS(lo), relMS(mean), relMS(hi), n)
-		}
+		rtt := esc(rttText(s, c.requester(i), nil, " / "))
 		p.f("<tr><td>%s</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%s</td></tr>\n",
 			dir, s.Messages, s.Bytes, s.Packets, s.Retransmits, s.Lost, s.NAKs, s.RNRNAKs, s.CNPs, s.CEMarks, s.DupACKs, s.Coalesced, rtt)
 	}

@@ -167,7 +167,7 @@ func elided(rows []Row, budget bool) Row {
 		fmt.Fprintf(&b, " (%s)", count(msgs, "message"))
 	}
 	if marked > 0 {
-		fmt.Fprintf(&b, " not shown, %d of them marked", marked)
+		fmt.Fprintf(&b, " not shown, %d marked", marked)
 	} else {
 		b.WriteString(" without anything unusual")
 	}
@@ -225,6 +225,9 @@ func (c *Conversation) packets() int {
 	}
 	return n
 }
+
+// Count formats "1 packet", "2 packets": the plural in English text.
+func Count(n int, what string) string { return count(n, what) }
 
 // count formats "1 packet", "2 packets".
 func count(n int, what string) string {

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +22,10 @@ type TextOptions struct {
 	Color bool
 	// SummaryOnly leaves the ladders out.
 	SummaryOnly bool
+	// CapturedOn, when known, holds the addresses of the device the
+	// capture was taken on: a requester not among them had its RTT taken
+	// at the responder, which the statistics then call a turnaround.
+	CapturedOn []netip.Addr
 }
 
 // DefaultWidth is the default distance between the bars of a ladder.
@@ -82,7 +88,7 @@ func (p *textPrinter) conversation(c *Conversation) {
 		}
 	}
 	fmt.Fprintln(w)
-	writeStats(w, c)
+	writeStats(w, c, p.o.CapturedOn)
 }
 
 // row draws one ladder row.
@@ -92,7 +98,7 @@ func (p *textPrinter) row(r *Row) {
 	if r.Kind == RowPacket || r.Kind == RowNote {
 		ts = relMS(r.Time.Sub(p.start))
 	}
-	var inner, left, right string
+	var inner, left, right, spill string
 	left, right = "|", "|"
 	code := ""
 	switch r.Kind {
@@ -108,8 +114,11 @@ func (p *textPrinter) row(r *Row) {
 		inner = center("~~ "+clip(r.Label, W-8)+" ~~", W)
 		code = cyan
 	case RowElided:
+		// A label too long for the ladder's width keeps its words whole:
+		// what does not fit goes after the bar, as a row's notes do.
 		left, right = ":", ":"
-		inner = center("... "+clip(r.Label, W-8)+" ...", W)
+		inner, spill = fitWords(r.Label, W-8)
+		inner = center("... "+inner+" ...", W)
 		code = dim
 	default:
 		inner = arrow(r, W)
@@ -118,6 +127,9 @@ func (p *textPrinter) row(r *Row) {
 	line := fmt.Sprintf("%*s  %s%s%s", timeCol-2, ts, left, p.color(code, inner), right)
 	if notes := noteText(r); notes != "" {
 		line += "  " + p.color(code, notes)
+	}
+	if spill != "" {
+		line += "  " + p.color(code, spill)
 	}
 	fmt.Fprintln(p.w, strings.TrimRight(line, " "))
 }
@@ -180,6 +192,23 @@ func relMS(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 3, 64)
 }
 
+// fitWords splits s into a head of at most n bytes, cut between clauses
+// ("; ") where it can and between words otherwise, and the rest ("" when
+// s fits).
+func fitWords(s string, n int) (head, rest string) {
+	if len(s) <= n {
+		return s, ""
+	}
+	if cut := strings.LastIndex(s[:n+1], "; "); cut > 0 {
+		return s[:cut], s[cut+2:]
+	}
+	cut := strings.LastIndexByte(s[:n+1], ' ')
+	if cut <= 0 {
+		return "", s
+	}
+	return s[:cut], strings.TrimLeft(s[cut:], " ")
+}
+
 // clip shortens s to n bytes, ending it with ".." when cut.
 func clip(s string, n int) string {
 	if len(s) <= n {
@@ -199,17 +228,42 @@ func center(s string, n int) string {
 	return pad(strings.Repeat(" ", l)+s, n)
 }
 
-// writeStats prints a conversation's per-direction statistics.
-func writeStats(w io.Writer, c *Conversation) {
-	fmt.Fprintf(w, "  %-7s %5s %10s %6s %5s %5s %5s %5s %5s %5s %7s %9s  %s\n",
-		"", "msgs", "bytes", "pkts", "retx", "lost", "NAKs", "RNR", "CNPs", "CE", "dupACK", "coalesced", "RTT ms min/avg/max (samples)")
-	for i, dir := range []string{"A -> B", "B -> A"} {
+// writeStats prints a conversation's statistics, a row per requester:
+// the requests it sent (pkts: request packets, resends included) and what
+// came back to it (NAKs, RNR NAKs, CNPs, ACKs). ACKs and CNPs the other
+// side sent are counted in the requester's row, not in the sender's.
+func writeStats(w io.Writer, c *Conversation, capturedOn []netip.Addr) {
+	fmt.Fprintf(w, "  %-11s %5s %10s %6s %5s %5s %5s %5s %5s %5s %7s %9s  %s\n",
+		"requests by", "msgs", "bytes", "pkts", "retx", "lost", "NAKs", "RNR", "CNPs", "CE", "dupACK", "coalesced", "RTT ms min/avg/max (samples)")
+	for i, who := range []string{"A", "B"} {
 		s := &c.Stats[i]
-		rtt := "-"
-		if n, lo, mean, hi := s.RTTStats(); n > 0 {
-			rtt = fmt.Sprintf("%s/%s/%s (%d)", relMS(lo), relMS(mean), relMS(hi), n)
-		}
-		fmt.Fprintf(w, "  %-7s %5d %10d %6d %5d %5d %5d %5d %5d %5d %7d %9d  %s\n", dir, s.Messages, s.Bytes, s.Packets,
-			s.Retransmits, s.Lost, s.NAKs, s.RNRNAKs, s.CNPs, s.CEMarks, s.DupACKs, s.Coalesced, rtt)
+		fmt.Fprintf(w, "  %-11s %5d %10d %6d %5d %5d %5d %5d %5d %5d %7d %9d  %s\n", who, s.Messages, s.Bytes, s.Packets,
+			s.Retransmits, s.Lost, s.NAKs, s.RNRNAKs, s.CNPs, s.CEMarks, s.DupACKs, s.Coalesced,
+			rttText(s, c.requester(i), capturedOn, "/"))
 	}
+}
+
+// rttText formats a row's RTT samples, sep between min, mean and max. A
+// capture taken at the responder (capturedOn holds the other side's
+// address, not the requester's) sees a request arrive and its answer
+// leave: what it measures is the responder's turnaround, and it says so.
+func rttText(s *DirStats, requester netip.Addr, capturedOn []netip.Addr, sep string) string {
+	n, lo, mean, hi := s.RTTStats()
+	if n == 0 {
+		return "-"
+	}
+	out := fmt.Sprintf("%s%s%s%s%s (%d)", relMS(lo), sep, relMS(mean), sep, relMS(hi), n)
+	if len(capturedOn) > 0 && !slices.Contains(capturedOn, requester) {
+		out += " measured at the responder: its turnaround, not a round trip"
+	}
+	return out
+}
+
+// requester returns the address of the side whose requests Stats[i]
+// counts: A for 0, B for 1.
+func (c *Conversation) requester(i int) netip.Addr {
+	if i == 0 {
+		return c.A.Addr
+	}
+	return c.B.Addr
 }
