@@ -37,6 +37,13 @@ func TestTraceJSON(t *testing.T) {
 				t.Errorf("line %d: no key %q", lines, k)
 			}
 		}
+		// One ICRC, two byte orders, both in hex: icrc_crc32 is icrc_wire's
+		// bytes reversed, and neither prints as a decimal.
+		crc, _ := m["icrc_crc32"].(string)
+		wire, _ := m["icrc_wire"].(string)
+		if len(crc) != 10 || len(wire) != 10 || crc[2:4] != wire[8:10] || crc[8:10] != wire[2:4] || m["icrc"] != nil {
+			t.Errorf("line %d: icrc_crc32 %q and icrc_wire %q (icrc %v): want the same bytes in hex, reversed", lines, crc, wire, m["icrc"])
+		}
 		if _, ok := m["opcode"].(json.Number); !ok {
 			t.Errorf("line %d: opcode is %T, want a number", lines, m["opcode"])
 		}

@@ -65,10 +65,11 @@ type RoCE struct {
 	FECN       bool       `json:"fecn"`
 	BECN       bool       `json:"becn"`
 	PayloadLen int        `json:"payload_len"` // without pad bytes
-	// ICRC is the stored ICRC read little-endian, as hash/crc32 computes
-	// it; ICRCWire is the same four bytes as they are on the wire, in hex,
-	// as Wireshark shows them (icrc 2229930251 is icrc_wire "0x0b09ea84").
-	ICRC     uint32 `json:"icrc"`
+	// ICRCWire is the ICRC's four bytes as they are on the wire, in hex,
+	// as Wireshark shows them ("0x0b09ea84"); ICRC is the same bytes read
+	// little-endian, the value hash/crc32 computes, also in hex in JSON
+	// (icrc_crc32 "0x84ea090b"): both are one ICRC, not two.
+	ICRC     HexU32 `json:"icrc_crc32"`
 	ICRCWire string `json:"icrc_wire"`
 	ICRCOK   bool   `json:"icrc_ok"`
 
@@ -194,7 +195,7 @@ func fromLayer(r *rocelayer.RoCE) *RoCE {
 		Opcode: h.Opcode, OpcodeName: in.Name, DestQP: h.DestQP, PSN: h.PSN,
 		AckReq: h.AckReq, SE: h.SE, MigReq: h.MigReq, Pad: h.Pad, TVer: h.TVer, PKey: h.PKey,
 		FECN: h.FECN, BECN: h.BECN, PayloadLen: len(r.LayerPayload()),
-		ICRC: r.ICRC, ICRCWire: WireICRC(r.ICRC), ICRCOK: r.ICRCChecked && r.ICRCValid,
+		ICRC: HexU32(r.ICRC), ICRCWire: WireICRC(r.ICRC), ICRCOK: r.ICRCChecked && r.ICRCValid,
 	}
 	has := func(e bth.Ext) bool { return in.Ext&e != 0 }
 	if has(bth.ExtRETH) {
@@ -223,6 +224,14 @@ func fromLayer(r *rocelayer.RoCE) *RoCE {
 	}
 	t.CM = decodeCM(h.Opcode, h.DestQP, r.LayerPayload())
 	return t
+}
+
+// HexU32 is a 32-bit value JSON shows as "0x" and eight hex digits.
+type HexU32 uint32
+
+// MarshalJSON implements json.Marshaler.
+func (v HexU32) MarshalJSON() ([]byte, error) {
+	return []byte(`"0x` + string(hex(make([]byte, 0, 8), uint64(v), 8)) + `"`), nil
 }
 
 // WireICRC formats an ICRC value (its bytes read little-endian) as its

@@ -248,8 +248,8 @@ func (f *tsFrame) record(t *testing.T, bthOnly bool) trace.Record {
 		x.CM = f.cm(t)
 	}
 	crc := get(f.hdr, "infiniband.invariant.crc")
-	x.ICRC = binary.LittleEndian.Uint32(raw(t, crc)) // same bytes, our byte order
-	x.ICRCWire = crc.Show                            // the wire form, as tshark shows it
+	x.ICRC = trace.HexU32(binary.LittleEndian.Uint32(raw(t, crc))) // same bytes, our byte order
+	x.ICRCWire = crc.Show                                          // the wire form, as tshark shows it
 	if len(x.ICRCWire) != 10 || !strings.HasPrefix(x.ICRCWire, "0x") {
 		t.Fatalf("tshark shows ICRC %q, want 0x and 8 digits", crc.Show)
 	}
