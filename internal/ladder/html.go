@@ -51,8 +51,9 @@ const (
 // timeline of every QP pair's messages and packets, then each QP pair's
 // ladder as SVG (the same rows WriteText draws) and its statistics. A
 // small script checks on load that every message rendered with a visible
-// size and reports it in a <pre id="render-check"> element, which tests
-// read back from a headless browser.
+// size and that every drawing fits the window's width, and reports it in
+// a hidden <pre id="render-check"> element, which tests read back from a
+// headless browser.
 func WriteHTML(w io.Writer, t *Trace, o HTMLOptions) error {
 	if o.MaxTicks <= 0 {
 		o.MaxTicks = DefaultMaxTicks
@@ -94,10 +95,14 @@ const checkScript = `window.addEventListener('load', function () {
     });
     return n + '/' + els.length;
   }
+  // How many drawings fit the window's width: none may need scrolling.
+  var svgs = document.querySelectorAll('svg'), fit = 0;
+  svgs.forEach(function (s) { if (s.getBoundingClientRect().right <= document.documentElement.clientWidth) { fit++; } });
   var out = document.createElement('pre');
   out.id = 'render-check';
+  out.hidden = true; // for tests (they read the DOM), not for the reader
   out.textContent = 'ladder-messages ' + count('svg.ladder g.msg') + ' timeline-messages ' + count('svg.timeline rect.msgbar') +
-    ' packets ' + count('svg.ladder g.pkt');
+    ' packets ' + count('svg.ladder g.pkt') + ' fit ' + fit + '/' + svgs.length;
   document.body.appendChild(out);
 });`
 
@@ -124,6 +129,15 @@ func (p *htmlPrinter) page() {
 	p.f("<script>%s</script>\n</body></html>\n", checkScript)
 }
 
+// svgOpen starts an SVG of the page's width and height h. It scales down
+// to the window (width 100%, at most svgWidth pixels, the height from the
+// viewBox's proportions), so that a window narrower than svgWidth shows
+// all of it, the timeline's axis to its last packet included.
+func (p *htmlPrinter) svgOpen(class string, h int) {
+	p.f("<svg class=\"%s\" xmlns=\"http://www.w3.org/2000/svg\" width=\"100%%\" viewBox=\"0 0 %d %d\" style=\"max-width:%dpx\">\n",
+		class, svgWidth, h, svgWidth)
+}
+
 // x maps a time onto the timeline.
 func (p *htmlPrinter) x(at time.Time) float64 {
 	span := p.t.End.Sub(p.t.Start)
@@ -139,7 +153,8 @@ func (p *htmlPrinter) timeline() {
 	t := p.t
 	lanes := 2 * len(t.Conversations)
 	h := lanes*tlLane + 40
-	p.f("<h2>Timeline</h2>\n<svg class=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", svgWidth, h, svgWidth, h)
+	p.f("<h2>Timeline</h2>\n")
+	p.svgOpen("timeline", h)
 	// Axis with ten ticks.
 	axisY := lanes*tlLane + 10
 	p.f("<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#9e9e9e\"/>\n", tlLabel, axisY, svgWidth-tlRight, axisY)
@@ -227,7 +242,7 @@ func (p *htmlPrinter) conversation(c *Conversation) {
 	p.stats(c)
 	rows := c.Rows(p.o.RowOptions)
 	h := topH + len(rows)*rowH + 16
-	p.f("<svg class=\"ladder\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\">\n", svgWidth, h, svgWidth, h)
+	p.svgOpen("ladder", h)
 	p.f("<defs><marker id=\"ah%d\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\">"+
 		"<path d=\"M0,0 L10,5 L0,10 z\" fill=\"context-stroke\"/></marker></defs>\n", c.N)
 	p.f("<text x=\"%d\" y=\"16\" text-anchor=\"end\" fill=\"%s\">time ms</text>", xTime, colDim)

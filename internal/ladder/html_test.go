@@ -65,7 +65,7 @@ func TestHTMLStructure(t *testing.T) {
 }
 
 // renderCheck is what the page's script reports once it has rendered.
-var renderCheck = regexp.MustCompile(`<pre id="render-check">ladder-messages (\d+)/(\d+) timeline-messages (\d+)/(\d+) packets (\d+)/(\d+)</pre>`)
+var renderCheck = regexp.MustCompile(`<pre id="render-check" hidden="">ladder-messages (\d+)/(\d+) timeline-messages (\d+)/(\d+) packets (\d+)/(\d+) fit (\d+)/(\d+)</pre>`)
 
 // browserCaptures are the pages opened in a browser (a few seconds
 // each): a loss and its recovery, congestion with a busy timeline, and
@@ -91,6 +91,11 @@ func TestHTMLRendersInChromium(t *testing.T) {
 			if m[1] != n || m[2] != n || m[3] != n || m[4] != n || m[5] != m[6] || m[5] == "0" {
 				t.Errorf("rendered %s; the capture has %s messages", m[0], n)
 			}
+			// In a 1400-pixel window every drawing fits: nothing, the
+			// timeline's axis and last packet included, is off to the right.
+			if m[7] != m[8] || m[8] == "0" {
+				t.Errorf("rendered %s: a drawing wider than the window", m[0])
+			}
 			for _, c := range tr.Conversations {
 				for _, msg := range c.Messages {
 					if !strings.Contains(dom, html.EscapeString(msg.Summary())) {
@@ -110,7 +115,7 @@ func dumpDOM(t *testing.T, browser, file string) string {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
 		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-		"--user-data-dir="+t.TempDir(), "--window-size=1600,1200", "--dump-dom", "file://"+file)
+		"--user-data-dir="+t.TempDir(), "--window-size=1400,1000", "--dump-dom", "file://"+file)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
