@@ -61,16 +61,21 @@ func (c *CQ) attach(d *Device, s int) {
 }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many
-// (ibv_poll_cq).
+// (ibv_poll_cq). It has no error result: on a CQ that has overrun it
+// returns the completions it still holds, then 0; Err (and PollWait)
+// report the overrun.
 func (c *CQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
 
 // PollWait polls, waiting first when nothing is there: the blocking
 // equivalent of a completion-channel loop. It returns ctx's error when ctx
-// ends first, or ErrClosed once the CQ is closed and empty.
+// ends first, ErrClosed once the CQ is closed and empty, and an error
+// wrapping ErrCQOverrun once the CQ has overrun and is empty (see
+// ErrCQOverrun). With nil or empty wcs it returns 0 at once, as
+// ibv_poll_cq asked for 0 entries does.
 func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) { return c.cq.PollWait(ctx, wcs) }
 
 // Wait blocks until at least one completion is waiting, ctx is done, or
-// the CQ is closed.
+// the CQ is closed (ErrClosed) or has overrun (ErrCQOverrun) and is empty.
 func (c *CQ) Wait(ctx context.Context) error { return c.cq.Wait(ctx) }
 
 // Len returns how many completions are waiting.

@@ -210,7 +210,7 @@ func (p *Peer) mckeyCLI(t *testing.T, rxegoSends bool) Outcome {
 	if !bytes.Contains(res.Stdout, []byte("return status 0")) {
 		t.Errorf("guest mckey did not end with status 0:\n%s", res.Stdout)
 	}
-	want := "rxego mckey: 1 connections, 10 sent, 0 received, 0 verified"
+	want := "rxego mckey: 1 connection, 10 sent, 0 received, 0 verified"
 	if !rxegoSends {
 		want = "rxego mckey: 2 connections, 0 sent, 2 received, 0 verified"
 	}

@@ -491,7 +491,7 @@ func TestMckeyAnyLoopback(t *testing.T) {
 	}()
 	time.Sleep(time.Second) // the receiver joins within its 2 s pause
 	out, errOut, code := rxegoCmd(t, "mckey", "-m", group, "-b", snd.String(), "-s", "-C", "3", "--pause", "2s", "-timeout", "20s")
-	if code != 0 || !strings.Contains(out, "3 sent") {
+	if code != 0 || !strings.Contains(out, "rxego mckey: 1 connection, 3 sent") { // singular for one
 		t.Errorf("sender: exit %d\n%s%s", code, out, errOut)
 	}
 	if s := <-done; !strings.HasPrefix(s, "0") || !strings.Contains(s, "3 received, 3 verified") {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/internal/ladder"
 )
 
 // exchange is one of the rdma_cm burst tools (ucmatose, udaddy): the same
@@ -61,8 +62,8 @@ func (x exchange) run(args []string) error {
 		return &usageError{err.Error()}
 	}
 	report := func(server bool, res exchangeResult, err error) error {
-		fmt.Printf("rxego %s: %d connections, %d sent, %d received, %d verified",
-			x.name, res.conns, res.sent, res.received, res.verified)
+		fmt.Printf("rxego %s: %s, %d sent, %d received, %d verified",
+			x.name, ladder.Count(res.conns, "connection"), res.sent, res.received, res.verified)
 		if server && x.serverChecks != "" {
 			fmt.Printf(" (%s)", x.serverChecks)
 		}

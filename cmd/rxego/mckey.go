@@ -10,6 +10,7 @@ import (
 
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cm/mckey"
+	"github.com/rxego/rxego/internal/ladder"
 )
 
 func init() {
@@ -90,8 +91,8 @@ flags:
 	}
 	return cmRun(local, f, func(ctx context.Context, m *cm.Manager) error {
 		res, err := mckey.Run(ctx, m, cfg)
-		fmt.Printf("rxego mckey: %d connections, %d sent, %d received, %d verified\n",
-			res.Connections, res.Sent, res.Received, res.Verified)
+		fmt.Printf("rxego mckey: %s, %d sent, %d received, %d verified\n",
+			ladder.Count(res.Connections, "connection"), res.Sent, res.Received, res.Verified)
 		fmt.Println("test complete")
 		return err
 	})
