@@ -92,7 +92,8 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 	if r.GIDIndex {
 		gidArgs = []string{"-d", p.Lab.Bridge(), "-g", strconv.Itoa(p.hostGIDIndex(t))}
 	}
-	rxego := append(append([]string{"pingpong", "-t", r.Tool, "-c", "--stats",
+	// rxego runs under the C tool's own name, taking its flags exactly.
+	rxego := append(append([]string{"ibv_" + r.Tool + "_pingpong", "-c", "--stats",
 		"-timeout", (timeout - 5*time.Second).String()}, gidArgs...), common...)
 	if r.StatsQuiet > 0 {
 		rxego = append(rxego, "--stats-quiet", r.StatsQuiet.String())
