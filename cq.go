@@ -101,5 +101,6 @@ func (c *CQ) Closed() bool { return c.cq.Closed() }
 // for a select beside other channels: the Go form of a completion channel
 // (ibv_req_notify_cq, then ibv_get_cq_event). Call it again before each
 // wait; after a wake-up, Poll until it returns 0. The channel is closed
-// when the CQ is. See qp.CQ.Notify.
+// when the CQ is. An overrun signals it too: when Poll then finds
+// nothing, Err says why. See qp.CQ.Notify.
 func (c *CQ) Notify() <-chan struct{} { return c.cq.Notify() }
