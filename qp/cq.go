@@ -15,8 +15,9 @@ import (
 // it hit), and CQ.Err, once a completion arrived while the CQ was full:
 // verbs raises IBV_EVENT_CQ_ERR. The completion is lost and the QP that
 // generated it moves to ERR (as rxe's responder does on a receive
-// completion it cannot post), so its outstanding work completes with
-// WR_FLUSH_ERR where there is room; other QPs on the CQ go on. The
+// completion it cannot post; rxe's completer drops a send completion and
+// goes on, rxego fails that QP too), so its outstanding work completes
+// with WR_FLUSH_ERR where there is room; other QPs on the CQ go on. The
 // completions already queued can still be polled; then PollWait fails.
 var ErrCQOverrun = errors.New("qp: completion queue overrun")
 
