@@ -60,12 +60,15 @@ type QP struct {
 
 	// Everything below is guarded by the engine lock.
 	destroyed bool
-	groups    int // multicast groups attached (AttachGroup); Destroy refuses while > 0
-	state     State
-	attr      Attr
-	mtu       int
-	deadline  [numTimers]time.Duration // when each timer fires; 0: disarmed
-	queued    [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
+	// id names this QP, until it is reset or destroyed, to the type 2
+	// memory windows it binds (see mr.QPID).
+	id       mr.QPID
+	groups   int // multicast groups attached (AttachGroup); Destroy refuses while > 0
+	state    State
+	attr     Attr
+	mtu      int
+	deadline [numTimers]time.Duration // when each timer fires; 0: disarmed
+	queued   [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
 
 	sq       []sendWQE
 	sqHead   uint64 // oldest WQE not completed
@@ -150,6 +153,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 		return nil, err
 	}
 	q.cc = e.newCC()
+	q.id = newQPID()
 	e.qps[q.num] = q
 	return q, nil
 }
@@ -249,6 +253,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	q.state = next
 	switch {
 	case next == Reset:
+		q.releaseWindows()
 		q.reset()
 	case next == Err && prev != Err:
 		q.enterError()
@@ -266,6 +271,22 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	}
 	e.flush()
 	return nil
+}
+
+// qpIDs issues the QPs' identities for type 2 memory windows.
+var qpIDs atomic.Uint64
+
+// newQPID returns a QP identity never issued before (and never 0).
+func newQPID() mr.QPID { return mr.QPID(qpIDs.Add(1)) }
+
+// releaseWindows unbinds the type 2 memory windows the QP bound and gives
+// it a new identity, for a reset or a destroy: a window serves only the
+// QP incarnation that bound it, never a QP created later under the same
+// number nor the same QP after RESET (see docs/rnic.md). The engine lock
+// is held.
+func (q *QP) releaseWindows() {
+	q.e.cfg.MRs.ReleaseQP(q.id)
+	q.id = newQPID()
 }
 
 // reset returns the QP to its freshly created condition; posted work is
@@ -337,6 +358,7 @@ func (q *QP) DetachGroup() {
 // destroy takes the QP out of the engine and lets go of its CQs. The
 // engine lock is held.
 func (q *QP) destroy() {
+	q.releaseWindows()
 	q.destroyed = true
 	delete(q.e.qps, q.num)
 	q.sendCQ.release()
