@@ -85,6 +85,9 @@ func mcastArgs(q *QP, mgid netip.Addr) (*Device, netip.Addr, error) {
 		return nil, g, errors.New("rxego: only UD QPs attach to multicast groups")
 	}
 	v, ok := qpDevices.Load(q)
+	if !ok && q.Destroyed() {
+		return nil, g, fmt.Errorf("rxego: QP %d was destroyed: %w", q.Num(), ErrClosed)
+	}
 	if !ok {
 		return nil, g, fmt.Errorf("rxego: QP %d belongs to no open device", q.Num())
 	}

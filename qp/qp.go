@@ -332,6 +332,14 @@ func (q *QP) Destroy() error {
 	return nil
 }
 
+// Destroyed reports whether the QP was destroyed (Destroy, or its
+// engine's Close).
+func (q *QP) Destroyed() bool {
+	q.e.mu.Lock()
+	defer q.e.mu.Unlock()
+	return q.destroyed
+}
+
 // AttachGroup counts one more multicast group the QP is attached to; the
 // engine does not deliver multicast itself (the caller hands it each
 // group's datagrams), but Destroy must refuse while any is attached. It
@@ -363,6 +371,9 @@ func (q *QP) destroy() {
 	delete(q.e.qps, q.num)
 	q.sendCQ.release()
 	q.recvCQ.release()
+	if f := q.e.cfg.Destroyed; f != nil {
+		f(q)
+	}
 }
 
 // PostSend posts send work requests. Each is checked before any is
