@@ -57,6 +57,9 @@ type QP struct {
 	// errored mirrors state == ERR for PostRecv, which reads it without
 	// the engine lock.
 	errored atomic.Bool
+	// mcastNoRecv counts multicast datagrams dropped for want of a
+	// receive (DropMcastNoRecvWQE).
+	mcastNoRecv atomic.Uint64
 
 	// Everything below is guarded by the engine lock.
 	destroyed bool
@@ -331,6 +334,10 @@ func (q *QP) Destroy() error {
 	q.destroy()
 	return nil
 }
+
+// McastNoRecvDrops returns how many multicast datagrams the QP dropped
+// because no receive was posted (DropMcastNoRecvWQE).
+func (q *QP) McastNoRecvDrops() uint64 { return q.mcastNoRecv.Load() }
 
 // Destroyed reports whether the QP was destroyed (Destroy, or its
 // engine's Close).

@@ -87,13 +87,19 @@ const (
 	DropMisaligned                      // atomic on an address not 8-byte aligned (NAKed)
 	DropBusy                            // new request while a long READ response goes out (NAKed after it)
 	DropOther
+	// DropMcastNoRecvWQE is a multicast UD datagram that found no
+	// receive posted on a QP attached to its group: UD accepts any
+	// sender's datagrams, so a flood of forged ones uses up the receives
+	// and legit ones are lost; counted apart from DropNoRecvWQE (and per
+	// group by rxego's Device.McastNoRecvDrops) so that loss shows.
+	DropMcastNoRecvWQE
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
 	"unknown_qp", "bad_state", "wrong_opcode", "wrong_source", "bad_qkey", "bad_pkey", "bad_length",
 	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "out_of_bounds",
-	"misaligned", "busy", "other",
+	"misaligned", "busy", "other", "mcast_no_recv_wqe",
 }
 
 // String names the reason as the metrics label does.
