@@ -100,7 +100,7 @@ func forgedResponsesRun(t *testing.T, syn reth.Syndrome, seed uint64) {
 	}
 	f.after(50*time.Millisecond, forge)
 	f.runFor(forgings * 100 * time.Millisecond)
-	f.runFor(10 * time.Second) // the forger has stopped: long enough for any bounded retrying to end
+	f.runFor(20 * time.Second) // the forger has stopped: long enough for any bounded retrying to end
 	pumping = false
 	pump()
 	state := a.qp.State()

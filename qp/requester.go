@@ -33,10 +33,12 @@ type requester struct {
 	// another stream.
 	retrying bool
 	maxSent  bth.PSN // the PSN after the highest one ever sent
-	// stalls counts retransmissions since the last progress, and resent
-	// is set by every retry since then (stall.go).
-	stalls int
-	resent bool
+	// stalls counts retransmissions since the last progress, the first
+	// of them at stallSince, and resent is set by every retry since then
+	// (stall.go).
+	stalls     int
+	stallSince time.Duration
+	resent     bool
 }
 
 func (r *requester) init(q *QP) {
@@ -531,7 +533,7 @@ func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
 // from PSN from; with the budget spent it fails w with RETRY_EXC_ERR. It
 // reports whether it retried.
 func (e *Engine) retryOrFail(q *QP, w *sendWQE, from bth.PSN) bool {
-	if !q.req.spendRetry() {
+	if !e.spendRetry(q) {
 		e.Stats.RetryExceededErr.Add(1)
 		e.failWQE(q, w, WCRetryExcErr)
 		return false

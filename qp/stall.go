@@ -1,6 +1,10 @@
 package qp
 
-import "github.com/rxego/rxego/reth"
+import (
+	"time"
+
+	"github.com/rxego/rxego/reth"
+)
 
 // The requester's guard against responses that contradict what it knows
 // (issue 24). Responses are not authenticated: a forged ACK or NAK with an
@@ -10,22 +14,32 @@ import "github.com/rxego/rxego/reth"
 // prevented, but the QP must not stay wedged silently in RTS: it ends in
 // ERR with an error completion instead. See docs/rnic.md.
 
-// maxStalledRetries bounds the retries in a row without progress when
-// retry_cnt is 7, which rxe (and rxego before) takes as unlimited: the
-// 65th such retry fails the oldest WQE with RETRY_EXC_ERR. With the
-// usual timeout of 14 (67 ms) that is over 4 seconds of a responder that
-// acknowledges nothing. rnr_retry 7 stays unlimited (IBA): an RNR NAK
-// says the responder is there.
-const maxStalledRetries = 64
+// maxStalledRetries and stallTime bound the retransmissions in a row
+// without progress when retry_cnt is 7, which rxe (and rxego before)
+// takes as unlimited: once there were more than maxStalledRetries of them
+// and the first was at least stallTime ago, the next fails the oldest WQE
+// with RETRY_EXC_ERR. Both must hold: with a short timeout (timeout 8 is
+// about 1 ms) a loaded host can go 64 timeouts without an answer and
+// still recover, while with the usual timeout of 14 (67 ms) 64 timeouts
+// are 4.3 s. rnr_retry 7 stays unlimited (IBA): an RNR NAK says the
+// responder is there.
+const (
+	maxStalledRetries = 64
+	stallTime         = 10 * time.Second
+)
 
 // spendRetry takes one try of the retry budget for a retransmission
 // (timeout or sequence-error NAK) and reports whether there was one:
-// retry_cnt's budget, and at most maxStalledRetries in a row without
-// progress.
-func (r *requester) spendRetry() bool {
+// retry_cnt's budget, and the stall bound above.
+func (e *Engine) spendRetry(q *QP) bool {
+	r := &q.req
+	now := e.cfg.Clock.Now()
+	if r.stalls == 0 {
+		r.stallSince = now
+	}
 	r.stalls++
 	r.resent = true
-	return spend(&r.retryLeft) && r.stalls <= maxStalledRetries
+	return spend(&r.retryLeft) && (r.stalls <= maxStalledRetries || now-r.stallSince < stallTime)
 }
 
 // contradictedRetries is what is left of the stall bound once a NAK has
@@ -38,8 +52,9 @@ const contradictedRetries = 7
 // expect a PSN the requester took as acknowledged (after a forged ACK or
 // NAK), which no resend can reach. It may also be a delayed duplicate
 // overtaken by later responses, so it fails nothing at once: from then
-// on, until progress, at most contradictedRetries more retransmissions
-// are made, even with retry_cnt 7, before RETRY_EXC_ERR. It reports
+// on, until progress, contradictedRetries more retransmissions (and
+// stallTime since the first) are enough for RETRY_EXC_ERR, even with
+// retry_cnt 7. It reports
 // whether the NAK was taken so (counted in ContradictingResponse); rxe
 // drops such a NAK and, with retry_cnt 7, retries for ever.
 func (e *Engine) contradicts(q *QP, syn reth.Syndrome) bool {
