@@ -246,7 +246,15 @@ func connectRoute(q *QP, remote RemoteQP) error {
 		}
 		return nil
 	}
-	return v.(*Device).setRoute(routeKey{remote.Addr, remote.QPN}, remote.SGIDIndex, q)
+	d := v.(*Device)
+	if err := d.setRoute(routeKey{remote.Addr, remote.QPN}, remote.SGIDIndex, q); err != nil {
+		return err
+	}
+	if q.Destroyed() { // destroyed meanwhile, maybe before the route was set
+		d.forgetQP(q)
+		return fmt.Errorf("QP destroyed: %w", ErrClosed)
+	}
+	return nil
 }
 
 // InterfaceGIDs returns the GID table rxe would have on the network
