@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 
 	"github.com/rxego/rxego/qp"
@@ -129,20 +130,25 @@ type routeKey struct {
 // anyQPN is the QP number of an AH's route: beyond the 24-bit QPNs.
 const anyQPN = 1 << 24
 
-// routeTable maps peers to the GID index their packets leave from. It is
-// copied on write (connections are made rarely, packets sent often), so
-// Emit reads it without a lock.
+// routeTable maps peers to the GID index their packets leave from. A
+// route set for a QP (ConnectRC, SetSourceGID) goes when the last QP that
+// set it is destroyed; an AH's route (anyQPN) stays. Emit takes the read
+// lock once per batch of packets, and connections change the map in
+// place, so neither copies the table.
 type routeTable struct {
-	m map[routeKey]int
+	mu sync.RWMutex
+	m  map[routeKey]int
+	// refs counts the QPs that set each QP route, and byQP has the
+	// routes each QP set.
+	refs map[routeKey]int
+	byQP map[*qp.QP][]routeKey
 }
 
-// routeMu serialises the writers of a device's routes.
-var routeMu sync.Mutex
-
-// setRoute makes packets to k leave from GID i. An AH's route (anyQPN)
-// may not change while it stands: two AHs to one peer from different GIDs
-// would make that peer's datagrams ambiguous.
-func (d *Device) setRoute(k routeKey, i int) error {
+// setRoute makes packets to k leave from GID i, for QP q (nil for an
+// AH). An AH's route (anyQPN) may not change while it stands: two AHs to
+// one peer from different GIDs would make that peer's datagrams
+// ambiguous.
+func (d *Device) setRoute(k routeKey, i int, q *qp.QP) error {
 	if err := d.gidIndex(i); err != nil {
 		return err
 	}
@@ -152,19 +158,37 @@ func (d *Device) setRoute(k routeKey, i int) error {
 	if g := d.gids[i].Addr(); g.Is4() != k.peer.Addr().Is4() {
 		return fmt.Errorf("rxego: GID %d (%v) is %s and cannot reach %v", i, g, family(g), k.peer.Addr())
 	}
-	routeMu.Lock()
-	defer routeMu.Unlock()
-	old := d.routes.Load().m
-	if j, ok := old[k]; ok && k.qpn == anyQPN && j != i {
+	t := &d.routes
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if j, ok := t.m[k]; ok && k.qpn == anyQPN && j != i {
 		return fmt.Errorf("rxego: peer %v already has an address handle from GID %d; rxego sends to one peer from one GID", k.peer, j)
 	}
-	m := make(map[routeKey]int, len(old)+1)
-	for kk, v := range old {
-		m[kk] = v
+	if t.m == nil {
+		t.m, t.refs, t.byQP = make(map[routeKey]int), make(map[routeKey]int), make(map[*qp.QP][]routeKey)
 	}
-	m[k] = i
-	d.routes.Store(&routeTable{m: m})
+	t.m[k] = i
+	if q != nil && !slices.Contains(t.byQP[q], k) {
+		t.byQP[q] = append(t.byQP[q], k)
+		t.refs[k]++
+	}
 	return nil
+}
+
+// forgetQP drops what the device keeps about q, which is being destroyed:
+// its entry in qpDevices and the routes no other QP set.
+func (d *Device) forgetQP(q *qp.QP) {
+	qpDevices.Delete(q)
+	t := &d.routes
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, k := range t.byQP[q] {
+		if t.refs[k]--; t.refs[k] == 0 {
+			delete(t.refs, k)
+			delete(t.m, k)
+		}
+	}
+	delete(t.byQP, q)
 }
 
 // family names a's address family.
@@ -176,8 +200,9 @@ func family(a netip.Addr) string {
 }
 
 // route returns the GID index a packet to peer for QP qpn leaves from.
+// The caller holds d.routes.mu for reading.
 func (d *Device) route(peer netip.AddrPort, qpn uint32) int {
-	m := d.routes.Load().m
+	m := d.routes.m
 	if i, ok := m[routeKey{peer, qpn}]; ok {
 		return i
 	}
@@ -194,7 +219,8 @@ func (d *Device) route(peer netip.AddrPort, qpn uint32) int {
 }
 
 // qpDevices maps a QP to its device, so that ConnectRC, which takes only
-// the QP, finds the routes to set. Entries go when the device closes.
+// the QP, finds the routes to set. Entries go when the QP is destroyed
+// (forgetQP), or the device closes.
 var qpDevices sync.Map // *qp.QP -> *Device
 
 // forgetQPs drops d's entries from qpDevices.
@@ -211,13 +237,24 @@ func (d *Device) forgetQPs() {
 // SGIDIndex.
 func connectRoute(q *QP, remote RemoteQP) error {
 	v, ok := qpDevices.Load(q)
+	if !ok && q.Destroyed() {
+		return fmt.Errorf("QP destroyed: %w", ErrClosed)
+	}
 	if !ok {
 		if remote.SGIDIndex != 0 {
 			return fmt.Errorf("SGID index %d on a QP of no open device", remote.SGIDIndex)
 		}
 		return nil
 	}
-	return v.(*Device).setRoute(routeKey{remote.Addr, remote.QPN}, remote.SGIDIndex)
+	d := v.(*Device)
+	if err := d.setRoute(routeKey{remote.Addr, remote.QPN}, remote.SGIDIndex, q); err != nil {
+		return err
+	}
+	if q.Destroyed() { // destroyed meanwhile, maybe before the route was set
+		d.forgetQP(q)
+		return fmt.Errorf("QP destroyed: %w", ErrClosed)
+	}
+	return nil
 }
 
 // InterfaceGIDs returns the GID table rxe would have on the network

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/internal/sched"
@@ -45,6 +46,9 @@ type mcastIn struct {
 	scratch []byte // one QP's copy of the packet being delivered
 	one     []qp.InPacket
 	snap    []*QP // qps, copied for one batch
+	// noRecv counts the group's datagrams an attached QP dropped for want
+	// of a posted receive (one per QP copy).
+	noRecv atomic.Uint64
 }
 
 // AttachMcast attaches the UD QP q to the multicast group mgid
@@ -85,6 +89,9 @@ func mcastArgs(q *QP, mgid netip.Addr) (*Device, netip.Addr, error) {
 		return nil, g, errors.New("rxego: only UD QPs attach to multicast groups")
 	}
 	v, ok := qpDevices.Load(q)
+	if !ok && q.Destroyed() {
+		return nil, g, fmt.Errorf("rxego: QP %d was destroyed: %w", q.Num(), ErrClosed)
+	}
 	if !ok {
 		return nil, g, fmt.Errorf("rxego: QP %d belongs to no open device", q.Num())
 	}
@@ -202,6 +209,24 @@ func (d *Device) leaveLocked(grp *mcastGroup) {
 	d.mcastLeft.Add(grp.conn.Stats())
 }
 
+// McastNoRecvDrops returns, for each multicast group the device has
+// joined, how many of its datagrams an attached QP dropped because it had
+// no receive posted (one per QP copy; all groups together are the drop
+// reason mcast_no_recv_wqe). UD takes datagrams from any sender, so a
+// flood of forged ones to a group uses up the receives; this is where the
+// legit datagrams lost then are counted. A QP attached to several groups
+// that receive at the same moment may have a drop counted under the wrong
+// one of them.
+func (d *Device) McastNoRecvDrops() map[netip.Addr]uint64 {
+	d.mcMu.Lock()
+	defer d.mcMu.Unlock()
+	m := make(map[netip.Addr]uint64, len(d.mcast))
+	for g, grp := range d.mcast {
+		m[g] = grp.in.noRecv.Load()
+	}
+	return m
+}
+
 // leaveAll leaves every group: the device is closing.
 func (d *Device) leaveAll() {
 	d.mcMu.Lock()
@@ -234,12 +259,14 @@ func (x *mcastIn) deliver(pkts []qp.InPacket, polled bool) bool {
 			b.SetDestQP(q.Num())
 			x.one[0] = qp.InPacket{Pkt: bth.Packet{Raw: x.scratch[:n], Info: p.Pkt.Info}, Src: p.Src, TOS: p.TOS, Dest: p.Dest}
 			eng := x.d.shards[x.d.shardOf(q.Num())].eng
+			before := q.McastNoRecvDrops()
 			if polled {
 				woke = eng.InputPolled(x.one) || woke
 				eng.FlushAcks()
 			} else {
 				woke = eng.InputWoke(x.one) || woke
 			}
+			x.noRecv.Add(q.McastNoRecvDrops() - before)
 		}
 	}
 	clear(x.snap)

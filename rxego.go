@@ -269,7 +269,7 @@ type Device struct {
 	local  netip.AddrPort
 	gids   []netip.AddrPort  // the GID table: local first (gid.go)
 	xrcvs  []*sched.Receiver // the Receivers of the GIDs after the first
-	routes atomic.Pointer[routeTable]
+	routes routeTable
 	topts  transport.Options // the sockets' options; Conn set: a given Conn (no multicast)
 	given  bool
 
@@ -407,7 +407,6 @@ func Open(addr string, opts *Options) (*Device, error) {
 	}
 	d := &Device{conns: all, mrs: mr.NewTable(), local: local, gids: gids, stop: make(chan struct{}), nextQPN: firstQPN,
 		topts: o.Transport, given: o.Conn != nil}
-	d.routes.Store(&routeTable{})
 	if o.Tap != nil {
 		d.SetTap(o.Tap)
 	}
@@ -427,6 +426,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 		s.eng, err = qp.NewEngine(qp.Config{
 			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
 			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
+			Destroyed: d.forgetQP,
 		})
 		if err != nil {
 			for _, c := range all {
@@ -835,7 +835,7 @@ func (p *PD) CreateAHFrom(sgid int, dest netip.AddrPort) (*AH, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.dev.setRoute(routeKey{ah.Dest, anyQPN}, sgid); err != nil {
+	if err := p.dev.setRoute(routeKey{ah.Dest, anyQPN}, sgid, nil); err != nil {
 		return nil, err
 	}
 	return ah, nil

@@ -58,6 +58,7 @@ func (s *shard) emitGIDs(pkts []qp.OutPacket) {
 	if s.gmsgs == nil {
 		s.gmsgs = make([][]transport.Message, len(s.conns))
 	}
+	s.d.routes.mu.RLock() // once per batch
 	for i := range pkts {
 		p := &pkts[i]
 		var qpn uint32
@@ -67,6 +68,7 @@ func (s *shard) emitGIDs(pkts []qp.OutPacket) {
 		g := s.d.route(p.Dest, qpn)
 		s.gmsgs[g] = append(s.gmsgs[g], transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
 	}
+	s.d.routes.mu.RUnlock()
 	for g, msgs := range s.gmsgs {
 		if len(msgs) > 0 {
 			s.send(s.conns[g], pkts, msgs)

@@ -134,7 +134,7 @@ func TestREQFlood(t *testing.T) {
 	}
 	m := p.srv.m
 	m.mu.Lock()
-	conns, shed := len(m.conns), len(m.shed)
+	conns, shed := len(m.conns), m.shed.len()
 	m.mu.Unlock()
 	if limit := DefaultBacklog + DefaultBacklog/4 + 2; conns > limit || shed > shedRing {
 		t.Errorf("server holds %d connections (limit %d), remembers %d shed REQs (limit %d)", conns, limit, shed, shedRing)

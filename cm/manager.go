@@ -60,11 +60,11 @@ type Config struct {
 	// retransmits a message before giving up (4 bits). 0 means
 	// DefaultMaxRetries.
 	MaxRetries uint8
-	// Backlog is how many requests a Listener holds before Accept takes
-	// them. A REQ that finds it full is dropped without an answer and
-	// remembered; its retransmission (which only a live initiator sends)
-	// goes to a lane of its own that Accept serves first. 0 means
-	// DefaultBacklog.
+	// Backlog is how many requests a Listener or UDListener holds before
+	// Accept takes them. A REQ or SIDR_REQ that finds it full is dropped
+	// without an answer and remembered; its retransmission (which only a
+	// live initiator sends) goes to a lane of its own that Accept serves
+	// first. 0 means DefaultBacklog.
 	Backlog int
 	// HalfOpenTimeout bounds how long an accepted request waits for the
 	// initiator's RTU after the REP, whatever the REQ's timers allow
@@ -138,46 +138,19 @@ type Manager struct {
 	conns     map[uint32]*Conn    // by local communication ID
 	byRemote  map[remoteKey]*Conn // passive side: by the initiator's GUID and ID
 	ports     map[uint16]bool     // rdma_cm source ports in use by Dial
-	// shed remembers the REQs dropped for a full backlog (a ring of
-	// shedRing keys, so memory stays bounded under a flood): a REQ found
+	// shed remembers the REQs dropped for a full backlog: a REQ found
 	// here is a retransmission, from an initiator that is alive.
-	shed     map[remoteKey]struct{}
-	shedRing [shedRing]remoteKey
-	shedNext int
-	sidr     sidrState                // UD "connections" (sidr.go)
-	joins    map[mcastKey]*Membership // multicast memberships (mcast.go)
+	shed  shedSet[remoteKey]
+	sidr  sidrState                // UD "connections" (sidr.go)
+	joins map[mcastKey]*Membership // multicast memberships (mcast.go)
 
 	stats counters
 }
 
-// shedRing is how many shed REQs a Manager remembers: enough for a
-// live initiator's retransmission (rdma_cm: 4.3 s later) to be recognised
-// while thousands of forged REQs a second pass.
-const shedRing = 1 << 16
-
 // shedREQ remembers a REQ dropped for a full backlog; m.mu must be held.
 func (m *Manager) shedREQ(k remoteKey) {
 	m.stats.shed.Add(1)
-	if _, ok := m.shed[k]; ok {
-		return
-	}
-	old := m.shedRing[m.shedNext]
-	if old != (remoteKey{}) {
-		delete(m.shed, old)
-	}
-	m.shedRing[m.shedNext] = k
-	m.shedNext = (m.shedNext + 1) % shedRing
-	m.shed[k] = struct{}{}
-}
-
-// wasShed reports whether k's REQ was dropped for a full backlog before,
-// and forgets it; m.mu must be held.
-func (m *Manager) wasShed(k remoteKey) bool {
-	if _, ok := m.shed[k]; !ok {
-		return false
-	}
-	delete(m.shed, k)
-	return true
+	m.shed.add(k)
 }
 
 // remoteKey identifies a connection by the peer's CA GUID and its
@@ -199,7 +172,7 @@ func New(dev *rxego.Device, cfg *Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{dev: dev, cfg: c, local: dev.Addr().Addr().Unmap(), hiTID: uint64(rand.Uint32()) << 32,
-		listeners: map[uint64]*Listener{}, conns: map[uint32]*Conn{}, byRemote: map[remoteKey]*Conn{}, shed: map[remoteKey]struct{}{},
+		listeners: map[uint64]*Listener{}, conns: map[uint32]*Conn{}, byRemote: map[remoteKey]*Conn{},
 		ports: map[uint16]bool{}}
 	if err := m.setupQP1(); err != nil {
 		m.teardown()
@@ -443,7 +416,7 @@ type counters struct {
 	sendErrors  atomic.Uint64
 	dropped     atomic.Uint64
 	timeouts    atomic.Uint64
-	shed        atomic.Uint64 // REQs dropped for a full backlog
+	shed        atomic.Uint64 // REQs and SIDR_REQs dropped for a full backlog
 	halfOpen    atomic.Uint64 // accepted requests whose RTU never came
 	mcastJoins  atomic.Uint64 // JoinMulticast calls that joined
 	mcastLeaves atomic.Uint64 // memberships left (Leave, or Close)
@@ -462,7 +435,7 @@ func (c *counters) count(a *[numAttrs]atomic.Uint64, attr uint16) {
 // duplicate answered or ignored), cm_timeouts (retries exhausted),
 // cm_malformed, cm_unsupported (other CM attributes: LAP, APR),
 // cm_unmatched (for no known connection), cm_send_errors, cm_dropped
-// (by Config.DropMAD), cm_backlog_shed (REQs dropped for a full backlog)
+// (by Config.DropMAD), cm_backlog_shed (REQs and SIDR_REQs dropped for a full backlog)
 // cm_half_open (accepted requests whose RTU never came), and
 // cm_mcast_joins and cm_mcast_leaves (JoinMulticast's memberships made and
 // left).

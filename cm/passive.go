@@ -272,7 +272,7 @@ func (m *Manager) onREQ(from netip.Addr, h Header, r *REQ) {
 	// the oldest there when that is full. So a flood of forged REQs,
 	// which are never retransmitted, cannot keep a live client out.
 	queue := l.backlog
-	if m.wasShed(remoteKey{r.LocalCAGUID, r.LocalCommID}) {
+	if m.shed.take(remoteKey{r.LocalCAGUID, r.LocalCommID}) {
 		queue = l.retried
 		if len(queue) == cap(queue) {
 			select {

@@ -113,6 +113,9 @@ type sidrState struct {
 	pending   map[uint32]chan SIDRREP // active side: by request ID
 	answered  map[sidrKey]*[MADSize]byte
 	order     []sidrKey // answered, oldest first, for the bound
+	// shed remembers the requests dropped for a full backlog (see
+	// onSIDRREQ).
+	shed shedSet[sidrKey]
 }
 
 // sidrKey names a request as the passive side sees it.
@@ -140,6 +143,10 @@ type UDListener struct {
 	port    uint16
 	sid     uint64
 	backlog chan *UDRequest
+	// retried holds requests that came again after being dropped for a
+	// full backlog: their requesters are alive, and Accept serves them
+	// first, so a flood of one-shot forged requests cannot starve them.
+	retried chan *UDRequest
 	done    chan struct{}
 	closed  bool // guarded by m.mu
 }
@@ -159,15 +166,23 @@ func (m *Manager) ListenUD(port uint16) (*UDListener, error) {
 	if m.sidr.listeners[sid] != nil {
 		return nil, fmt.Errorf("%w: UDP %d", ErrInUse, port)
 	}
-	l := &UDListener{m: m, port: port, sid: sid, backlog: make(chan *UDRequest, m.cfg.Backlog), done: make(chan struct{})}
+	l := &UDListener{m: m, port: port, sid: sid, backlog: make(chan *UDRequest, m.cfg.Backlog),
+		retried: make(chan *UDRequest, max(m.cfg.Backlog/4, 1)), done: make(chan struct{})}
 	m.sidr.listeners[sid] = l
 	return l, nil
 }
 
-// Accept returns the next SIDR request; answer it with UDRequest.Accept
-// or Reject.
+// Accept returns the next SIDR request, a retransmitted one first (see
+// Config.Backlog); answer it with UDRequest.Accept or Reject.
 func (l *UDListener) Accept(ctx context.Context) (*UDRequest, error) {
 	select {
+	case r := <-l.retried:
+		return r, nil
+	default:
+	}
+	select {
+	case r := <-l.retried:
+		return r, nil
 	case r := <-l.backlog:
 		return r, nil
 	case <-l.done:
@@ -191,6 +206,8 @@ func (l *UDListener) Close() error {
 	for {
 		select {
 		case r := <-l.backlog:
+			r.answerLocked(SIDRReject, 0, nil)
+		case r := <-l.retried:
 			r.answerLocked(SIDRReject, 0, nil)
 		default:
 			return nil
@@ -284,17 +301,34 @@ func (m *Manager) onSIDRREQ(from netip.Addr, h Header, r *SIDRREQ) {
 		m.answerSIDRLocked(k, h.TID, &SIDRREP{RequestID: r.RequestID, Status: SIDRReject, ServiceID: r.ServiceID})
 		return
 	}
+	// A full backlog drops the request without an answer (a reject would
+	// end a live requester's attempt; silence makes it retransmit) and
+	// remembers it; a request seen before goes to the retried lane,
+	// evicting (rejecting) the oldest there when that is full. So a flood
+	// of forged requests, which are never retransmitted, cannot keep a
+	// live client out. As Listener does for REQs.
+	queue := l.backlog
+	if m.sidr.shed.take(k) {
+		queue = l.retried
+		if len(queue) == cap(queue) {
+			select {
+			case old := <-queue:
+				old.answerLocked(SIDRReject, 0, nil)
+			default: // Accept took one meanwhile
+			}
+		}
+	} else if len(queue) == cap(queue) {
+		m.stats.shed.Add(1)
+		m.sidr.shed.add(k)
+		return
+	}
 	req := &UDRequest{m: m, key: k, tid: h.TID, sid: r.ServiceID,
 		Remote: netip.AddrPortFrom(ip.Src, ip.SrcPort), Local: netip.AddrPortFrom(ip.Dst, l.port),
 		PrivateData: append([]byte(nil), r.PrivateData[IPHeaderSize:]...)}
-	select {
-	case l.backlog <- req:
-		// Until the application answers, retransmissions are dropped
-		// below as duplicates of a request in the backlog.
-		m.sidr.answered[k] = nil
-	default:
-		req.answerLocked(SIDRReject, 0, nil)
-	}
+	queue <- req // room made above; m.mu keeps other senders out
+	// Until the application answers, retransmissions are dropped above as
+	// duplicates of a request in the backlog.
+	m.sidr.answered[k] = nil
 }
 
 // onSIDRREP hands a SIDR reply to the DialUD waiting for it; m.mu is held.

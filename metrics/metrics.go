@@ -47,6 +47,7 @@ var engineCounters = []engineCounter{
 	{"ack_deferred", "ACKs coalesced into a later one (ack_deferred).", func(c *qp.Counters) *atomic.Uint64 { return &c.AckDeferred }},
 	{"retry_exceeded_err", "Work requests failed with transport retry exceeded (retry_exceeded_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.RetryExceededErr }},
 	{"retry_rnr_exceeded_err", "Work requests failed with RNR retry exceeded (retry_rnr_exceeded_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.RetryRNRExceededErr }},
+	{"contradicting_responses", "NAKs behind the completed PSN answering a retransmission: the responder may be behind (forged response); each cuts the retries left.", func(c *qp.Counters) *atomic.Uint64 { return &c.ContradictingResponse }},
 	{"completer_retry_err", "Go-back-N retries started (completer_retry_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.CompleterRetryErr }},
 	{"send_err", "Send errors (send_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.SendErr }},
 	{"rdma_sends", "RDMA WRITE/READ/atomic requests sent (rdma_sends).", func(c *qp.Counters) *atomic.Uint64 { return &c.RDMASends }},

@@ -25,12 +25,12 @@ func (t *Table) Atomic64(rkey uint32, pd *PD, va uint64, need Access) (Word, err
 	return t.Atomic64QP(rkey, pd, 0, va, need)
 }
 
-// Atomic64QP is Atomic64 for a request arriving on QP qpn (see RemoteQP).
-func (t *Table) Atomic64QP(rkey uint32, pd *PD, qpn uint32, va uint64, need Access) (Word, error) {
+// Atomic64QP is Atomic64 for a request arriving on QP qp (see RemoteQP).
+func (t *Table) Atomic64QP(rkey uint32, pd *PD, qp QPID, va uint64, need Access) (Word, error) {
 	if need != RemoteAtomic && need != RemoteWrite {
 		return Word{}, ErrInvalidArgument
 	}
-	b, err := t.lookup(rkey, pd, qpn, va, 8, need)
+	b, err := t.lookup(rkey, pd, qp, va, 8, need)
 	if err != nil {
 		return Word{}, err
 	}

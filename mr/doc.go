@@ -17,10 +17,11 @@
 // re-registrations of one MR (about 1 in 255 per registration). Here an index is drawn at random
 // among at least four times as many indices as there are live MRs (4095
 // for one MR), and the key byte at an index walks a secret shuffle of the
-// 256 bytes from a random start, so a key byte comes back at an index
-// only after 256 registrations there: with one MR re-registered in a
-// loop, the first stale key came back after about 800,000
-// registrations (docs/reliability.md). The shape index<<8 | key byte is
+// 256 bytes from a random start. An index hands out at most 255 key bytes
+// in its chunk's life; chunks whose indices are half spent retire, and new
+// ones take the 4,096 chunk positions in a secret cyclic order, so a key
+// comes back only after about 2^31 registrations (none in 20,000,000 with
+// one or 1,000 MRs live; docs/reliability.md). The shape index<<8 | key byte is
 // kept, so a consumer's key byte (ib_inc_rkey, [MR.Revalidate]) works as
 // in verbs; a byte chosen by Revalidate is skipped by the next
 // registration at its index.
@@ -82,7 +83,11 @@
 // and ZeroBased for type 2 windows, which then start at address 0). The
 // lookups check the window as they check an MR, plus: a window key is
 // never an lkey, and a type 2 window answers only the QP that bound it
-// ([ErrWrongQP]; [Table.RemoteQP] and [Table.Atomic64QP] carry the QPN).
+// ([ErrWrongQP]; [Table.RemoteQP] and [Table.Atomic64QP] carry the QP's
+// [QPID], which a later QP with the same number does not share), until
+// [Table.ReleaseQP] (the QP's destroy or reset) unbinds it. A type 1
+// window bound through [MW.NextRKey]'s keys moves to a fresh index after
+// 255 rebinds, so its rkeys do not wrap.
 // [Table.Invalidate] on a type 2 window's key unbinds it (LOCAL_INV, SEND
 // with Invalidate); type 1 windows refuse it (IBA o10-37.2.26) and are
 // unbound by a bind of length 0. An MR with bound windows can be neither

@@ -14,17 +14,18 @@ func (t *Table) Remote(rkey uint32, pd *PD, va uint64, length uint32, need Acces
 	return t.RemoteQP(rkey, pd, 0, va, length, need)
 }
 
-// RemoteQP is Remote for a request arriving on QP qpn, so that a type 2
+// RemoteQP is Remote for a request arriving on QP qp, so that a type 2
 // memory window bound to that QP serves it (ErrWrongQP for another QP).
-func (t *Table) RemoteQP(rkey uint32, pd *PD, qpn uint32, va uint64, length uint32, need Access) ([]byte, error) {
+func (t *Table) RemoteQP(rkey uint32, pd *PD, qp QPID, va uint64, length uint32, need Access) ([]byte, error) {
 	if need == 0 || need&^remoteAccess != 0 {
 		return nil, ErrInvalidArgument
 	}
-	return t.lookup(rkey, pd, qpn, va, length, need)
+	return t.lookup(rkey, pd, qp, va, length, need)
 }
 
-// localQPN stands for "a local SGE" in lookup; no QPN has 32 bits.
-const localQPN = ^uint32(0)
+// localQP stands for "a local SGE" in lookup; the qp package never issues
+// it.
+const localQP = ^QPID(0)
 
 // Local checks a local SGE (lkey, addr, length) of a work request on a QP
 // of pd and returns the part of the buffer it names. need is 0 to read
@@ -35,13 +36,13 @@ func (t *Table) Local(lkey uint32, pd *PD, va uint64, length uint32, need Access
 	if need&^LocalWrite != 0 {
 		return nil, ErrInvalidArgument
 	}
-	return t.lookup(lkey, pd, localQPN, va, length, need)
+	return t.lookup(lkey, pd, localQP, va, length, need)
 }
 
 // lookup runs the checks of the package comment, in order.
 // A window's key is an rkey only, and a type 2 window answers only the QP
 // it is bound to (rxe_lookup_mw).
-func (t *Table) lookup(key uint32, pd *PD, qpn uint32, va uint64, length uint32, need Access) ([]byte, error) {
+func (t *Table) lookup(key uint32, pd *PD, qp QPID, va uint64, length uint32, need Access) ([]byte, error) {
 	s := t.slot(key >> 8)
 	if s == nil {
 		return nil, ErrInvalidKey
@@ -52,11 +53,11 @@ func (t *Table) lookup(key uint32, pd *PD, qpn uint32, va uint64, length uint32,
 		return nil, ErrInvalidKey
 	case e.state != stateValid:
 		return nil, ErrInvalidated
-	case e.mw != nil && qpn == localQPN:
+	case e.mw != nil && qp == localQP:
 		return nil, ErrInvalidKey
 	case e.pd != pd:
 		return nil, ErrWrongPD
-	case e.mwType == MWType2 && e.qpn != qpn:
+	case e.mwType == MWType2 && (e.qp != qp || qp == 0):
 		return nil, ErrWrongQP
 	case need&^e.access != 0:
 		return nil, ErrAccessDenied

@@ -30,7 +30,7 @@ type entry struct {
 	// window is bound to and the MR it exposes (nil while unbound).
 	mw     *MW
 	mwType MWType
-	qpn    uint32
+	qp     QPID
 	bound  *MR
 }
 

@@ -16,6 +16,14 @@ const (
 	MWType2 MWType = 2 // IBV_MW_TYPE_2
 )
 
+// QPID identifies one QP, for type 2 windows, which serve only the QP
+// that bound them. Unlike a QP number it is never reused: not by a QP
+// created later under the same number, nor by the same QP after a reset
+// (the qp package hands out a new one each time), so a window bound by a
+// QP cannot serve whatever comes after it (rxe holds a reference to the
+// QP object). 0 is no QP.
+type QPID uint64
+
 // MW is a memory window: an rkey of its own that grants remote access to
 // a range of an MR, with rights of its own, and that can be bound,
 // rebound and invalidated without touching the MR. Its key lives in the
@@ -26,6 +34,10 @@ type MW struct {
 	typ MWType
 	// cur is the window's current snapshot, also published in the table.
 	cur atomic.Pointer[entry]
+	// Type 1 only, guarded by t.mu: binds counts the key bytes used at idx,
+	// and next is a key at a fresh index NextRKey reserved (0: none).
+	binds int
+	next  uint32
 }
 
 // AllocMW allocates an unbound window of type typ in the PD
@@ -45,7 +57,7 @@ func (pd *PD) AllocMW(typ MWType) (*MW, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &MW{t: t, idx: idx, typ: typ}
+	w := &MW{t: t, idx: idx, typ: typ, binds: 1}
 	e := &entry{key: key, state: stateInvalidated, pd: pd, mw: w, mwType: typ}
 	w.cur.Store(e)
 	t.slot(idx).Store(e)
@@ -75,8 +87,49 @@ func (w *MW) Dealloc() error {
 	}
 	t.publishWindowLocked(e, e.key, stateDeregistered, nil)
 	t.freeIndex(w.idx, uint8(e.key))
+	if w.next != 0 {
+		t.slot(w.next >> 8).Store(nil)
+		t.freeIndex(w.next>>8, uint8(w.next))
+		w.next = 0
+	}
 	e.pd.nMW--
 	return nil
+}
+
+// NextRKey returns the rkey the next ibv_bind_mw of type 1 window w
+// gives it: ibv_inc_rkey of the current one, except when that would
+// bring back a key byte already used at the window's index (after 255
+// rebinds there), when it is a key at a fresh index, reserved for w until
+// a bind uses it (rxe's keys come back after 256 rebinds). It fails with
+// ErrInvalidArgument for a type 2 window (its keys are the binder's) or a
+// deallocated one, and with ErrTableFull when no index is free.
+func (w *MW) NextRKey() (uint32, error) {
+	t := w.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := w.cur.Load()
+	switch {
+	case w.typ != MWType1:
+		return 0, fmt.Errorf("%w: type 2 window keys are chosen by the binder", ErrInvalidArgument)
+	case e.state == stateDeregistered:
+		return 0, fmt.Errorf("%w: memory window deallocated", ErrInvalidArgument)
+	case w.next != 0:
+		return w.next, nil
+	case w.binds < 256:
+		return e.key&^0xff | (e.key+1)&0xff, nil
+	}
+	idx, keyByte, err := t.allocIndex()
+	if err != nil {
+		return 0, err
+	}
+	w.next = idx<<8 | uint32(keyByte)
+	// The reserved index holds an unbound snapshot of w, so that no MR
+	// takes it and its key is refused as invalidated until the bind.
+	r := *e
+	r.key, r.state = w.next, stateInvalidated
+	r.bound, r.buf, r.iova, r.access, r.qp = nil, nil, 0, 0, 0
+	t.slot(idx).Store(&r)
+	return w.next, nil
 }
 
 // Binding describes a BIND_MW work request (ibv_mw_bind and the bind_mw
@@ -84,6 +137,9 @@ func (w *MW) Dealloc() error {
 type Binding struct {
 	// MW is the window's current rkey.
 	MW uint32
+	// RKey, when it is the key MW.NextRKey reserved for a type 1 window,
+	// moves the window there; otherwise only KeyByte counts.
+	RKey uint32
 	// KeyByte becomes the low byte of the window's rkey (verbs takes it
 	// from bind_mw.rkey, which ibv_inc_rkey derives from the old one).
 	KeyByte uint8
@@ -98,7 +154,7 @@ type Binding struct {
 	Access Access
 }
 
-// Bind executes a BIND_MW work request posted on QP qpn of pd and returns
+// Bind executes a BIND_MW work request posted on QP qp of pd and returns
 // the window's new rkey. The checks are rxe's (rxe_check_bind_mw) plus the
 // PDs: the window and the MR must belong to pd; a type 2 window must be
 // unbound (invalidate it first) and the range non-empty; a type 1 window
@@ -106,7 +162,7 @@ type Binding struct {
 // be zero-based, have LocalWrite if the window grants RemoteWrite or
 // RemoteAtomic, and hold [Addr, Addr+Length). A failed bind changes
 // nothing.
-func (t *Table) Bind(pd *PD, qpn uint32, b Binding) (uint32, error) {
+func (t *Table) Bind(pd *PD, qp QPID, b Binding) (uint32, error) {
 	if b.Access&^(remoteAccess|ZeroBased) != 0 {
 		return 0, fmt.Errorf("%w: window access %v", ErrInvalidArgument, b.Access)
 	}
@@ -118,7 +174,7 @@ func (t *Table) Bind(pd *PD, qpn uint32, b Binding) (uint32, error) {
 	}
 	e := s.Load()
 	switch {
-	case e == nil || e.mw == nil || e.key != b.MW:
+	case e == nil || e.mw == nil || e.key != b.MW || e.mw.cur.Load() != e: // not a key NextRKey reserved
 		return 0, ErrInvalidKey
 	case e.pd != pd:
 		return 0, ErrWrongPD
@@ -130,27 +186,53 @@ func (t *Table) Bind(pd *PD, qpn uint32, b Binding) (uint32, error) {
 		return 0, fmt.Errorf("%w: type 2 window bound with length 0", ErrInvalidArgument)
 	}
 	key := e.key&^0xff | uint32(b.KeyByte)
-	if b.Length == 0 { // type 1 unbind
+	move := e.mwType == MWType1 && e.mw.next != 0 && b.RKey == e.mw.next
+	if move {
+		key = b.RKey
+	}
+	var ne *entry
+	if b.Length > 0 {
+		m, err := t.bindTarget(pd, b)
+		if err != nil {
+			return 0, err
+		}
+		me := m.cur.Load()
+		off := b.Addr - me.iova
+		c := *e
+		c.key, c.state, c.access, c.qp = key, stateValid, b.Access, 0
+		c.bound, c.buf, c.iova = m, me.buf[off:off+b.Length:off+b.Length], b.Addr
+		if b.Access&ZeroBased != 0 {
+			c.iova = 0
+		}
+		if e.mwType == MWType2 {
+			c.qp = qp
+		}
+		ne = &c
+	}
+	if move {
+		e = t.moveWindowLocked(e)
+	} else if key != e.key {
+		e.mw.binds++
+	}
+	if ne == nil { // type 1 unbind
 		t.publishWindowLocked(e, key, stateInvalidated, nil)
-		return key, nil
+	} else {
+		t.publishWindowLocked(e, key, stateValid, ne)
 	}
-	m, err := t.bindTarget(pd, b)
-	if err != nil {
-		return 0, err
-	}
-	me := m.cur.Load()
-	off := b.Addr - me.iova
-	ne := *e
-	ne.key, ne.state, ne.access, ne.qpn = key, stateValid, b.Access, 0
-	ne.bound, ne.buf, ne.iova = m, me.buf[off:off+b.Length:off+b.Length], b.Addr
-	if b.Access&ZeroBased != 0 {
-		ne.iova = 0
-	}
-	if e.mwType == MWType2 {
-		ne.qpn = qpn
-	}
-	t.publishWindowLocked(e, key, stateValid, &ne)
 	return key, nil
+}
+
+// moveWindowLocked moves the window of snapshot e to the index NextRKey
+// reserved and frees its old index; it returns the snapshot now at the
+// new index, to be replaced by the bind. Caller holds t.mu.
+func (t *Table) moveWindowLocked(e *entry) *entry {
+	w := e.mw
+	t.slot(w.idx).Store(nil)
+	t.freeIndex(w.idx, uint8(e.key))
+	r := *e // keeps e's binding, so that publishing keeps the MR counts
+	r.key = w.next
+	w.idx, w.next, w.binds = w.next>>8, 0, 1
+	return &r
 }
 
 // bindTarget finds and checks the MR a binding exposes. Caller holds t.mu.
@@ -203,7 +285,7 @@ func (t *Table) publishWindowLocked(e *entry, key uint32, s state, ne *entry) {
 	if ne == nil {
 		c := *e
 		c.key, c.state = key, s
-		c.bound, c.buf, c.iova, c.access, c.qpn = nil, nil, 0, 0, 0
+		c.bound, c.buf, c.iova, c.access, c.qp = nil, nil, 0, 0, 0
 		ne = &c
 	}
 	if e.bound != nil {
@@ -213,10 +295,40 @@ func (t *Table) publishWindowLocked(e *entry, key uint32, s state, ne *entry) {
 		ne.bound.nMW++
 	}
 	w := e.mw
+	if e.qp != 0 {
+		delete(t.qpWindows[e.qp], w)
+		if len(t.qpWindows[e.qp]) == 0 {
+			delete(t.qpWindows, e.qp)
+		}
+	}
+	if ne.qp != 0 {
+		ws := t.qpWindows[ne.qp]
+		if ws == nil {
+			ws = make(map[*MW]struct{})
+			t.qpWindows[ne.qp] = ws
+		}
+		ws[w] = struct{}{}
+	}
 	w.cur.Store(ne)
 	if s == stateDeregistered {
 		t.slot(w.idx).Store(nil)
 		return
 	}
 	t.slot(w.idx).Store(ne)
+}
+
+// ReleaseQP invalidates every type 2 window bound to QP qp, for a QP that
+// is destroyed or reset: a window must not outlive the QP that bound it
+// (IBA 10.6.7.2.5; rxe keeps the QP object alive instead, and the window
+// bound to it). The windows stay allocated, unbound; it returns how many
+// there were.
+func (t *Table) ReleaseQP(qp QPID) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ws := t.qpWindows[qp]
+	for w := range ws {
+		e := w.cur.Load()
+		t.publishWindowLocked(e, e.key, stateInvalidated, nil)
+	}
+	return len(ws)
 }

@@ -14,9 +14,9 @@ func mustAllocMW(t *testing.T, pd *PD, typ MWType) *MW {
 	return w
 }
 
-func mustBind(t *testing.T, tab *Table, pd *PD, qpn uint32, b Binding) uint32 {
+func mustBind(t *testing.T, tab *Table, pd *PD, qp QPID, b Binding) uint32 {
 	t.Helper()
-	key, err := tab.Bind(pd, qpn, b)
+	key, err := tab.Bind(pd, qp, b)
 	if err != nil {
 		t.Fatalf("Bind(%+v) = %v", b, err)
 	}
@@ -42,7 +42,7 @@ func TestWindowType1(t *testing.T) {
 	if _, err := tab.Remote(old, pd, 0x10100, 8, RemoteRead); err != ErrInvalidKey {
 		t.Errorf("old key: %v", err)
 	}
-	for _, qpn := range []uint32{0, 5, 9} { // type 1: any QP of the PD
+	for _, qpn := range []QPID{0, 5, 9} { // type 1: any QP of the PD
 		got, err := tab.RemoteQP(key, pd, qpn, 0x10180, 16, RemoteRead)
 		if err != nil {
 			t.Fatalf("QP %d: %v", qpn, err)

@@ -53,7 +53,9 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 	if syn.Kind() != reth.KindACK && psn.Before(r.compPSN) {
 		// A (RNR) NAK for PSNs already acknowledged is a delayed
 		// duplicate: acting on it would rewind the requester to PSNs
-		// the responder has consumed.
+		// the responder has consumed. (It may also show a responder
+		// left behind by a forged response: see contradicts.)
+		e.contradicts(q, syn)
 		e.drop(DropStaleResponse)
 		return
 	}

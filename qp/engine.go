@@ -94,6 +94,11 @@ type Config struct {
 	// RNRTick is the grain the RNR wait is rounded up to, as rxe rounds
 	// it to jiffies (0: DefaultRNRTick; negative: the IBTA time exactly).
 	RNRTick time.Duration
+	// Destroyed, if set, is called with each QP as it is destroyed
+	// (QP.Destroy, Close), with the engine lock held, so that the owner
+	// of the engine can forget what it keeps about the QP. It must not
+	// call into the engine.
+	Destroyed func(*QP)
 }
 
 // DefaultWindow is the default number of unacknowledged PSNs per QP.

@@ -57,15 +57,21 @@ type QP struct {
 	// errored mirrors state == ERR for PostRecv, which reads it without
 	// the engine lock.
 	errored atomic.Bool
+	// mcastNoRecv counts multicast datagrams dropped for want of a
+	// receive (DropMcastNoRecvWQE).
+	mcastNoRecv atomic.Uint64
 
 	// Everything below is guarded by the engine lock.
 	destroyed bool
-	groups    int // multicast groups attached (AttachGroup); Destroy refuses while > 0
-	state     State
-	attr      Attr
-	mtu       int
-	deadline  [numTimers]time.Duration // when each timer fires; 0: disarmed
-	queued    [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
+	// id names this QP, until it is reset or destroyed, to the type 2
+	// memory windows it binds (see mr.QPID).
+	id       mr.QPID
+	groups   int // multicast groups attached (AttachGroup); Destroy refuses while > 0
+	state    State
+	attr     Attr
+	mtu      int
+	deadline [numTimers]time.Duration // when each timer fires; 0: disarmed
+	queued   [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
 
 	sq       []sendWQE
 	sqHead   uint64 // oldest WQE not completed
@@ -154,6 +160,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 		}
 	}
 	q.cc = e.newCC()
+	q.id = newQPID()
 	e.qps[q.num] = q
 	return q, nil
 }
@@ -253,6 +260,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	q.state = next
 	switch {
 	case next == Reset:
+		q.releaseWindows()
 		q.reset()
 	case next == Err && prev != Err:
 		q.enterError()
@@ -270,6 +278,22 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 	}
 	e.flush()
 	return nil
+}
+
+// qpIDs issues the QPs' identities for type 2 memory windows.
+var qpIDs atomic.Uint64
+
+// newQPID returns a QP identity never issued before (and never 0).
+func newQPID() mr.QPID { return mr.QPID(qpIDs.Add(1)) }
+
+// releaseWindows unbinds the type 2 memory windows the QP bound and gives
+// it a new identity, for a reset or a destroy: a window serves only the
+// QP incarnation that bound it, never a QP created later under the same
+// number nor the same QP after RESET (see docs/rnic.md). The engine lock
+// is held.
+func (q *QP) releaseWindows() {
+	q.e.cfg.MRs.ReleaseQP(q.id)
+	q.id = newQPID()
 }
 
 // reset returns the QP to its freshly created condition; posted work is
@@ -315,6 +339,18 @@ func (q *QP) Destroy() error {
 	return nil
 }
 
+// McastNoRecvDrops returns how many multicast datagrams the QP dropped
+// because no receive was posted (DropMcastNoRecvWQE).
+func (q *QP) McastNoRecvDrops() uint64 { return q.mcastNoRecv.Load() }
+
+// Destroyed reports whether the QP was destroyed (Destroy, or its
+// engine's Close).
+func (q *QP) Destroyed() bool {
+	q.e.mu.Lock()
+	defer q.e.mu.Unlock()
+	return q.destroyed
+}
+
 // AttachGroup counts one more multicast group the QP is attached to; the
 // engine does not deliver multicast itself (the caller hands it each
 // group's datagrams), but Destroy must refuse while any is attached. It
@@ -341,6 +377,7 @@ func (q *QP) DetachGroup() {
 // destroy takes the QP out of the engine and lets go of its CQs. The
 // engine lock is held.
 func (q *QP) destroy() {
+	q.releaseWindows()
 	q.destroyed = true
 	delete(q.e.qps, q.num)
 	q.sendCQ.release()
@@ -348,6 +385,9 @@ func (q *QP) destroy() {
 		q.recvCQ.release()
 	}
 	q.srq.release()
+	if f := q.e.cfg.Destroyed; f != nil {
+		f(q)
+	}
 }
 
 // PostSend posts send work requests. Each is checked before any is

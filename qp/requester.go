@@ -33,6 +33,12 @@ type requester struct {
 	// another stream.
 	retrying bool
 	maxSent  bth.PSN // the PSN after the highest one ever sent
+	// stalls counts retransmissions since the last progress, the first
+	// of them at stallSince, and resent is set by every retry since then
+	// (stall.go).
+	stalls     int
+	stallSince time.Duration
+	resent     bool
 }
 
 func (r *requester) init(q *QP) {
@@ -47,6 +53,7 @@ func (r *requester) init(q *QP) {
 func (r *requester) refill(q *QP) {
 	r.retryLeft = q.attr.RetryCnt
 	r.rnrLeft = q.attr.RNRRetry
+	r.stalls, r.resent = 0, false
 }
 
 // spend takes one try from a retry budget, where 7 means unlimited, and
@@ -526,7 +533,7 @@ func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
 // from PSN from; with the budget spent it fails w with RETRY_EXC_ERR. It
 // reports whether it retried.
 func (e *Engine) retryOrFail(q *QP, w *sendWQE, from bth.PSN) bool {
-	if !spend(&q.req.retryLeft) {
+	if !e.spendRetry(q) {
 		e.Stats.RetryExceededErr.Add(1)
 		e.failWQE(q, w, WCRetryExcErr)
 		return false
@@ -550,6 +557,7 @@ func (e *Engine) rnrTimerExpired(q *QP, now time.Duration) {
 		// retransmission timer, so without the rewind nothing would send
 		// these PSNs again once the QP can send. Not counted in
 		// completer_retry_err (see handleAETH).
+		r.resent = true
 		e.rewind(q, r.compPSN)
 	}
 	e.kick(q)

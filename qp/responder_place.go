@@ -66,7 +66,7 @@ func (e *Engine) checkWrite(q *QP, p bth.Packet) error {
 		return errTooLong
 	}
 	if rs.dmaLen > 0 { // IBA C9-88: a zero-length WRITE checks no rkey
-		buf, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.num, h.VA(), rs.dmaLen, mr.RemoteWrite)
+		buf, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.id, h.VA(), rs.dmaLen, mr.RemoteWrite)
 		if err != nil {
 			return err
 		}

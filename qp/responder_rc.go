@@ -189,7 +189,7 @@ func (e *Engine) advance(q *QP, p bth.Packet, psn bth.PSN) {
 func (e *Engine) recvAtomic(q *QP, p bth.Packet, psn bth.PSN) {
 	rs := &q.resp
 	a := p.AtomicETH()
-	w, err := e.cfg.MRs.Atomic64QP(a.RKey(), q.pd, q.num, a.VA(), mr.RemoteAtomic)
+	w, err := e.cfg.MRs.Atomic64QP(a.RKey(), q.pd, q.id, a.VA(), mr.RemoteAtomic)
 	if err != nil {
 		e.accessError(q, err, psn)
 		return
@@ -221,7 +221,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 	rs := &q.resp
 	h := p.RETH()
 	if p.Info.Op == bth.OpAtomicWrite {
-		w, err := e.cfg.MRs.Atomic64QP(h.RKey(), q.pd, q.num, h.VA(), mr.RemoteWrite)
+		w, err := e.cfg.MRs.Atomic64QP(h.RKey(), q.pd, q.id, h.VA(), mr.RemoteWrite)
 		if err != nil {
 			e.accessError(q, err, psn)
 			return
@@ -230,7 +230,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 		w.Store(binary.NativeEndian.Uint64(p.Payload()))
 	} else if h.DMALen() > 0 {
 		// Go memory is always globally visible; the check is what matters.
-		if _, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.num, h.VA(), h.DMALen(), mr.RemoteWrite); err != nil {
+		if _, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.id, h.VA(), h.DMALen(), mr.RemoteWrite); err != nil {
 			e.accessError(q, err, psn)
 			return
 		}

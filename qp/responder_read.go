@@ -190,7 +190,7 @@ func (e *Engine) checkRead(q *QP, p bth.Packet) error {
 		return errTooLong
 	}
 	if n > 0 {
-		if _, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.num, h.VA(), n, mr.RemoteRead); err != nil {
+		if _, err := e.cfg.MRs.RemoteQP(h.RKey(), q.pd, q.id, h.VA(), n, mr.RemoteRead); err != nil {
 			return err
 		}
 	}
@@ -266,7 +266,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 	if rd.n > 0 {
 		// Checked at every burst: the MR may have gone since the last one.
 		var err error
-		src, err = e.cfg.MRs.RemoteQP(rd.rkey, q.pd, q.num, rd.va+uint64(from), min(uint32(end-rd.next)*mtu, rd.n-from), mr.RemoteRead)
+		src, err = e.cfg.MRs.RemoteQP(rd.rkey, q.pd, q.id, rd.va+uint64(from), min(uint32(end-rd.next)*mtu, rd.n-from), mr.RemoteRead)
 		if err != nil {
 			e.accessError(q, err, rd.psn.Add(rd.next))
 			return

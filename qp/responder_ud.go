@@ -23,6 +23,11 @@ func (e *Engine) respondUD(q *QP, in *InPacket) {
 		return
 	}
 	w, ok := q.takeRecv()
+	if !ok && in.Dest.IsMulticast() {
+		e.drop(DropMcastNoRecvWQE)
+		q.mcastNoRecv.Add(1)
+		return
+	}
 	if !ok {
 		e.drop(DropNoRecvWQE)
 		return

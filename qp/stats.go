@@ -9,26 +9,30 @@ import (
 // meanings of rdma_rxe's hw_counters, so numbers from both sides of an
 // interop run can be compared directly.
 type Counters struct {
-	SentPkts              atomic.Uint64 // sent_pkts
-	RcvdPkts              atomic.Uint64 // rcvd_pkts
-	DuplicateRequest      atomic.Uint64 // duplicate_request
-	OutOfSeqRequest       atomic.Uint64 // out_of_seq_request
-	RcvdRNRErr            atomic.Uint64 // rcvd_rnr_err: RNR NAKs received
-	SendRNRErr            atomic.Uint64 // send_rnr_err: RNR NAKs sent
-	RcvdSeqErr            atomic.Uint64 // rcvd_seq_err: PSN sequence error NAKs received
-	AckDeferred           atomic.Uint64 // ack_deferred
-	RetryExceededErr      atomic.Uint64 // retry_exceeded_err
-	RetryRNRExceededErr   atomic.Uint64 // retry_rnr_exceeded_err
-	CompleterRetryErr     atomic.Uint64 // completer_retry_err: retries started
-	SendErr               atomic.Uint64 // send_err
-	RDMASends             atomic.Uint64 // rdma_sends: RDMA WRITE/READ/atomic requests sent
-	RDMARecvs             atomic.Uint64 // rdma_recvs: such requests received
-	SentBytes             atomic.Uint64
-	RcvdBytes             atomic.Uint64
-	Retransmits           atomic.Uint64 // packets sent again
-	NAKsSent              atomic.Uint64
-	RemoteAccessNAKs      atomic.Uint64 // remote access error NAKs sent
-	InvalidRequestNAKs    atomic.Uint64 // invalid request NAKs sent
+	SentPkts            atomic.Uint64 // sent_pkts
+	RcvdPkts            atomic.Uint64 // rcvd_pkts
+	DuplicateRequest    atomic.Uint64 // duplicate_request
+	OutOfSeqRequest     atomic.Uint64 // out_of_seq_request
+	RcvdRNRErr          atomic.Uint64 // rcvd_rnr_err: RNR NAKs received
+	SendRNRErr          atomic.Uint64 // send_rnr_err: RNR NAKs sent
+	RcvdSeqErr          atomic.Uint64 // rcvd_seq_err: PSN sequence error NAKs received
+	AckDeferred         atomic.Uint64 // ack_deferred
+	RetryExceededErr    atomic.Uint64 // retry_exceeded_err
+	RetryRNRExceededErr atomic.Uint64 // retry_rnr_exceeded_err
+	CompleterRetryErr   atomic.Uint64 // completer_retry_err: retries started
+	SendErr             atomic.Uint64 // send_err
+	RDMASends           atomic.Uint64 // rdma_sends: RDMA WRITE/READ/atomic requests sent
+	RDMARecvs           atomic.Uint64 // rdma_recvs: such requests received
+	SentBytes           atomic.Uint64
+	RcvdBytes           atomic.Uint64
+	Retransmits         atomic.Uint64 // packets sent again
+	NAKsSent            atomic.Uint64
+	RemoteAccessNAKs    atomic.Uint64 // remote access error NAKs sent
+	InvalidRequestNAKs  atomic.Uint64 // invalid request NAKs sent
+	// ContradictingResponse counts NAKs behind the requester's completed
+	// PSN that answered a retransmission, each cutting the retries left
+	// before RETRY_EXC_ERR (stall.go).
+	ContradictingResponse atomic.Uint64
 	Drops                 [numDropReasons]atomic.Uint64
 	CompletionsGenerated  atomic.Uint64
 	FlushedWorkRequests   atomic.Uint64
@@ -83,13 +87,19 @@ const (
 	DropMisaligned                      // atomic on an address not 8-byte aligned (NAKed)
 	DropBusy                            // new request while a long READ response goes out (NAKed after it)
 	DropOther
+	// DropMcastNoRecvWQE is a multicast UD datagram that found no
+	// receive posted on a QP attached to its group: UD accepts any
+	// sender's datagrams, so a flood of forged ones uses up the receives
+	// and legit ones are lost; counted apart from DropNoRecvWQE (and per
+	// group by rxego's Device.McastNoRecvDrops) so that loss shows.
+	DropMcastNoRecvWQE
 	numDropReasons
 )
 
 var dropNames = [numDropReasons]string{
 	"unknown_qp", "bad_state", "wrong_opcode", "wrong_source", "bad_qkey", "bad_pkey", "bad_length",
 	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "out_of_bounds",
-	"misaligned", "busy", "other",
+	"misaligned", "busy", "other", "mcast_no_recv_wqe",
 }
 
 // String names the reason as the metrics label does.

@@ -112,10 +112,11 @@ func loopbackNetns(t *testing.T) string {
 // datagram of each kind a RoCEv2 receiver must drop, between good ones,
 // in socket and raw mode: a bad UDP checksum (the kernel drops it in
 // socket mode and counts it in InCsumErrors; before, rxego counted it as
-// an overflow), a packet without DF and a fragmented one (before, both
+// an overflow), two packets without DF and a fragmented one (before, all
 // bad_icrc in socket mode). Each must be counted under its own reason and
-// nothing under another; the good ones, one with a real UDP checksum,
-// arrive.
+// nothing under another, except that socket mode, which cannot see DF,
+// counts the first packet without DF as bad_icrc (see noDFWitness); the
+// good ones, one with a real UDP checksum, arrive.
 func TestDropReasons(t *testing.T) {
 	ns := loopbackNetns(t)
 	for _, mode := range []RecvMode{RecvSocket, RecvRaw} {
@@ -134,6 +135,8 @@ func TestDropReasons(t *testing.T) {
 		good(4, 0) // carries the socket's drop count (SO_RXQ_OVFL)
 		ip, _ = j.datagram(dst, 5, false, 0)
 		j.send(ip)
+		ip, _ = j.datagram(dst, 5, false, 0)
+		j.send(ip)
 		ip, _ = j.datagram(dst, 6, false, 0)
 		j.sendFragments(ip)
 		good(7, 1)
@@ -142,7 +145,10 @@ func TestDropReasons(t *testing.T) {
 		for _, m := range got {
 			psns = append(psns, psnOf(m.Buf))
 		}
-		want := map[DropReason]uint64{DropBadUDPChecksum: 1, DropNoDF: 1, DropFragment: 1}
+		want := map[DropReason]uint64{DropBadUDPChecksum: 1, DropNoDF: 2, DropFragment: 1}
+		if mode == RecvSocket {
+			want[DropNoDF], want[DropBadICRC] = 1, 1
+		}
 		s := c.Stats()
 		for r := DropReason(0); r < NumDropReasons; r++ {
 			if s.Drops[r] != want[r] {

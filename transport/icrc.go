@@ -148,6 +148,38 @@ func noDF(v *icrc.V4, pkt []byte) DropReason {
 	return DropBadICRC
 }
 
+// noDFWitness decides, in socket mode, whether an IPv4 packet whose ICRC
+// matches only with DF clear (recover's DropNoDF) counts as no_df: only
+// when the packet before it from the same peer was such a packet too,
+// else as bad_icrc. A sender without DF sends every packet so, but a
+// corrupted packet passes the DF-clear solve by chance: about 2^-16 for
+// random errors, and for single-bit errors far more often, since a few
+// positions always do (1 to 2 of the 8,272 to 33,000 single-bit errors of
+// a 1040- to 4136-byte packet, about 8 times 2^-16: a property of the
+// polynomial and of their distance to the DF and ID bits). Requiring two
+// in a row makes a corruption count as no_df only about as often as two
+// such corruptions follow each other. Raw mode sees the DF bit itself.
+type noDFWitness struct {
+	peer netip.AddrPort // the peer of the last no_df candidate
+	seen bool           // and no other packet from it came since
+}
+
+// observe returns the reason to count for a packet from peer that
+// recover judged with reason (0 for a good packet).
+func (w *noDFWitness) observe(peer netip.AddrPort, reason DropReason) DropReason {
+	switch {
+	case reason != DropNoDF:
+		if w.seen && peer == w.peer {
+			w.seen = false // the run is broken
+		}
+		return reason
+	case w.seen && peer == w.peer:
+		return DropNoDF
+	}
+	w.peer, w.seen = peer, true
+	return DropBadICRC
+}
+
 // recoverFrom is recover for a packet whose IPv4 ID is likely guess: that
 // ID is checked first, and only when it fails is the ID solved for. The
 // outcome is the same as recover's (one ID at most makes the ICRC match);

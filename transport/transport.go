@@ -218,7 +218,7 @@ const (
 	DropOverflow                         // receive queue full (kernel socket buffer or pipe queue); no packet to show
 	DropBadUDPChecksum                   // UDP checksum wrong (the kernel drops it in socket mode; no packet to show then)
 	DropFragment                         // an IP datagram that arrived in fragments (RoCEv2 packets carry DF)
-	DropNoDF                             // an IPv4 packet sent without DF (RoCEv2 requires it; its ICRC was computed so)
+	DropNoDF                             // an IPv4 packet sent without DF (RoCEv2 requires it; its ICRC was computed so); in socket mode from the second such packet in a row of a peer on (see noDFWitness)
 	NumDropReasons
 )
 

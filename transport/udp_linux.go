@@ -344,12 +344,13 @@ type recvState struct {
 	seg      int    // their size (GRO or GSO segment size), 0 for one packet
 	peer     netip.AddrPort
 	tos      uint8
-	id       uint16     // IP ID of the next segment (raw mode) or the guess for it (socket mode)
-	v4       icrc.V4    // raw mode: the current datagram's ICRC description
-	first    bool       // raw mode: the first segment's ICRC is already known good
-	firstPkt bth.Packet // raw mode: that segment, parsed
-	ovfl     uint32     // last SO_RXQ_OVFL count seen
-	frag     bool       // the current datagram was reassembled from fragments
+	id       uint16      // IP ID of the next segment (raw mode) or the guess for it (socket mode)
+	v4       icrc.V4     // raw mode: the current datagram's ICRC description
+	first    bool        // raw mode: the first segment's ICRC is already known good
+	firstPkt bth.Packet  // raw mode: that segment, parsed
+	ovfl     uint32      // last SO_RXQ_OVFL count seen
+	noDF     noDFWitness // socket mode: corroborates no_df drops
+	frag     bool        // the current datagram was reassembled from fragments
 	drops    []dropRec
 }
 
@@ -689,7 +690,7 @@ func (c *udpConn) verify(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 		// one ID is cheaper than solving for it.
 		p, id, reason, ok := c.ep.recoverFrom(pkt, c.r.peer, c.r.id)
 		c.r.id = id + 1
-		return p, id, reason, ok
+		return p, id, c.r.noDF.observe(c.r.peer, reason), ok
 	}
 	return c.verifyRaw(pkt)
 }

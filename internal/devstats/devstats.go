@@ -36,6 +36,7 @@ func Engine(c *qp.Counters) map[string]uint64 {
 		"retry_exceeded_err":       c.RetryExceededErr.Load(),
 		"retry_rnr_exceeded_err":   c.RetryRNRExceededErr.Load(),
 		"completer_retry_err":      c.CompleterRetryErr.Load(),
+		"contradicting_responses":  c.ContradictingResponse.Load(),
 		"send_err":                 c.SendErr.Load(),
 		"rdma_sends":               c.RDMASends.Load(),
 		"rdma_recvs":               c.RDMARecvs.Load(),
