@@ -36,19 +36,14 @@ func (c *Conn) writeErrLocked() error {
 // Write writes b to the stream. It returns once every byte is posted (the
 // peer holds them when Close or CloseWrite returns).
 func (c *Conn) Write(b []byte) (int, error) {
-	total := 0
-	n, err := c.writeChunks(len(b), b, func(dst []byte) (int, error) {
-		k := copy(dst, b[total:])
-		total += k
-		return k, nil
-	})
+	n, err := c.writeChunks(len(b), b, func(dst []byte, off int) (int, error) { return copy(dst, b[off:]), nil })
 	return n, c.opError("write", err)
 }
 
 // ReadFrom sends what r gives until EOF, reading it straight into the send
 // buffer, saving Write's copy.
 func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
-	n, err := c.writeChunks(-1, nil, func(dst []byte) (int, error) { return r.Read(dst) })
+	n, err := c.writeChunks(-1, nil, func(dst []byte, _ int) (int, error) { return r.Read(dst) })
 	if err == io.EOF {
 		err = nil
 	}
@@ -56,10 +51,10 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 }
 
 // writeChunks sends limit bytes (all until fill's io.EOF when negative) as
-// DATA messages, each filled into the send buffer by fill, which runs
-// without c.mu. With src given, messages that fit inline are posted from
+// DATA messages, each filled into the send buffer by fill (given the
+// stream offset so far), which runs without c.mu. With src given, messages that fit inline are posted from
 // it directly.
-func (c *Conn) writeChunks(limit int, src []byte, fill func([]byte) (int, error)) (int, error) {
+func (c *Conn) writeChunks(limit int, src []byte, fill func(dst []byte, off int) (int, error)) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
 	c.mu.Lock()
@@ -88,7 +83,7 @@ func (c *Conn) writeChunks(limit int, src []byte, fill func([]byte) (int, error)
 		}
 		size = min(size, len(c.sbuf)-c.sbufHead)
 		c.mu.Unlock()
-		n, ferr := fill(c.sbuf[c.sbufHead : c.sbufHead+size])
+		n, ferr := fill(c.sbuf[c.sbufHead:c.sbufHead+size], total)
 		c.mu.Lock()
 		if n > 0 {
 			if c.closed {
