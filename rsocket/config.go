@@ -20,7 +20,7 @@ type Config struct {
 	// peer gets. 0 means 384; values are kept within 16..65534.
 	SendQueue, RecvQueue int
 	// Inline is the largest message sent inline (RDMA_INLINE); 0 means
-	// 64, at most 512.
+	// 64, negative none, at most 512.
 	Inline int
 	// IOMapSize is how many direct-placement mappings the peer may make
 	// into this side (RDMA_IOMAPSIZE); 0 means none. Values above 128
@@ -39,7 +39,7 @@ func (c *Config) withDefaults() (Config, error) {
 	if c != nil {
 		o = *c
 	}
-	if o.SendBuffer < 0 || o.RecvBuffer < 0 || o.SendQueue < 0 || o.RecvQueue < 0 || o.Inline < 0 ||
+	if o.SendBuffer < 0 || o.RecvBuffer < 0 || o.SendQueue < 0 || o.RecvQueue < 0 ||
 		o.IOMapSize < 0 || o.KeepAlive < 0 {
 		return o, fmt.Errorf("rsocket: negative value in %+v", o)
 	}
@@ -60,8 +60,11 @@ func (c *Config) withDefaults() (Config, error) {
 		}
 		*q = min(max(*q, minQueue), maxQueue)
 	}
-	if o.Inline == 0 {
+	switch {
+	case o.Inline == 0:
 		o.Inline = defaultInline
+	case o.Inline < 0:
+		o.Inline = 0
 	}
 	o.Inline = min(o.Inline, 512)
 	if o.IOMapSize > 0x7f00 {

@@ -91,7 +91,8 @@ func DialContext(ctx context.Context, m *cm.Manager, addr string, cfg *Config) (
 type Listener struct {
 	m      *cm.Manager
 	l      *cm.Listener
-	cfg    Config
+	mu     sync.Mutex
+	cfg    Config // guarded by mu
 	addr   Addr
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -153,7 +154,10 @@ func (ln *Listener) AcceptRsocket() (*Conn, error) {
 			req.Reject(nil)
 			continue
 		}
-		c, err := newConn(ln.m, ln.cfg)
+		ln.mu.Lock()
+		cfg := ln.cfg
+		ln.mu.Unlock()
+		c, err := newConn(ln.m, cfg)
 		if err != nil {
 			req.Reject(nil)
 			return nil, &net.OpError{Op: "accept", Net: "rsocket", Addr: ln.addr, Err: err}
@@ -182,6 +186,19 @@ func (ln *Listener) Close() error {
 	if err != nil {
 		return &net.OpError{Op: "close", Net: "rsocket", Addr: ln.addr, Err: err}
 	}
+	return nil
+}
+
+// SetConfig sets the resources of the connections accepted from now on,
+// as rsocket's options set on a listening socket are inherited.
+func (ln *Listener) SetConfig(cfg *Config) error {
+	o, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	ln.mu.Lock()
+	ln.cfg = o
+	ln.mu.Unlock()
 	return nil
 }
 
