@@ -80,8 +80,12 @@ func TestRcopyCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	srvOut, cliOut := rsocketPair(t, "rcopy",
-		func(srv, _, port string) []string { return []string{"-b", srv, "-p", port, "-n", "1", "-timeout", "60s"} },
-		func(srv, cli, port string) []string { return []string{src, srv + ":" + dst, "-b", cli, "-p", port, "-timeout", "60s"} })
+		func(srv, _, port string) []string {
+			return []string{"-b", srv, "-p", port, "-n", "1", "-timeout", "60s"}
+		},
+		func(srv, cli, port string) []string {
+			return []string{src, srv + ":" + dst, "-b", cli, "-p", port, "-timeout", "60s"}
+		})
 	got, err := os.ReadFile(dst)
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("copy: %d bytes, %v; want %d", len(got), err, len(data))
