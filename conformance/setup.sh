@@ -58,10 +58,10 @@ programs=(
 	qemu-system-x86_64 busybox xz cpio depmod modprobe       # qemu-system-x86 busybox-static xz-utils cpio kmod
 	ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong   # ibverbs-utils
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
-	rping ucmatose udaddy mckey                              # rdmacm-utils
+	rping ucmatose udaddy mckey rstream rcopy riostream      # rdmacm-utils
 	chromium                                                 # chromium
 	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer
-	sh bash dd cat echo true                                 # base system
+	sh bash dd cat echo true rm sha256sum                    # base system
 )
 for p in "${programs[@]}"; do
 	command -v "$p" >/dev/null || die "$p not found after installing the packages above"

@@ -1,0 +1,229 @@
+package conformance
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/conformance/lab"
+)
+
+// rsocket (rdma-core librdmacm/rsocket.c) against rxego's package rsocket:
+// rstream and rcopy in the guest, over rxe, against rxego rstream and
+// rxego rcopy on the host, in both roles. A run of the C tools alone
+// (client and server in the guest, over rxe's loopback) comes first as
+// the baseline, so that a failure is known to be rxego's.
+
+// rsocketExpect: besides the disconnect's flushes, rsocket's control
+// messages take no credits and may find no receive posted: the responder
+// answers with an RNR NAK and the requester retries, as rsocket intends.
+// And both ends close at once: each sends DISCONNECT, waits for its own
+// to be acknowledged and moves its QP to ERR (rsocket.c's rclose does the
+// same), so the other's DISCONNECT may arrive at a QP that left RTS and
+// be dropped there (drop_bad_state); the DREQ ends the connection anyway.
+var rsocketExpect = append(append([]string(nil), cmExpect...), "rcvd_rnr_err", "send_rnr_nak", "drop_bad_state")
+
+// rstreamRowRe matches the row of a custom rstream test: name, size,
+// transfers, iterations, total.
+var rstreamRowRe = regexp.MustCompile(`(?m)^custom\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+[\d.]+s\s+[\d.]+\s+[\d.]+$`)
+
+// rstreamCheck checks one side's rstream output: the custom row with the
+// given transfers, and no verification failure.
+func rstreamCheck(t *testing.T, side string, out []byte, transfers string) {
+	t.Helper()
+	m := rstreamRowRe.FindSubmatch(out)
+	if m == nil || string(m[2]) != transfers || bytes.Contains(out, []byte("verification failed")) {
+		t.Errorf("%s: want a custom row of %s transfers and no verification failure:\n%s", side, transfers, out)
+	}
+}
+
+// rstreamCase is one rstream run's options (custom tests: -C and -S).
+type rstreamCase struct {
+	name string
+	args []string
+	xfer string // the row's transfer count
+}
+
+var rstreamCases = []rstreamCase{
+	{"rstream -T v -S 10000 -C 200", []string{"-T", "v", "-S", "10000", "-C", "200"}, "200"},
+	{"rstream -T v -B 4096 -S 10000 -C 200", []string{"-T", "v", "-B", "4096", "-S", "10000", "-C", "200"}, "200"},
+	{"rstream -T v -k 1 -S 64 -C 3000", []string{"-T", "v", "-k", "1", "-S", "64", "-C", "3000"}, "3k"},
+	{"rstream -T v -B 4096 -S 100000 -C 20 -I 2", []string{"-T", "v", "-B", "4096", "-S", "100000", "-C", "20", "-I", "2"}, "20"},
+}
+
+func TestRstream(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, c := range rstreamCases {
+			p.Case(t, Case{Name: c.name, Role: "C to C in the guest", Expect: rsocketExpect}, func(t *testing.T) Outcome {
+				return p.rstreamBaseline(t, c)
+			})
+			for _, server := range []bool{true, false} {
+				role := map[bool]string{true: "rxego server", false: "rxego client"}[server]
+				p.Case(t, Case{Name: c.name, Role: role, Expect: rsocketExpect}, func(t *testing.T) Outcome {
+					return p.rstream(t, c, server)
+				})
+			}
+		}
+	})
+}
+
+// rstreamBaseline runs rstream's server and client in the guest.
+func (p *Peer) rstreamBaseline(t *testing.T, c rstreamCase) Outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
+	defer cancel()
+	ip := p.Guest.IP()
+	srv, err := p.Guest.Start(append([]string{"rstream", "-b", ip}, c.args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Kill()
+	if err := p.waitCMListen(ctx, 7471); err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Guest.Run(ctx, append([]string{"rstream", "-s", ip}, c.args...)...)
+	sres, serr := srv.Wait(ctx)
+	if err != nil || serr != nil {
+		t.Fatalf("guest rstream client: %v\n%s%s\nguest rstream server: %v\n%s%s", err, res.Stdout, res.Stderr, serr, sres.Stdout, sres.Stderr)
+	}
+	rstreamCheck(t, "guest rstream client", res.Stdout, c.xfer)
+	rstreamCheck(t, "guest rstream server", sres.Stdout, c.xfer)
+	return Outcome{Note: "C to C over rxe's loopback"}
+}
+
+// rstream runs rstream in the guest against rxego rstream on the host.
+func (p *Peer) rstream(t *testing.T, c rstreamCase, rxegoServer bool) Outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
+	defer cancel()
+	rx := append([]string{"rstream", "--stats", "-timeout", (cmTimeout - 10*time.Second).String()}, c.args...)
+	var h *hostProc
+	var res lab.Result
+	var err error
+	if rxegoServer {
+		h = p.startRxego(t, ctx, append(rx, "-b", p.HostIP)...)
+		if err := h.waitOutput(ctx, cmListening); err != nil {
+			t.Fatalf("rxego server: %v\n%s", err, h.output())
+		}
+		res, err = p.Guest.Run(ctx, append([]string{"rstream", "-s", p.HostIP}, c.args...)...)
+		herr := h.wait(ctx)
+		if err != nil || herr != nil {
+			t.Fatalf("guest rstream client: %v\n%s%s\nrxego server: %v\n%s", err, res.Stdout, res.Stderr, herr, h.output())
+		}
+	} else {
+		proc, err := p.Guest.Start(append([]string{"rstream", "-b", p.Guest.IP()}, c.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		if err := p.waitCMListen(ctx, 7471); err != nil {
+			t.Fatal(err)
+		}
+		h = p.startRxego(t, ctx, append(rx, "-s", p.Guest.IP(), "-b", p.HostIP)...)
+		herr := h.wait(ctx)
+		if herr != nil {
+			proc.Kill()
+		}
+		res, err = proc.Wait(ctx)
+		if err != nil || herr != nil {
+			t.Fatalf("rxego client: %v\n%s\nguest rstream server: %v\n%s%s", herr, h.output(), err, res.Stdout, res.Stderr)
+		}
+	}
+	rstreamCheck(t, "guest rstream", res.Stdout, c.xfer)
+	rstreamCheck(t, "rxego rstream", h.stdout.Bytes(), c.xfer)
+	return cmOutcome(t, h.stdout.Bytes(), "every byte verified both ways")
+}
+
+// TestRcopy copies a file of random bytes with rcopy in both roles and
+// compares the SHA-256 of what arrived.
+func TestRcopy(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, server := range []bool{true, false} {
+			role := map[bool]string{true: "rxego server", false: "rxego client"}[server]
+			p.Case(t, Case{Name: "rcopy 3 MB", Role: role, Expect: rsocketExpect}, func(t *testing.T) Outcome {
+				return p.rcopy(t, server)
+			})
+		}
+	})
+}
+
+// guestSHA256 returns the SHA-256 of a guest file, as sha256sum prints it.
+func (p *Peer) guestSHA256(ctx context.Context, t *testing.T, path string) string {
+	t.Helper()
+	res, err := p.Guest.Run(ctx, "sha256sum", path)
+	if err != nil {
+		t.Fatalf("guest sha256sum %s: %v\n%s", path, err, res.Stderr)
+	}
+	sum, _, _ := strings.Cut(string(res.Stdout), " ")
+	return sum
+}
+
+func (p *Peer) rcopy(t *testing.T, rxegoServer bool) Outcome {
+	ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
+	defer cancel()
+	dir := t.TempDir()
+	guestFile := fmt.Sprintf("/tmp/rcopy-%s-%d", p.Kernel, time.Now().UnixNano())
+	defer p.Guest.Run(context.Background(), "rm", "-f", guestFile)
+	rx := []string{"rcopy", "--stats", "-timeout", (cmTimeout - 10*time.Second).String()}
+	hostFile := filepath.Join(dir, "file")
+	if rxegoServer {
+		if res, err := p.Guest.Run(ctx, "dd", "if=/dev/urandom", "of="+guestFile, "bs=1000000", "count=3"); err != nil {
+			t.Fatalf("guest dd: %v\n%s", err, res.Stderr)
+		}
+		want := p.guestSHA256(ctx, t, guestFile)
+		h := p.startRxego(t, ctx, append(rx, "-b", p.HostIP, "-n", "1")...)
+		if err := h.waitOutput(ctx, cmListening); err != nil {
+			t.Fatalf("rxego server: %v\n%s", err, h.output())
+		}
+		res, err := p.Guest.Run(ctx, "rcopy", guestFile, p.HostIP+":"+hostFile)
+		herr := h.wait(ctx)
+		if err != nil || herr != nil {
+			t.Fatalf("guest rcopy: %v\n%s%s\nrxego server: %v\n%s", err, res.Stdout, res.Stderr, herr, h.output())
+		}
+		got, err := os.ReadFile(hostFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := sha256.Sum256(got); hex.EncodeToString(sum[:]) != want || len(got) != 3000000 {
+			t.Fatalf("rxego received %d bytes, sha256 %x; the guest sent 3000000, sha256 %s", len(got), sum, want)
+		}
+		if !bytes.Contains(res.Stdout, []byte("3000000 bytes in ")) {
+			t.Errorf("guest rcopy output: %s", res.Stdout)
+		}
+		return cmOutcome(t, h.stdout.Bytes(), "sha256 "+want[:12]+" matches")
+	}
+	data := make([]byte, 3000000)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	if err := os.WriteFile(hostFile, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	want := hex.EncodeToString(sum[:])
+	proc, err := p.Guest.Start("rcopy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Kill()
+	if err := p.waitCMListen(ctx, 7427); err != nil {
+		t.Fatal(err)
+	}
+	h := p.startRxego(t, ctx, append(rx, hostFile, p.Guest.IP()+":"+guestFile, "-b", p.HostIP)...)
+	if err := h.wait(ctx); err != nil {
+		t.Fatalf("rxego client: %v\n%s", err, h.output())
+	}
+	if got := p.guestSHA256(ctx, t, guestFile); got != want {
+		t.Fatalf("the guest received sha256 %s, rxego sent %s", got, want)
+	}
+	if !bytes.Contains(h.stdout.Bytes(), []byte("opening...transferring...closing...done\n3000000 bytes in ")) {
+		t.Errorf("rxego rcopy output:\n%s", h.output())
+	}
+	return cmOutcome(t, h.stdout.Bytes(), "sha256 "+want[:12]+" matches")
+}
