@@ -105,6 +105,10 @@ type Conn struct {
 	remoteSGL  sge // the peer's target SGL: address, rkey, entries
 	remoteSGE  int
 	remoteMap  sge // the peer's target iomap
+	// This side's mappings, by their entry in the peer's iomap, and the
+	// peer's mappings, as it wrote them into the target iomap.
+	mappedIndex map[int]*iomapping
+	tmap        []iomapEntry
 
 	// Receive side.
 	rmsgs     []uint32 // ring of the lengths of DATA messages not yet read
@@ -338,7 +342,7 @@ func (c *Conn) receiveLocked(msg, written uint32) {
 			c.takeTargetLocked()
 		}
 	case opIOMapSGL:
-		// The entry is read when a direct write looks for it.
+		c.takeIOMapLocked(msgData(msg))
 	case opCtrl:
 		switch msgData(msg) {
 		case ctrlDisconnect:

@@ -220,6 +220,12 @@ func (c *Conn) release() {
 			m.Deregister()
 		}
 	}
+	c.mu.Lock()
+	for _, m := range c.mappedIndex {
+		m.mr.Deregister()
+	}
+	c.mappedIndex = nil
+	c.mu.Unlock()
 	if c.cq != nil {
 		c.cq.Close()
 	}

@@ -62,7 +62,10 @@ type Config struct {
 	Iterations int  // default 1
 	All        bool // -S all: every size of the table
 	Verify     bool // -T v
-	Out        io.Writer
+	// Direct runs riostream's tests instead: the connections must be
+	// DirectConns (rsocket connections whose peer allows an iomap entry).
+	Direct bool
+	Out    io.Writer
 }
 
 // ErrVerify is returned when received data is not what the peer's
@@ -138,15 +141,19 @@ func (r *run) series(ctx context.Context, connect Connect, latency bool, pick fu
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
+	test := r.test
+	if r.cfg.Direct {
+		test = func(c net.Conn) error { return r.directTest(ctx, c) }
+	}
 	if setup == nil {
-		return r.test(c)
+		return test(c)
 	}
 	for i := range testSizes {
 		if !pick(i) {
 			continue
 		}
 		setup(testSizes[i].size)
-		if err := r.test(c); err != nil {
+		if err := test(c); err != nil {
 			return err
 		}
 	}
@@ -196,31 +203,53 @@ func (r *run) test(c net.Conn) error {
 func (r *run) send(c net.Conn, size int) error {
 	b := r.buf[:size]
 	if r.cfg.Verify {
-		for i := range b {
-			b[i] = r.sendData
-			r.sendData++
-		}
+		r.format(b)
 	}
-	if _, err := c.Write(b); err != nil {
+	return r.plainSend(c, size)
+}
+
+func (r *run) recv(c net.Conn, size int) error {
+	if err := r.plainRecv(c, size); err != nil {
+		return err
+	}
+	if r.cfg.Verify {
+		return r.check(r.buf[:size])
+	}
+	return nil
+}
+
+// plainSend and plainRecv move size bytes of the buffer on the stream.
+func (r *run) plainSend(c io.ReadWriter, size int) error {
+	if _, err := c.Write(r.buf[:size]); err != nil {
 		return fmt.Errorf("rsend: %w", err)
 	}
 	return nil
 }
 
-func (r *run) recv(c net.Conn, size int) error {
-	b := r.buf[:size]
-	if _, err := io.ReadFull(c, b); err != nil {
+func (r *run) plainRecv(c io.ReadWriter, size int) error {
+	if _, err := io.ReadFull(c, r.buf[:size]); err != nil {
 		return fmt.Errorf("rrecv: %w", err)
 	}
-	if r.cfg.Verify {
-		for i := range b {
-			if b[i] != r.recvData {
-				fmt.Fprintf(r.cfg.Out, "data verification failed byte %d\n", r.recvTotal)
-				return fmt.Errorf("%w at byte %d: got %#x, want %#x", ErrVerify, r.recvTotal, b[i], r.recvData)
-			}
-			r.recvData++
-			r.recvTotal++
+	return nil
+}
+
+// format fills b from the send counter (format_buf).
+func (r *run) format(b []byte) {
+	for i := range b {
+		b[i] = r.sendData
+		r.sendData++
+	}
+}
+
+// check compares b with the receive counter (verify_buf).
+func (r *run) check(b []byte) error {
+	for i := range b {
+		if b[i] != r.recvData {
+			fmt.Fprintf(r.cfg.Out, "data verification failed byte %d\n", r.recvTotal)
+			return fmt.Errorf("%w at byte %d: got %#x, want %#x", ErrVerify, r.recvTotal, b[i], r.recvData)
 		}
+		r.recvData++
+		r.recvTotal++
 	}
 	return nil
 }
