@@ -77,10 +77,15 @@ func TestRstream(t *testing.T) {
 
 // rstreamBaseline runs rstream's server and client in the guest.
 func (p *Peer) rstreamBaseline(t *testing.T, c rstreamCase) Outcome {
+	return p.rstreamBaselineTool(t, "rstream", c)
+}
+
+// rstreamBaselineTool runs tool's server and client in the guest.
+func (p *Peer) rstreamBaselineTool(t *testing.T, tool string, c rstreamCase) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
 	defer cancel()
 	ip := p.Guest.IP()
-	srv, err := p.Guest.Start(append([]string{"rstream", "-b", ip}, c.args...)...)
+	srv, err := p.Guest.Start(append([]string{tool, "-b", ip}, c.args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,21 +93,27 @@ func (p *Peer) rstreamBaseline(t *testing.T, c rstreamCase) Outcome {
 	if err := p.waitCMListen(ctx, 7471); err != nil {
 		t.Fatal(err)
 	}
-	res, err := p.Guest.Run(ctx, append([]string{"rstream", "-s", ip}, c.args...)...)
+	res, err := p.Guest.Run(ctx, append([]string{tool, "-s", ip}, c.args...)...)
 	sres, serr := srv.Wait(ctx)
 	if err != nil || serr != nil {
-		t.Fatalf("guest rstream client: %v\n%s%s\nguest rstream server: %v\n%s%s", err, res.Stdout, res.Stderr, serr, sres.Stdout, sres.Stderr)
+		t.Fatalf("guest %s client: %v\n%s%s\nguest server: %v\n%s%s", tool, err, res.Stdout, res.Stderr, serr, sres.Stdout, sres.Stderr)
 	}
-	rstreamCheck(t, "guest rstream client", res.Stdout, c.xfer)
-	rstreamCheck(t, "guest rstream server", sres.Stdout, c.xfer)
+	rstreamCheck(t, "guest "+tool+" client", res.Stdout, c.xfer)
+	rstreamCheck(t, "guest "+tool+" server", sres.Stdout, c.xfer)
 	return Outcome{Note: "C to C over rxe's loopback"}
 }
 
 // rstream runs rstream in the guest against rxego rstream on the host.
 func (p *Peer) rstream(t *testing.T, c rstreamCase, rxegoServer bool) Outcome {
+	return p.rstreamTool(t, "rstream", c, rxegoServer)
+}
+
+// rstreamTool runs tool (rstream or riostream) in the guest against rxego's
+// on the host.
+func (p *Peer) rstreamTool(t *testing.T, tool string, c rstreamCase, rxegoServer bool) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
 	defer cancel()
-	rx := append([]string{"rstream", "--stats", "-timeout", (cmTimeout - 10*time.Second).String()}, c.args...)
+	rx := append([]string{tool, "--stats", "-timeout", (cmTimeout - 10*time.Second).String()}, c.args...)
 	var h *hostProc
 	var res lab.Result
 	var err error
@@ -111,13 +122,13 @@ func (p *Peer) rstream(t *testing.T, c rstreamCase, rxegoServer bool) Outcome {
 		if err := h.waitOutput(ctx, cmListening); err != nil {
 			t.Fatalf("rxego server: %v\n%s", err, h.output())
 		}
-		res, err = p.Guest.Run(ctx, append([]string{"rstream", "-s", p.HostIP}, c.args...)...)
+		res, err = p.Guest.Run(ctx, append([]string{tool, "-s", p.HostIP}, c.args...)...)
 		herr := h.wait(ctx)
 		if err != nil || herr != nil {
 			t.Fatalf("guest rstream client: %v\n%s%s\nrxego server: %v\n%s", err, res.Stdout, res.Stderr, herr, h.output())
 		}
 	} else {
-		proc, err := p.Guest.Start(append([]string{"rstream", "-b", p.Guest.IP()}, c.args...)...)
+		proc, err := p.Guest.Start(append([]string{tool, "-b", p.Guest.IP()}, c.args...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,8 +146,8 @@ func (p *Peer) rstream(t *testing.T, c rstreamCase, rxegoServer bool) Outcome {
 			t.Fatalf("rxego client: %v\n%s\nguest rstream server: %v\n%s%s", herr, h.output(), err, res.Stdout, res.Stderr)
 		}
 	}
-	rstreamCheck(t, "guest rstream", res.Stdout, c.xfer)
-	rstreamCheck(t, "rxego rstream", h.stdout.Bytes(), c.xfer)
+	rstreamCheck(t, "guest "+tool, res.Stdout, c.xfer)
+	rstreamCheck(t, "rxego "+tool, h.stdout.Bytes(), c.xfer)
 	return cmOutcome(t, h.stdout.Bytes(), "every byte verified both ways")
 }
 
@@ -226,4 +237,105 @@ func (p *Peer) rcopy(t *testing.T, rxegoServer bool) Outcome {
 		t.Errorf("rxego rcopy output:\n%s", h.output())
 	}
 	return cmOutcome(t, h.stdout.Bytes(), "sha256 "+want[:12]+" matches")
+}
+
+// rstreamAllRowRe matches a row of rstream's standard tests.
+var rstreamAllRowRe = regexp.MustCompile(`(?m)^\S+_(lat|bw)\s+\S+\s+\S+\s+\S+\s+\S+\s+[\d.]+s\s+[\d.]+\s+[\d.]+$`)
+
+// rstreamAllTimeout bounds a run of rstream's whole table: 66 tests,
+// some 9 GB each way through an emulated guest.
+const rstreamAllTimeout = 14 * time.Minute
+
+// TestRstreamAll runs rstream's standard tests with -S all (every size
+// of its table, latency on one connection, bandwidth on a second) and
+// -T v: the C tools in the guest first, then against rxego in both roles.
+func TestRstreamAll(t *testing.T) {
+	args := []string{"-T", "v", "-S", "all"}
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		check := func(t *testing.T, side string, out []byte) {
+			if n := len(rstreamAllRowRe.FindAll(out, -1)); n != 2*33 || bytes.Contains(out, []byte("verification failed")) {
+				t.Errorf("%s: %d rows of the 66 -S all runs, or a verification failure:\n%s", side, n, out)
+			}
+		}
+		p.Case(t, Case{Name: "rstream -T v -S all", Role: "C to C in the guest", Expect: rsocketExpect}, func(t *testing.T) Outcome {
+			ctx, cancel := context.WithTimeout(context.Background(), rstreamAllTimeout)
+			defer cancel()
+			ip := p.Guest.IP()
+			srv, err := p.Guest.Start(append([]string{"rstream", "-b", ip}, args...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Kill()
+			if err := p.waitCMListen(ctx, 7471); err != nil {
+				t.Fatal(err)
+			}
+			res, err := p.Guest.Run(ctx, append([]string{"rstream", "-s", ip}, args...)...)
+			sres, serr := srv.Wait(ctx)
+			if err != nil || serr != nil {
+				t.Fatalf("guest rstream client: %v\n%s%s\nserver: %v\n%s%s", err, res.Stdout, res.Stderr, serr, sres.Stdout, sres.Stderr)
+			}
+			check(t, "guest rstream client", res.Stdout)
+			check(t, "guest rstream server", sres.Stdout)
+			return Outcome{Note: "C to C over rxe's loopback"}
+		})
+		for _, server := range []bool{true, false} {
+			role := map[bool]string{true: "rxego server", false: "rxego client"}[server]
+			p.Case(t, Case{Name: "rstream -T v -S all", Role: role, Expect: rsocketExpect}, func(t *testing.T) Outcome {
+				ctx, cancel := context.WithTimeout(context.Background(), rstreamAllTimeout)
+				defer cancel()
+				rx := append([]string{"rstream", "--stats", "-timeout", (rstreamAllTimeout - 10*time.Second).String()}, args...)
+				var h *hostProc
+				var res lab.Result
+				var err error
+				if server {
+					h = p.startRxego(t, ctx, append(rx, "-b", p.HostIP)...)
+					if err := h.waitOutput(ctx, cmListening); err != nil {
+						t.Fatalf("rxego server: %v\n%s", err, h.output())
+					}
+					res, err = p.Guest.Run(ctx, append([]string{"rstream", "-s", p.HostIP}, args...)...)
+					if herr := h.wait(ctx); err != nil || herr != nil {
+						t.Fatalf("guest rstream: %v\n%s%s\nrxego server: %v\n%s", err, res.Stdout, res.Stderr, herr, h.output())
+					}
+				} else {
+					proc, err := p.Guest.Start(append([]string{"rstream", "-b", p.Guest.IP()}, args...)...)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer proc.Kill()
+					if err := p.waitCMListen(ctx, 7471); err != nil {
+						t.Fatal(err)
+					}
+					h = p.startRxego(t, ctx, append(rx, "-s", p.Guest.IP(), "-b", p.HostIP)...)
+					herr := h.wait(ctx)
+					if herr != nil {
+						proc.Kill()
+					}
+					if res, err = proc.Wait(ctx); err != nil || herr != nil {
+						t.Fatalf("rxego client: %v\n%s\nguest rstream: %v\n%s%s", herr, h.output(), err, res.Stdout, res.Stderr)
+					}
+				}
+				check(t, "guest rstream", res.Stdout)
+				check(t, "rxego rstream", h.stdout.Bytes())
+				return cmOutcome(t, h.stdout.Bytes(), "66 tests, every byte verified both ways")
+			})
+		}
+	})
+}
+
+// TestRiostream runs riostream's custom test, verified, with direct
+// placement (riomap, riowrite): the C tools in the guest first, then
+// against rxego riostream in both roles.
+func TestRiostream(t *testing.T) {
+	c := rstreamCase{"riostream -T v -S 100000 -C 10 -I 20", []string{"-T", "v", "-S", "100000", "-C", "10", "-I", "20"}, "10"}
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		p.Case(t, Case{Name: c.name, Role: "C to C in the guest", Expect: rsocketExpect}, func(t *testing.T) Outcome {
+			return p.rstreamBaselineTool(t, "riostream", c)
+		})
+		for _, server := range []bool{true, false} {
+			role := map[bool]string{true: "rxego server", false: "rxego client"}[server]
+			p.Case(t, Case{Name: c.name, Role: role, Expect: rsocketExpect}, func(t *testing.T) Outcome {
+				return p.rstreamTool(t, "riostream", c, server)
+			})
+		}
+	})
 }

@@ -20,6 +20,7 @@ import (
 
 func init() {
 	register("rstream", "peer for librdmacm's rstream: latency and bandwidth over rsocket (same flags)", runRstream)
+	register("riostream", "peer for librdmacm's riostream: rstream's tests with direct placement (riomap, riowrite)", runRiostream)
 	register("rcopy", "peer for librdmacm's rcopy: copies a file over rsocket (same operands and flags)", runRcopy)
 }
 
@@ -59,9 +60,32 @@ func parseTestOpts(opts []string) (rstreamOpts, error) {
 	return o, nil
 }
 
-func runRstream(args []string) error {
-	fs := flag.NewFlagSet("rstream", flag.ContinueOnError)
+func runRstream(args []string) error { return rstreamTool("rstream", args) }
+
+// runRiostream is rxego riostream: rstream with direct placement.
+func runRiostream(args []string) error { return rstreamTool("riostream", args) }
+
+// rstreamTool is rxego rstream and rxego riostream, whose flags are the
+// same (riostream has no -k and no -T s).
+func rstreamTool(name string, args []string) error {
+	direct := name == "riostream"
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.Usage = func() {
+		if direct {
+			fmt.Fprintf(fs.Output(), `usage: rxego riostream [-s server_address] [-b bind_address] [-B buffer_size]
+       [-i inline_size] [-I iterations] [-C transfer_count] [-S size|all]
+       [-p port] [-T test_option]...
+
+Talks to librdmacm's riostream: rstream's tests, each transfer an RDMA
+WRITE straight into the peer's mapped buffer (riomap, riowrite), the
+last byte of each round a marker the receiver watches for. Flags as
+rxego rstream's.
+
+flags:
+`)
+			printFlags(fs)
+			return
+		}
 		fmt.Fprintf(fs.Output(), `usage: rxego rstream [-s server_address] [-b bind_address] [-B buffer_size]
        [-i inline_size] [-I iterations] [-C transfer_count] [-S size|all]
        [-p port] [-k keepalive_time] [-T test_option]...
@@ -90,7 +114,10 @@ flags:
 	count := fs.Int("C", 0, "transfer count (a custom test)")
 	size := fs.String("S", "", "transfer size (a custom test) or all (every size of the table)")
 	port := fs.Uint("p", rstream.DefaultPort, "port")
-	keepalive := fs.Int("k", 0, "keepalive time in seconds (0: off)")
+	keepalive := new(int)
+	if !direct {
+		keepalive = fs.Int("k", 0, "keepalive time in seconds (0: off)")
+	}
 	var topts testOpts
 	fs.Var(&topts, "T", "test option, repeatable: s|socket, a|async, b|blocking, f|fork, n|nonblocking, r|resolve, v|verify")
 	f := addCMFlags(fs)
@@ -101,7 +128,10 @@ flags:
 	if err != nil {
 		return err
 	}
-	cfg := rstream.Config{Verify: o.verify, Out: os.Stdout, Iterations: *iters, Count: *count}
+	if direct && o.tcp {
+		return usageErrorf("-T s: riostream has no socket mode")
+	}
+	cfg := rstream.Config{Verify: o.verify, Out: os.Stdout, Iterations: *iters, Count: *count, Direct: direct}
 	cfg.Custom = *iters != 0 || *count != 0
 	switch {
 	case strings.EqualFold(*size, "all"):
@@ -126,6 +156,9 @@ flags:
 			KeepAlive: time.Duration(*keepalive) * time.Second}
 		if !latency {
 			c.Inline = -1 // rstream's bandwidth tests turn inline off
+		}
+		if direct {
+			c.IOMapSize = 1 // riostream's RDMA_IOMAPSIZE
 		}
 		return c
 	}
