@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -337,5 +338,56 @@ func TestRiostream(t *testing.T) {
 				return p.rstreamTool(t, "riostream", c, server)
 			})
 		}
+	})
+}
+
+// rspreload is librdmacm's preload library: it turns a program's TCP
+// sockets into rsockets.
+const rspreload = "/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so"
+
+// TestRsocketHTTP serves net/http over rxego's rsocket (the example
+// examples/rsockethttp) and fetches from it with curl in the guest under
+// librspreload: a C program's ordinary sockets, poll included, carried by
+// librdmacm's rsocket over rxe. A GET and a 1 MB POST whose SHA-256 the
+// server reports.
+func TestRsocketHTTP(t *testing.T) {
+	requireLab(t)
+	bin := filepath.Join(t.TempDir(), "rsockethttp")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/rxego/rxego/examples/rsockethttp").CombinedOutput(); err != nil {
+		t.Fatalf("building the example: %v\n%s", err, out)
+	}
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		p.Case(t, Case{Name: "curl under librspreload, net/http on rsocket", Role: "rxego server", Expect: rsocketExpect}, func(t *testing.T) Outcome {
+			ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
+			defer cancel()
+			addr := p.HostIP + ":8080"
+			h := &hostProc{cmd: p.Lab.CommandContext(ctx, bin, "-serve", addr), done: make(chan struct{})}
+			h.cmd.Stdout, h.cmd.Stderr = &h.stdout, &h.stdout
+			if err := h.cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { h.err = h.cmd.Wait(); close(h.done) }()
+			defer func() { h.cmd.Process.Kill(); <-h.done }()
+			if err := h.waitOutput(ctx, "serving HTTP over rsocket on "); err != nil {
+				t.Fatalf("server: %v\n%s", err, h.stdout.Bytes())
+			}
+			env := []string{"LD_PRELOAD=" + rspreload}
+			res, err := p.Guest.Exec(ctx, lab.Cmd{Argv: []string{"curl", "-sS", "--max-time", "60", "http://" + addr + "/hello"}, Env: env})
+			if err != nil || !bytes.HasPrefix(res.Stdout, []byte("hello over rsocket, "+p.Guest.IP()+":")) {
+				t.Fatalf("guest curl GET: %v\nstdout: %s\nstderr: %s\nserver: %s", err, res.Stdout, res.Stderr, h.stdout.Bytes())
+			}
+			file := fmt.Sprintf("/tmp/rsocket-http-%s-%d", p.Kernel, time.Now().UnixNano())
+			defer p.Guest.Run(context.Background(), "rm", "-f", file)
+			if res, err := p.Guest.Run(ctx, "dd", "if=/dev/urandom", "of="+file, "bs=1000000", "count=1"); err != nil {
+				t.Fatalf("guest dd: %v\n%s", err, res.Stderr)
+			}
+			want := p.guestSHA256(ctx, t, file)
+			res, err = p.Guest.Exec(ctx, lab.Cmd{Argv: []string{"curl", "-sS", "--max-time", "60", "--data-binary", "@" + file,
+				"-H", "Content-Type: application/octet-stream", "http://" + addr + "/sha256"}, Env: env})
+			if err != nil || string(res.Stdout) != "1000000 bytes, sha256 "+want+"\n" {
+				t.Fatalf("guest curl POST: %v\nstdout: %q, want the sha256 %s\nstderr: %s", err, res.Stdout, want, res.Stderr)
+			}
+			return Outcome{Note: "GET and a 1 MB POST, sha256 " + want[:12] + " matches"}
+		})
 	})
 }
