@@ -245,12 +245,19 @@ var rstreamAllRowRe = regexp.MustCompile(`(?m)^\S+_(lat|bw)\s+\S+\s+\S+\s+\S+\s+
 
 // rstreamAllTimeout bounds a run of rstream's whole table: 66 tests,
 // some 9 GB each way through an emulated guest.
-const rstreamAllTimeout = 14 * time.Minute
+const rstreamAllTimeout = 90 * time.Minute
 
 // TestRstreamAll runs rstream's standard tests with -S all (every size
 // of its table, latency on one connection, bandwidth on a second) and
 // -T v: the C tools in the guest first, then against rxego in both roles.
+// It runs only with RXEGO_RSTREAM_ALL=1: the C tools alone, client and
+// server in one emulated guest, did not finish the table in 14 minutes
+// (it moves some 9 GB each way and verifies every byte), so the case
+// does not fit the lab's usual runs.
 func TestRstreamAll(t *testing.T) {
+	if os.Getenv("RXEGO_RSTREAM_ALL") != "1" {
+		t.Skip("rstream -S all takes over 14 minutes per run in the emulated guests; set RXEGO_RSTREAM_ALL=1 to run it")
+	}
 	args := []string{"-T", "v", "-S", "all"}
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		check := func(t *testing.T, side string, out []byte) {
