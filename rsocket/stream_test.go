@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -280,5 +281,45 @@ func TestKeepalive(t *testing.T) {
 	exchange(t, cli, srv, []byte("after keepalives"), []byte("still fine"))
 	if st := srv.Stats(); st.Malformed != 0 || st.DataReceived != 1 {
 		t.Fatalf("server stats %+v: want one DATA, nothing malformed", st)
+	}
+}
+
+// postRaw posts a zero-length WRITE with immediate imm from c, as a
+// control message (its completion frees a control slot).
+func postRaw(t *testing.T, c *Conn, imm uint32) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ctrlSeq++
+	if err := c.q.PostSend(rxego.SendWR{ID: uint64(msgSet(opCtrl, ctrlKeepalive)), Opcode: rxego.WRWriteImm, Imm: imm}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMalformed: a message with a reserved operation is dropped and
+// counted, the connection carries on; a DATA message whose length is not
+// what was written fails the connection with a reset, counted too.
+func TestMalformed(t *testing.T) {
+	p := newPair(t, nil)
+	cli, srv := p.connect(t, nil, nil)
+	defer cli.Close()
+	defer srv.Close()
+	postRaw(t, cli, msgSet(5, 0))
+	exchange(t, cli, srv, []byte("still"), []byte("fine"))
+	if n := srv.Stats().Malformed; n != 1 {
+		t.Fatalf("%d malformed counted after a reserved op, want 1", n)
+	}
+
+	p2 := newPair(t, nil)
+	cli2, srv2 := p2.connect(t, nil, nil)
+	defer cli2.Close()
+	defer srv2.Close()
+	postRaw(t, cli2, msgSet(opData, 1000)) // 1000 bytes said, none written
+	srv2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := srv2.Read(make([]byte, 10)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after a lying DATA message: %v, want ECONNRESET", err)
+	}
+	if n := srv2.Stats().Malformed; n != 1 {
+		t.Fatalf("%d malformed counted, want 1", n)
 	}
 }
