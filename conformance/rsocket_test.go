@@ -51,13 +51,23 @@ type rstreamCase struct {
 	name string
 	args []string
 	xfer string // the row's transfer count
+	ipv6 bool   // over the IPv6 addresses
 }
 
 var rstreamCases = []rstreamCase{
-	{"rstream -T v -S 10000 -C 200", []string{"-T", "v", "-S", "10000", "-C", "200"}, "200"},
-	{"rstream -T v -B 4096 -S 10000 -C 200", []string{"-T", "v", "-B", "4096", "-S", "10000", "-C", "200"}, "200"},
-	{"rstream -T v -k 1 -S 64 -C 3000", []string{"-T", "v", "-k", "1", "-S", "64", "-C", "3000"}, "3k"},
-	{"rstream -T v -B 4096 -S 100000 -C 20 -I 2", []string{"-T", "v", "-B", "4096", "-S", "100000", "-C", "20", "-I", "2"}, "20"},
+	{"rstream -T v -S 10000 -C 200", []string{"-T", "v", "-S", "10000", "-C", "200"}, "200", false},
+	{"rstream -T v -B 4096 -S 10000 -C 200", []string{"-T", "v", "-B", "4096", "-S", "10000", "-C", "200"}, "200", false},
+	{"rstream -T v -k 1 -S 64 -C 3000", []string{"-T", "v", "-k", "1", "-S", "64", "-C", "3000"}, "3k", false},
+	{"rstream -T v -B 4096 -S 100000 -C 20 -I 2", []string{"-T", "v", "-B", "4096", "-S", "100000", "-C", "20", "-I", "2"}, "20", false},
+	{"rstream -T v -S 10000 -C 100 ipv6", []string{"-T", "v", "-S", "10000", "-C", "100"}, "100", true},
+}
+
+// addrs returns the host's and the guest's address for c.
+func (p *Peer) addrs(c rstreamCase) (host, guest string) {
+	if c.ipv6 {
+		return p.HostIP6, p.Guest.IP6()
+	}
+	return p.HostIP, p.Guest.IP()
 }
 
 func TestRstream(t *testing.T) {
@@ -85,7 +95,7 @@ func (p *Peer) rstreamBaseline(t *testing.T, c rstreamCase) Outcome {
 func (p *Peer) rstreamBaselineTool(t *testing.T, tool string, c rstreamCase) Outcome {
 	ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
 	defer cancel()
-	ip := p.Guest.IP()
+	_, ip := p.addrs(c)
 	srv, err := p.Guest.Start(append([]string{tool, "-b", ip}, c.args...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -118,18 +128,19 @@ func (p *Peer) rstreamTool(t *testing.T, tool string, c rstreamCase, rxegoServer
 	var h *hostProc
 	var res lab.Result
 	var err error
+	hostIP, guestIP := p.addrs(c)
 	if rxegoServer {
-		h = p.startRxego(t, ctx, append(rx, "-b", p.HostIP)...)
+		h = p.startRxego(t, ctx, append(rx, "-b", hostIP)...)
 		if err := h.waitOutput(ctx, cmListening); err != nil {
 			t.Fatalf("rxego server: %v\n%s", err, h.output())
 		}
-		res, err = p.Guest.Run(ctx, append([]string{tool, "-s", p.HostIP}, c.args...)...)
+		res, err = p.Guest.Run(ctx, append([]string{tool, "-s", hostIP}, c.args...)...)
 		herr := h.wait(ctx)
 		if err != nil || herr != nil {
 			t.Fatalf("guest rstream client: %v\n%s%s\nrxego server: %v\n%s", err, res.Stdout, res.Stderr, herr, h.output())
 		}
 	} else {
-		proc, err := p.Guest.Start(append([]string{tool, "-b", p.Guest.IP()}, c.args...)...)
+		proc, err := p.Guest.Start(append([]string{tool, "-b", guestIP}, c.args...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -137,7 +148,7 @@ func (p *Peer) rstreamTool(t *testing.T, tool string, c rstreamCase, rxegoServer
 		if err := p.waitCMListen(ctx, 7471); err != nil {
 			t.Fatal(err)
 		}
-		h = p.startRxego(t, ctx, append(rx, "-s", p.Guest.IP(), "-b", p.HostIP)...)
+		h = p.startRxego(t, ctx, append(rx, "-s", guestIP, "-b", hostIP)...)
 		herr := h.wait(ctx)
 		if herr != nil {
 			proc.Kill()
@@ -334,7 +345,7 @@ func TestRstreamAll(t *testing.T) {
 // placement (riomap, riowrite): the C tools in the guest first, then
 // against rxego riostream in both roles.
 func TestRiostream(t *testing.T) {
-	c := rstreamCase{"riostream -T v -S 100000 -C 10 -I 20", []string{"-T", "v", "-S", "100000", "-C", "10", "-I", "20"}, "10"}
+	c := rstreamCase{"riostream -T v -S 100000 -C 10 -I 20", []string{"-T", "v", "-S", "100000", "-C", "10", "-I", "20"}, "10", false}
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		p.Case(t, Case{Name: c.name, Role: "C to C in the guest", Expect: rsocketExpect}, func(t *testing.T) Outcome {
 			return p.rstreamBaselineTool(t, "riostream", c)
