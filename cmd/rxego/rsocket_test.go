@@ -122,3 +122,20 @@ func TestRiostreamCLI(t *testing.T) {
 		}
 	}
 }
+
+// TestRstreamTCP: -T s runs the same tests over TCP sockets.
+func TestRstreamTCP(t *testing.T) {
+	srvOut, cliOut := rsocketPair(t, "rstream",
+		func(srv, _, port string) []string {
+			return []string{"-b", srv, "-p", port, "-T", "s", "-T", "v", "-S", "3000", "-C", "100", "-timeout", "60s"}
+		},
+		func(srv, _, port string) []string {
+			return []string{"-s", srv, "-p", port, "-T", "socket", "-T", "v", "-S", "3000", "-C", "100", "-timeout", "60s"}
+		})
+	for name, out := range map[string]string{"server": srvOut, "client": cliOut} {
+		m := rstreamRow.FindStringSubmatch(out)
+		if m == nil || m[1] != "custom" || m[2] != "2.9k" || m[3] != "100" {
+			t.Errorf("%s: no row custom 2.9k 100:\n%s", name, out)
+		}
+	}
+}
