@@ -44,13 +44,15 @@ var baselineExpect = append(append([]string(nil), rsocketExpect...), "completer_
 var rstreamRowRe = regexp.MustCompile(`(?m)^custom\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+[\d.]+s\s+[\d.]+\s+[\d.]+$`)
 
 // rstreamCheck checks one side's rstream output: the custom row with the
-// given transfers, and no verification failure.
-func rstreamCheck(t *testing.T, side string, out []byte, transfers string) {
+// given transfers, and no verification failure. It returns the row.
+func rstreamCheck(t *testing.T, side string, out []byte, transfers string) string {
 	t.Helper()
 	m := rstreamRowRe.FindSubmatch(out)
 	if m == nil || string(m[2]) != transfers || bytes.Contains(out, []byte("verification failed")) {
 		t.Errorf("%s: want a custom row of %s transfers and no verification failure:\n%s", side, transfers, out)
+		return ""
 	}
+	return strings.Join(strings.Fields(string(m[0])), " ")
 }
 
 // rstreamCase is one rstream run's options (custom tests: -C and -S).
@@ -68,6 +70,9 @@ var rstreamCases = []rstreamCase{
 	{"rstream -T v -k 1 -S 64 -C 10000 -I 2", []string{"-T", "v", "-k", "1", "-S", "64", "-C", "10000", "-I", "2"}, "10k", false},
 	{"rstream -T v -B 4096 -S 100000 -C 20 -I 2", []string{"-T", "v", "-B", "4096", "-S", "100000", "-C", "20", "-I", "2"}, "20", false},
 	{"rstream -T v -S 10000 -C 100 ipv6", []string{"-T", "v", "-S", "10000", "-C", "100"}, "100", true},
+	// Ping-pong: one 64-byte transfer each way per iteration, as the
+	// latency half of rstream's standard tests.
+	{"rstream -T v -S 64 -C 1 -I 300", []string{"-T", "v", "-S", "64", "-C", "1", "-I", "300"}, "1", false},
 }
 
 // addrs returns the host's and the guest's address for c.
@@ -117,9 +122,9 @@ func (p *Peer) rstreamBaselineTool(t *testing.T, tool string, c rstreamCase) Out
 	if err != nil || serr != nil {
 		t.Fatalf("guest %s client: %v\n%s%s\nguest server: %v\n%s%s", tool, err, res.Stdout, res.Stderr, serr, sres.Stdout, sres.Stderr)
 	}
-	rstreamCheck(t, "guest "+tool+" client", res.Stdout, c.xfer)
+	row := rstreamCheck(t, "guest "+tool+" client", res.Stdout, c.xfer)
 	rstreamCheck(t, "guest "+tool+" server", sres.Stdout, c.xfer)
-	return Outcome{Note: "C to C over rxe's loopback"}
+	return Outcome{Note: "C to C over rxe's loopback; client: " + row}
 }
 
 // rstream runs rstream in the guest against rxego rstream on the host.
@@ -167,8 +172,8 @@ func (p *Peer) rstreamTool(t *testing.T, tool string, c rstreamCase, rxegoServer
 		}
 	}
 	rstreamCheck(t, "guest "+tool, res.Stdout, c.xfer)
-	rstreamCheck(t, "rxego "+tool, h.stdout.Bytes(), c.xfer)
-	return cmOutcome(t, h.stdout.Bytes(), "every byte verified both ways")
+	row := rstreamCheck(t, "rxego "+tool, h.stdout.Bytes(), c.xfer)
+	return cmOutcome(t, h.stdout.Bytes(), "every byte verified both ways; rxego: "+row)
 }
 
 // TestRcopy copies a file of random bytes with rcopy in both roles and
