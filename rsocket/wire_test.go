@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -56,5 +57,29 @@ func TestMsgFormat(t *testing.T) {
 	}
 	if m := msgSet(opCtrl, ctrlShutdown); m != 0xe0000002 {
 		t.Fatalf("SHUTDOWN = %#x", m)
+	}
+}
+
+// TestConfigErrors: bad settings and addresses are refused with an error
+// that names them, and nothing is created.
+func TestConfigErrors(t *testing.T) {
+	for _, c := range []Config{{SendBuffer: -1}, {RecvQueue: -5}, {KeepAlive: -1}, {IOMapSize: 1 << 16}, {RecvBuffer: 2 << 30}} {
+		if _, err := c.withDefaults(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+	o, err := (&Config{RecvBuffer: 5001, RecvQueue: 3, SendQueue: 1 << 20, Inline: -1}).withDefaults()
+	if err != nil || o.RecvBuffer != 5000 || o.RecvQueue != minQueue || o.SendQueue != maxQueue || o.Inline != 0 || o.SendBuffer != defaultBuffer {
+		t.Errorf("clamping: %+v, %v", o, err)
+	}
+	p := newPair(t, nil)
+	if _, err := Listen(p.srv, "10.9.9.9:7471", nil); err == nil || !strings.Contains(err.Error(), "not the device's address") {
+		t.Errorf("Listen on another address: %v", err)
+	}
+	if _, err := Dial(p.cli, "nohostport", nil); err == nil {
+		t.Error("Dial without a port succeeded")
+	}
+	if _, err := Listen(p.srv, ":7471", &Config{SendQueue: -1}); err == nil {
+		t.Error("Listen with a negative queue succeeded")
 	}
 }
