@@ -80,7 +80,7 @@ func (m *Manager) Dial(ctx context.Context, raddr netip.AddrPort, q *rxego.QP, p
 		PKey: 0xffff, PathMTU: uint8(o.MTU), RNRRetryCount: o.rnrRetry(), MaxCMRetries: cfg.MaxRetries,
 		Primary: Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: m.local.As16(), RemoteGID: peer.As16(),
 			HopLimit: 64, LocalACKTimeout: c.ackTimeout},
-		PrivateData: priv,
+		PrivateData: priv, FlowControl: o.FlowControl,
 	}
 	c.req = &req
 	c.st = stREQSent

@@ -117,6 +117,9 @@ type Params struct {
 	// SrcPort is the initiator's rdma_cm port, carried in the IP header;
 	// 0 picks a free one from the ephemeral range.
 	SrcPort uint16
+	// FlowControl sets the end-to-end flow control bit of the REQ or REP
+	// (rdma_conn_param's flow_control), as rsocket asks for.
+	FlowControl bool
 }
 
 func (p *Params) orDefault() Params {

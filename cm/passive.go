@@ -179,7 +179,8 @@ func (r *Request) Accept(ctx context.Context, q *rxego.QP, p *Params) (*Conn, er
 	}
 	rep := REP{LocalCommID: c.localID, RemoteCommID: c.remoteID, LocalQPN: q.Num(), StartingPSN: s.rqPSN,
 		ResponderResources: s.respRes, InitiatorDepth: s.initDepth, TargetACKDelay: ACKDelay,
-		RNRRetryCount: o.rnrRetry(), LocalCAGUID: m.cfg.NodeGUID, PrivateData: o.PrivateData}
+		RNRRetryCount: o.rnrRetry(), LocalCAGUID: m.cfg.NodeGUID, PrivateData: o.PrivateData,
+		FlowControl: o.FlowControl}
 	c.st = stREPSent
 	// The REP goes again at least four times within the half-open
 	// timeout, so one lost REP or RTU does not fail a live initiator.

@@ -31,7 +31,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 # (guests run the host's root, so its libibverbs too).
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
 	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod
-	ethtool util-linux chromium fonts-liberation gcc libc6-dev libibverbs-dev)
+	ethtool util-linux chromium fonts-liberation gcc libc6-dev libibverbs-dev curl)
 missing=()
 for p in "${pkgs[@]}"; do
 	if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
@@ -58,10 +58,11 @@ programs=(
 	qemu-system-x86_64 busybox xz cpio depmod modprobe       # qemu-system-x86 busybox-static xz-utils cpio kmod
 	ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong   # ibverbs-utils
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
-	rping ucmatose udaddy mckey                              # rdmacm-utils
+	rping ucmatose udaddy mckey rstream rcopy riostream      # rdmacm-utils
 	chromium                                                 # chromium
 	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer
-	sh bash dd cat echo true                                 # base system
+	sh bash dd cat echo true rm sha256sum                    # base system
+	curl                                                     # curl: under librspreload (librdmacm1) against rxego's HTTP over rsocket
 )
 for p in "${programs[@]}"; do
 	command -v "$p" >/dev/null || die "$p not found after installing the packages above"

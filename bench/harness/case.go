@@ -34,6 +34,8 @@ const (
 	UDPPing    Kind = "udp-pp"      // 64-byte UDP ping-pong: Busy
 	TCPBW      Kind = "tcp-bw"      // one TCP stream
 	TCPPing    Kind = "tcp-pp"      // 64-byte TCP ping-pong
+	RsocketBW  Kind = "rsocket-bw"  // one rsocket stream over rxego (package rsocket)
+	RsocketPP  Kind = "rsocket-pp"  // 64-byte rsocket ping-pong over rxego
 )
 
 // UDP I/O modes.
@@ -93,6 +95,10 @@ func (c Case) Name() string {
 		return "TCP stream"
 	case TCPPing:
 		return "TCP 64 B ping-pong"
+	case RsocketBW:
+		return "rsocket stream (rxego)"
+	case RsocketPP:
+		return "rsocket 64 B ping-pong (rxego)"
 	}
 	return string(c.Kind)
 }

@@ -22,6 +22,8 @@ func TestCases(t *testing.T) {
 	cases := []Case{
 		{Kind: TCPBW},
 		{Kind: TCPPing},
+		{Kind: RsocketBW},
+		{Kind: RsocketPP},
 		{Kind: UDPBW, Mode: UDPSingle, Size: 1024},
 		{Kind: UDPBW, Mode: UDPMmsg, Size: 1024},
 		{Kind: UDPBW, Mode: UDPGSO, Size: 4096},
@@ -54,7 +56,7 @@ func TestCases(t *testing.T) {
 				t.Errorf("measured %v, want at least %v", r.Elapsed, c.Duration)
 			}
 			switch c.Kind {
-			case TCPPing, UDPPing, RxegoLat:
+			case TCPPing, UDPPing, RxegoLat, RsocketPP:
 				if r.Samples == 0 || r.P50 <= 0 || r.P99 < r.P50 {
 					t.Errorf("latency: %d samples, p50 %v, p99 %v", r.Samples, r.P50, r.P99)
 				}
@@ -81,7 +83,7 @@ func TestCases(t *testing.T) {
 	}
 	var b bytes.Buffer
 	WriteReport(&b, all, false, 1)
-	for _, want := range []string{"## Yardsticks", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | 32 | blocking |", "| WRITE 64 B, depth 128 | 64 | busy-poll |", "## Targets",
+	for _, want := range []string{"## Yardsticks", "| rsocket stream (rxego) | ", "| rsocket 64 B ping-pong (rxego) | ", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | 32 | blocking |", "| WRITE 64 B, depth 128 | 64 | busy-poll |", "## Targets",
 		"## rxego over several QPs", "| 4 | ", "| READ | 1024 |", "message rate over 8 QPs"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, b.String())

@@ -172,7 +172,7 @@ func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range rs {
 		switch r.Case.Kind {
-		case TCPBW, TCPPing, UDPBW, UDPPing:
+		case TCPBW, TCPPing, UDPBW, UDPPing, RsocketBW, RsocketPP:
 		default:
 			continue
 		}

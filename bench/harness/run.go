@@ -33,6 +33,8 @@ func Suite(quick, multi bool) []Case {
 	}
 	add(Case{Kind: TCPBW})
 	add(Case{Kind: TCPPing})
+	add(Case{Kind: RsocketBW})
+	add(Case{Kind: RsocketPP})
 	for _, size := range []int{1024, 4096} {
 		for _, mode := range []string{UDPSingle, UDPMmsg, UDPGSO} {
 			add(Case{Kind: UDPBW, Mode: mode, Size: size})

@@ -9,7 +9,7 @@ import (
 
 func init() {
 	runners[TCPBW] = tcpBW
-	runners[TCPPing] = tcpPing
+	runners[TCPPing] = func(p *peer) (Result, error) { return streamPing(p, tcpConnect) }
 }
 
 // tcpChunk is the bytes per write and read of the TCP stream.
@@ -42,11 +42,16 @@ func tcpConnect(p *peer) (net.Conn, error) {
 // tcpBW: the client writes as fast as it can; the server counts what it
 // reads in the measured interval, then closes the connection.
 func tcpBW(p *peer) (Result, error) {
-	c := p.c
-	if c.QPs > 1 {
+	if p.c.QPs > 1 {
 		return tcpBWN(p)
 	}
-	conn, err := tcpConnect(p)
+	return streamBW(p, tcpConnect)
+}
+
+// streamBW is tcpBW's one stream over the connection connect makes.
+func streamBW(p *peer, connect func(*peer) (net.Conn, error)) (Result, error) {
+	c := p.c
+	conn, err := connect(p)
 	if err != nil {
 		return Result{}, err
 	}
@@ -93,11 +98,11 @@ func tcpBW(p *peer) (Result, error) {
 	return res, p.ctl.send(signal{"stop"})
 }
 
-// tcpPing: 64-byte ping-pong over one connection (Nagle off, Go's
-// default), blocking reads.
-func tcpPing(p *peer) (Result, error) {
+// streamPing: 64-byte ping-pong over one connection connect makes (TCP:
+// Nagle off, Go's default), blocking reads.
+func streamPing(p *peer, connect func(*peer) (net.Conn, error)) (Result, error) {
 	c := p.c
-	conn, err := tcpConnect(p)
+	conn, err := connect(p)
 	if err != nil {
 		return Result{}, err
 	}

@@ -1,0 +1,6 @@
+//go:build race
+
+package main
+
+// raceEnabled tells tests the race detector is on.
+const raceEnabled = true
