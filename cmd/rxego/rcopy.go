@@ -120,14 +120,14 @@ flags:
 			dst = path
 		}
 		return rsocketClient(server, *bind, uint16(*port), f, func(ctx context.Context, m *cm.Manager, to string) error {
-			return rcopySend(ctx, m, to, src, dst)
+			return rcopySend(ctx, m, to, src, dst, *f.timeout)
 		})
 	}
 	return usageErrorf("want no operands (server) or source server[:destination]")
 }
 
-// rcopySend is rcopy's client.
-func rcopySend(ctx context.Context, m *cm.Manager, to, src, dst string) error {
+// rcopySend is rcopy's client; timeout is the -timeout its errors name.
+func rcopySend(ctx context.Context, m *cm.Manager, to, src, dst string, timeout time.Duration) error {
 	file, err := os.Open(src)
 	if err != nil {
 		return err
@@ -139,7 +139,7 @@ func rcopySend(ctx context.Context, m *cm.Manager, to, src, dst string) error {
 	}
 	c, err := rsocket.DialContext(ctx, m, to, nil)
 	if err != nil {
-		return rsocketDialError(to, err)
+		return rsocketDialError(to, err, timeout)
 	}
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })

@@ -177,7 +177,7 @@ flags:
 			return rstream.Run(ctx, true, func(ctx context.Context, latency bool) (net.Conn, error) {
 				showKeepalive()
 				c, err := rsocket.DialContext(ctx, m, to, rcfg(latency))
-				return c, rsocketDialError(to, err)
+				return c, rsocketDialError(to, err, *f.timeout)
 			}, cfg)
 		})
 	}
@@ -210,8 +210,9 @@ func acceptContext(ctx context.Context, ln *rsocket.Listener) (net.Conn, error) 
 	return c, err
 }
 
-// rsocketDialError is dialError for an rsocket dial.
-func rsocketDialError(to string, err error) error {
+// rsocketDialError is dialError for an rsocket dial under the -timeout
+// timeout.
+func rsocketDialError(to string, err error, timeout time.Duration) error {
 	if err == nil {
 		return nil
 	}
@@ -219,7 +220,7 @@ func rsocketDialError(to string, err error) error {
 	if perr != nil {
 		return err
 	}
-	return dialError(ap, err)
+	return dialError(ap, err, timeout)
 }
 
 // rsocketClient opens a device on -b (or the route's source toward dst)
