@@ -1,0 +1,184 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/perftest"
+	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/transport/pcaptap"
+)
+
+// probeRxego runs the responder probe with scens against an rxego perf
+// server of test on loopback and returns the report, the pcap's records
+// and the server's result.
+func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, []trace.Record, *perftest.Result) {
+	t.Helper()
+	server, local := testaddr.Loopback(), testaddr.Loopback()
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var out bytes.Buffer
+	scfg := perftest.Config{Test: test, Local: server, Listener: ln, Port: ln.Addr().(*net.TCPAddr).Port,
+		NumQPs: len(scens), Size: 64, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
+	type ret struct {
+		r   *perftest.Result
+		err error
+	}
+	ch := make(chan ret, 1)
+	go func() {
+		r, err := perftest.Run(context.Background(), scfg)
+		ch <- ret{r, err}
+	}()
+	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
+	pw, err := pcaptap.Create(pcapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw"}[test]
+	rep, err := Responder(context.Background(), ResponderConfig{Peer: server, Port: scfg.Port, Local: local,
+		Tool: tool, NumQPs: len(scens), AllAccess: true, Scenarios: scens, Pcap: pw, Wait: 200 * time.Millisecond})
+	if cerr := pw.Close(); cerr != nil {
+		t.Error(cerr)
+	}
+	sr := <-ch
+	if err != nil {
+		t.Fatalf("probe: %v\nserver: %v\n%s", err, sr.err, out.String())
+	}
+	// rxego's perf server checks that no byte of its buffer changed
+	// unless its client wrote it: the scenarios' WRITEs did.
+	if sr.err != nil && !strings.Contains(sr.err.Error(), "data checks failed") {
+		t.Errorf("the rxego server did not end cleanly: %v\n%s", sr.err, out.String())
+	}
+	if sr.r != nil && sr.r.Device != nil {
+		t.Cleanup(func() { sr.r.Device.Close() })
+	}
+	var recs []trace.Record
+	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return rep, recs, sr.r
+}
+
+// fromPeer returns the pcap's packets the peer sent to the scenario's QP.
+func fromPeer(recs []trace.Record, res Result) []trace.Record {
+	var out []trace.Record
+	for _, r := range recs {
+		if r.RoCE != nil && r.DestQP == res.MyQPN {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// relPSNOf is r's PSN relative to the scenario's start PSN.
+func relPSNOf(r trace.Record, res Result) int {
+	return int((uint32(r.PSN) - res.StartPSN) & bth.PSNMask)
+}
+
+// TestResponderAgainstRxego probes rxego's own perf server with every
+// built-in scenario and checks each verdict against the capture: the
+// packets the report judged are the ones on the wire, and the server's
+// engine counters moved as the verdicts say.
+func TestResponderAgainstRxego(t *testing.T) {
+	scens := Builtin()
+	rep, recs, srv := probeRxego(t, perftest.WriteBW, scens)
+	var text bytes.Buffer
+	rep.WriteText(&text, true)
+	t.Logf("%s", text.String())
+	if len(rep.Results) != len(scens) {
+		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(scens))
+	}
+	// What the capture must show per scenario that rxego conforms to:
+	// the peer's packets on that QP as (AETH syndrome or opcode, relative PSN).
+	type pkt struct {
+		what string
+		psn  int
+	}
+	nak := func(code uint8) string { return reth.NAKSyndrome(code).String() }
+	ack := "ACK"
+	want := map[string][]pkt{
+		"write-ack":            {{ack, 0}},
+		"psn-gap-nak":          {{nak(reth.NAKPSNSeqError), 0}, {ack, 0}},
+		"nak-once":             {{nak(reth.NAKPSNSeqError), 0}},
+		"duplicate-write":      {{ack, 0}, {ack, 0}},
+		"write-bad-rkey":       {{nak(reth.NAKRemoteAccess), 0}},
+		"write-outside-region": {{nak(reth.NAKRemoteAccess), 0}},
+		"middle-without-first": {{nak(reth.NAKInvalidRequest), 0}},
+		"bad-icrc":             {{ack, 0}},
+		"uc-opcode-on-rc":      {{ack, 0}},
+		"zero-length-write":    {{ack, 0}},
+		"ghost-ack":            {{ack, 0}},
+		"duplicate-read":       {{"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}, {"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}},
+	}
+	for _, res := range rep.Results {
+		got := fromPeer(recs, res)
+		if len(got) != len(res.Observed) {
+			t.Errorf("%s: the report lists %d packets from the peer, the capture %d", res.Name, len(res.Observed), len(got))
+		}
+		w, ok := want[res.Name]
+		if !ok {
+			continue
+		}
+		if res.Verdict != Conforms {
+			t.Errorf("%s: verdict %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
+			continue
+		}
+		var have []pkt
+		for _, r := range got {
+			what := r.OpcodeName
+			if r.Opcode == bth.RCAck {
+				what = reth.Syndrome(r.AETH.Syndrome).String()
+			}
+			have = append(have, pkt{what, relPSNOf(r, res)})
+		}
+		if len(have) != len(w) {
+			t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+			continue
+		}
+		for i := range w {
+			if have[i].psn != w[i].psn || !strings.HasPrefix(have[i].what, w[i].what) {
+				t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+				break
+			}
+		}
+	}
+	// The psn-wrap scenario's ACK is at PSN 0 on the wire.
+	if res, ok := rep.Result("psn-wrap"); ok && res.Verdict == Conforms {
+		got := fromPeer(recs, res)
+		if len(got) == 0 || got[len(got)-1].PSN != 0 {
+			t.Errorf("psn-wrap: the last ACK is not at PSN 0: %v", got)
+		}
+	}
+	// rxego implements DCQCN: the CE-marked WRITE drew a CNP to the
+	// probe's QP.
+	if res, ok := rep.Result("fecn-cnp"); !ok || res.Verdict != Conforms || !slices.ContainsFunc(fromPeer(recs, res),
+		func(r trace.Record) bool { return r.Opcode == bth.CNPOpcode }) {
+		t.Errorf("fecn-cnp: %+v: no CNP in the capture", res)
+	}
+	st := srv.Device.Stats()
+	if st.OutOfSeqRequest.Load() == 0 {
+		t.Errorf("the server counted no sequence error, but psn-gap-nak conformed")
+	}
+	if st.DuplicateRequest.Load() == 0 {
+		t.Errorf("the server counted no duplicate request, but duplicate-write conformed")
+	}
+	if !strings.Contains(rep.Summary, "responder mode") {
+		t.Errorf("summary %q", rep.Summary)
+	}
+}
