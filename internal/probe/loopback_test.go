@@ -158,6 +158,10 @@ func TestResponderAgainstRxego(t *testing.T) {
 			}
 		}
 	}
+	// rxego, like rxe, drops a reserved opcode silently (docs/probe.md).
+	if res, _ := rep.Result("reserved-opcode"); res.Verdict != Deviates || len(fromPeer(recs, res)) != 0 {
+		t.Errorf("reserved-opcode: %s with %d packets from the peer; rxego drops such packets silently", res.Verdict, len(fromPeer(recs, res)))
+	}
 	// The psn-wrap scenario's ACK is at PSN 0 on the wire.
 	if res, ok := rep.Result("psn-wrap"); ok && res.Verdict == Conforms {
 		got := fromPeer(recs, res)

@@ -210,3 +210,15 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	rep.finish(w)
 	return rep, nil
 }
+
+// QPsNeeded is how many QPs the peer's server of tool must have for the
+// scenarios it can serve (all of them when allAccess).
+func QPsNeeded(scens []*Scenario, tool string, allAccess bool) int {
+	n := 0
+	for _, s := range scens {
+		if allAccess || toolNeeds[tool] == s.Needs {
+			n++
+		}
+	}
+	return n
+}
