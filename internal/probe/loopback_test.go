@@ -186,3 +186,121 @@ func TestResponderAgainstRxego(t *testing.T) {
 		t.Errorf("summary %q", rep.Summary)
 	}
 }
+
+// TestRequesterAgainstRxego runs the requester-mode scenarios against
+// rxego's own ib_write_bw client and checks the report against the
+// capture: each scenario's impaired packet was sent as often as the
+// report says, and go-back-n's resend starts at the probe's NAK.
+func TestRequesterAgainstRxego(t *testing.T) {
+	scens := BuiltinRequester()
+	probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
+	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
+	pw, err := pcaptap.Create(pcapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan int, 1)
+	type ret struct {
+		r   *Report
+		err error
+	}
+	ch := make(chan ret, 1)
+	go func() {
+		r, err := Requester(context.Background(), RequesterConfig{Peer: client, Local: probeAddr, NumQPs: len(scens),
+			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second,
+			Listening: func(a net.Addr) { listening <- a.(*net.TCPAddr).Port }})
+		ch <- ret{r, err}
+	}()
+	var port int
+	select {
+	case port = <-listening:
+	case r := <-ch:
+		t.Fatalf("the probe did not listen: %v", r.err)
+	}
+	var out bytes.Buffer
+	cres, cerr := perftest.Run(context.Background(), perftest.Config{Test: perftest.WriteBW, Server: probeAddr.String(), Port: port,
+		Local: client, NumQPs: len(scens), Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out})
+	r := <-ch
+	if err := pw.Close(); err != nil {
+		t.Error(err)
+	}
+	if r.err != nil {
+		t.Fatalf("probe: %v\nclient: %v\n%s", r.err, cerr, out.String())
+	}
+	if cerr != nil {
+		t.Errorf("rxego's client did not end cleanly: %v\n%s", cerr, out.String())
+	}
+	_ = cres
+	rep := r.r
+	var text bytes.Buffer
+	rep.WriteText(&text, testing.Verbose())
+	t.Logf("%s", text.String())
+	var recs []trace.Record
+	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms, "ghost-ack": Conforms,
+		"duplicate-ack": Conforms, "ce-ack-cnp": Conforms,
+		// rxego, like rxe, takes retry_cnt 7 as unlimited (docs/rnic.md).
+		"retry-exhaustion": Deviates}
+	for _, res := range rep.Results {
+		if res.Verdict != want[res.Name] {
+			t.Errorf("%s: %s (%s), want %s", res.Name, res.Verdict, res.Detail, want[res.Name])
+		}
+		// The peer's copies of PSN +5 on the wire.
+		var copies []trace.Record
+		for _, rec := range recs {
+			if rec.RoCE != nil && rec.DestQP == res.MyQPN && rec.Src == client && relPSNOf(rec, res) == 5 {
+				copies = append(copies, rec)
+			}
+		}
+		n := 0
+		for _, o := range res.Observed {
+			if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
+				n++
+			}
+		}
+		if n != len(copies) {
+			t.Errorf("%s: the report counts %d copies of psn=+5, the capture %d", res.Name, n, len(copies))
+		}
+		if res.Name == "go-back-n" {
+			checkGoBack(t, recs, res, probeAddr)
+		}
+	}
+}
+
+// checkGoBack checks in the capture that the probe NAKed PSN +5 and that
+// the first packet the peer resent afterwards was PSN +5.
+func checkGoBack(t *testing.T, recs []trace.Record, res Result, probeAddr netip.Addr) {
+	t.Helper()
+	nakAt, high := -1, -1
+	for i, r := range recs {
+		if r.RoCE == nil {
+			continue
+		}
+		if nakAt < 0 && r.Src == probeAddr && r.DestQP == res.PeerQPN && r.AETH != nil &&
+			reth.Syndrome(r.AETH.Syndrome) == reth.NAKSyndrome(reth.NAKPSNSeqError) {
+			if relPSNOf(r, res) != 5 {
+				t.Errorf("go-back-n: the probe NAKed psn=+%d, want +5", relPSNOf(r, res))
+			}
+			nakAt = i
+			continue
+		}
+		if r.Src == probeAddr || r.DestQP != res.MyQPN {
+			continue
+		}
+		rel := relPSNOf(r, res)
+		if nakAt < 0 || rel > high {
+			high = max(high, rel)
+			continue
+		}
+		if rel != 5 {
+			t.Errorf("go-back-n: the capture's first resend is psn=+%d, want +5", rel)
+		}
+		return
+	}
+	t.Errorf("go-back-n: no NAK (at %d) or no resend in the capture", nakAt)
+}

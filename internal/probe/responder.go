@@ -61,6 +61,11 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	if cfg.NumQPs < 1 || cfg.NumQPs > 1024 {
 		return nil, fmt.Errorf("probe: -q %d: the peer's QP count, 1..1024", cfg.NumQPs)
 	}
+	for _, s := range cfg.Scenarios {
+		if s.Requester {
+			return nil, fmt.Errorf("probe: scenario %s is a requester-mode scenario", s.Name)
+		}
+	}
 	mtuCode := 3
 	if cfg.MTU != 0 {
 		mtuCode = 0

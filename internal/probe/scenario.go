@@ -38,7 +38,10 @@ type Scenario struct {
 	// optional feature: a peer that does not behave so gets "not
 	// applicable" rather than "deviates".
 	Optional bool
-	Steps    []Step
+	// Requester says the scenario probes the peer's requester: the peer
+	// runs the client and the probe answers it (see Requester).
+	Requester bool
+	Steps     []Step
 }
 
 // StepKind says what a Step does.
@@ -49,7 +52,23 @@ const (
 	StepSend StepKind = iota + 1
 	StepExpect
 	StepWait
+	StepImpair // requester mode: how the probe mistreats one of the peer's packets
 )
+
+// Impairments of requester mode, applied to the peer's packet at PSN
+// +At (its first copy).
+const (
+	ImpairDrop         = "drop"          // lose it: the packets after it meet a PSN sequence error NAK
+	ImpairWithhold     = "withhold"      // accept it but send no ACK: the peer's ACK timer must fire
+	ImpairWithholdMany = "withhold-many" // send no ACK for it or its copies until Count copies came (or 5 s)
+	ImpairRNR          = "rnr"           // answer it with an RNR NAK carrying Timer
+	ImpairGhostAck     = "ghost-ack"     // acknowledge a PSN 100 past it instead of it
+	ImpairAckTwice     = "ack-twice"     // send its ACK twice
+	ImpairCEAck        = "ce-ack"        // send its ACK marked ECN CE
+)
+
+var impairments = map[string]bool{ImpairDrop: true, ImpairWithhold: true, ImpairWithholdMany: true, ImpairRNR: true,
+	ImpairGhostAck: true, ImpairAckTwice: true, ImpairCEAck: true}
 
 // RKey choices of a Send step.
 const (
@@ -95,6 +114,16 @@ type Step struct {
 
 	// Wait: how long.
 	Wait time.Duration
+
+	// Impair (requester mode): what to do to the peer's packet at PSN +At.
+	Impair string
+	At     int
+	// Requester expectations: Min and Max bound a retransmission's delay
+	// ("T" is the peer's ACK timeout, 4.096 us x 2^14 for the C tools;
+	// "rnr" the RNR timer's time; or a duration, optionally "NT");
+	// Count is a number of retries.
+	Min, Max string
+	Count    *int
 }
 
 // Expectation kinds and the AETH each needs.
@@ -102,6 +131,8 @@ var expectKinds = map[string]bool{
 	"ack": true, "nak-seq": true, "nak-inv": true, "nak-rae": true, "nak-rop": true, "rnr": true,
 	"read-resp": true, "read-first": true, "read-middle": true, "read-last": true, "read-only": true,
 	"atomic-ack": true, "cnp": true, "none": true,
+	// requester mode
+	"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true,
 }
 
 // sendOps are the opcode names a Send step accepts.
@@ -183,12 +214,20 @@ func ParseScenarios(r io.Reader) ([]*Scenario, error) {
 			}
 		case "optional":
 			cur.Optional = true
+		case "mode":
+			switch rest {
+			case "responder":
+			case "requester":
+				cur.Requester = true
+			default:
+				err = fmt.Errorf("mode %q: want responder or requester", rest)
+			}
 		case "start-psn":
 			var v uint64
 			v, err = strconv.ParseUint(rest, 0, 24)
 			p := uint32(v)
 			cur.StartPSN = &p
-		case "send", "expect", "wait":
+		case "send", "expect", "wait", "impair":
 			var st Step
 			st, err = parseStep(word, rest)
 			st.Line = n
@@ -221,6 +260,10 @@ func (s *Scenario) Validate() error {
 	}
 	sends := 0
 	for _, st := range s.Steps {
+		if (st.Kind == StepImpair || st.Kind == StepExpect && requesterExpect[st.Expect]) != s.Requester && st.Kind != StepWait &&
+			!(s.Requester && st.Kind == StepExpect && st.Expect == "cnp") {
+			return fmt.Errorf("scenario %s line %d: %s does not belong in a %s-mode scenario", s.Name, st.Line, stepWord(st), map[bool]string{false: "responder", true: "requester"}[s.Requester])
+		}
 		if st.Kind == StepSend {
 			sends++
 		}
@@ -234,6 +277,22 @@ func (s *Scenario) Validate() error {
 	return nil
 }
 
+// requesterExpect are the expectations of requester mode.
+var requesterExpect = map[string]bool{"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true}
+
+// stepWord names a step's kind as the format writes it.
+func stepWord(st Step) string {
+	switch st.Kind {
+	case StepSend:
+		return "send"
+	case StepExpect:
+		return "expect " + st.Expect
+	case StepImpair:
+		return "impair"
+	}
+	return "wait"
+}
+
 // parseStep parses a send, expect or wait line's arguments.
 func parseStep(word, rest string) (Step, error) {
 	f := strings.Fields(rest)
@@ -244,6 +303,12 @@ func parseStep(word, rest string) (Step, error) {
 	case "wait":
 		d, err := time.ParseDuration(f[0])
 		return Step{Kind: StepWait, Wait: d}, err
+	case "impair":
+		if !impairments[f[0]] {
+			return Step{}, fmt.Errorf("unknown impairment %q", f[0])
+		}
+		st := Step{Kind: StepImpair, Impair: f[0]}
+		return st, parseFields(&st, f[1:])
 	case "send":
 		op, ok := sendOps[f[0]]
 		if !ok {
@@ -323,6 +388,21 @@ func parseFields(st *Step, words []string) error {
 			x, err = num(5)
 			t := int(x)
 			st.Timer = &t
+		case k == "at" && hasV:
+			x, err = num(16)
+			st.At = int(x)
+		case k == "count" && hasV:
+			x, err = num(16)
+			c := int(x)
+			st.Count = &c
+		case (k == "min" || k == "max") && hasV:
+			if _, err = parseDelay(v, 0, 0); err == nil {
+				if k == "min" {
+					st.Min = v
+				} else {
+					st.Max = v
+				}
+			}
 		case k == "save" && hasV:
 			st.Save = v
 		case k == "orig" && hasV:
@@ -347,6 +427,29 @@ func parseFields(st *Step, words []string) error {
 		}
 	}
 	return nil
+}
+
+// parseDelay evaluates a delay bound: a duration, "T" or "NT" (multiples
+// of the ACK timeout t), or "rnr" (the RNR timer's time r).
+func parseDelay(v string, t, r time.Duration) (time.Duration, error) {
+	if v == "rnr" {
+		return r, nil
+	}
+	if n, ok := strings.CutSuffix(v, "T"); ok {
+		m := 1.0
+		if n != "" {
+			var err error
+			if m, err = strconv.ParseFloat(n, 64); err != nil || m < 0 {
+				return 0, fmt.Errorf("delay %q: want a duration, T, NT or rnr", v)
+			}
+		}
+		return time.Duration(m * float64(t)), nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("delay %q: want a duration, T, NT or rnr", v)
+	}
+	return d, nil
 }
 
 // relPSN parses "+N" or "-N" (relative to the QP's start PSN).

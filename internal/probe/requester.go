@@ -1,0 +1,558 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/perftest"
+	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/transport/pcaptap"
+)
+
+// RequesterConfig is a requester-mode run: the peer runs an ib_write_bw
+// client (-q NumQPs, one packet per message: -s at most the path MTU)
+// against the probe as its server; the probe acknowledges as a responder
+// would, impairs one packet per QP as that QP's scenario says, and
+// records how the peer's requester reacts.
+type RequesterConfig struct {
+	Peer   netip.Addr // the only address the probe sends to: the client's QPs must be there
+	Port   int        // TCP port to listen on (the client's -p); 0: 18515
+	Local  netip.Addr // the probe's RoCE address; it listens and binds here
+	NumQPs int        // the client's -q
+	MTU    int        // path MTU offered, bytes (default 1024)
+	// ACKTimeout is the peer's QP ACK timeout exponent (perftest's -u;
+	// default 14, 67 ms): the "T" of retransmission bounds.
+	ACKTimeout uint8
+	// RetryCnt is the peer's retry count (the C tools set 7).
+	RetryCnt  int
+	Scenarios []*Scenario
+	Wait      time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
+	// Gap is the least time between two of the probe's packets (0:
+	// DefaultRequesterGap). The probe sends at most one packet per packet
+	// of the peer's (two for ack-twice), so the peer's pace bounds it too.
+	Gap        time.Duration
+	MaxPackets int
+	Pcap       *pcaptap.Writer
+	Timeout    time.Duration // the whole run; 0: 2 minutes
+	// Listening, when set, is called once the probe listens.
+	Listening func(addr net.Addr)
+}
+
+// reqEvent is one packet the peer's requester sent on a scenario's QP.
+type reqEvent struct {
+	at   time.Time
+	rel  int // PSN relative to the peer's start PSN
+	copy int // 1 for the first copy of this PSN, 2 for the first resend, ...
+}
+
+// reqQP is the probe's responder for one scenario's QP.
+type reqQP struct {
+	s       *Scenario
+	impair  *Step
+	myQPN   uint32
+	peerQPN uint32
+	start   uint32 // the peer's first PSN
+	epsn    uint32 // next PSN expected
+	msn     uint32
+	nakSent bool
+
+	seen   map[int]int
+	events []reqEvent
+	naks   []reqEvent // sequence error NAKs the probe sent (rel = the NAK's PSN)
+	marked time.Time  // when the CE-marked ACK went
+	cnps   []time.Time
+	rnrAt  time.Time
+	// holding: the probe acknowledges nothing until the peer resends
+	// PSN +At (withhold, ghost-ack) or has sent it enough times
+	// (withhold-many).
+	holding bool
+	heldAt  time.Time
+}
+
+// Requester runs requester-mode scenarios against an ib_write_bw client.
+func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
+	if !cfg.Peer.IsValid() || !cfg.Local.IsValid() {
+		return nil, errors.New("probe: requester mode needs the peer's address and a local address")
+	}
+	if cfg.NumQPs < 1 || cfg.NumQPs > 1024 {
+		return nil, fmt.Errorf("probe: -q %d: the peer's QP count, 1..1024", cfg.NumQPs)
+	}
+	for _, s := range cfg.Scenarios {
+		if !s.Requester {
+			return nil, fmt.Errorf("probe: scenario %s is a responder-mode scenario", s.Name)
+		}
+	}
+	if cfg.Port == 0 {
+		cfg.Port = 18515
+	}
+	if cfg.ACKTimeout == 0 {
+		cfg.ACKTimeout = 14
+	}
+	if cfg.RetryCnt == 0 {
+		cfg.RetryCnt = 7
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = 2 * time.Second
+	}
+	if cfg.Gap <= 0 {
+		cfg.Gap = DefaultRequesterGap
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	mtuCode := 3
+	for c := 1; c <= 5; c++ {
+		if 1<<(7+c) == cfg.MTU {
+			mtuCode = c
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	rep := &Report{Mode: "requester", Peer: cfg.Peer.String(), Tool: "ib_write_bw", Started: time.Now()}
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Local.String(), strconv.Itoa(cfg.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("probe: listening on port %d: %w", cfg.Port, err)
+	}
+	defer ln.Close()
+	w, err := openWire(cfg.Local, cfg.Peer, cfg.Gap, cfg.MaxPackets, cfg.Pcap)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	if cfg.Listening != nil {
+		cfg.Listening(ln.Addr())
+	}
+	stopLn := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stopLn()
+	// The exchange may come from another address of the peer's host (on
+	// loopback it does); the handshake's GIDs must be the peer's.
+	conn, err := ln.Accept()
+	if err != nil {
+		return nil, fmt.Errorf("probe: waiting for the peer's ib_write_bw client: %w", err)
+	}
+	defer conn.Close()
+	stopConn := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stopConn()
+
+	ex := perftest.NewExchange(conn, false, deadline)
+	if err := ex.Versions(); err != nil {
+		return nil, err
+	}
+	rep.PeerVersion = ex.PeerVersion
+	if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
+		return nil, err
+	}
+	code, err := ex.MTU(mtuCode)
+	if err != nil {
+		return nil, err
+	}
+	rep.MTU = 1 << (7 + code)
+	my := make([]perftest.Dest, cfg.NumQPs)
+	for i := range my {
+		my[i] = perftest.Dest{OutReads: 16, QPN: 0x100 + uint32(i), PSN: uint32(0x200000 + i*0x1111),
+			RKey: 0x1000 + uint32(i), VAddr: 0x10000000, GID: cfg.Local.As16()}
+	}
+	rem := make([]perftest.Dest, cfg.NumQPs)
+	shakeAll := func() error {
+		for i := range my {
+			r, err := ex.HandShake(my[i])
+			if err != nil {
+				return err
+			}
+			rem[i] = r
+		}
+		return nil
+	}
+	// ib_write_bw's server: all records, all again, then one.
+	if err := shakeAll(); err != nil {
+		return nil, err
+	}
+	for i, r := range rem {
+		if r.Addr() != cfg.Peer {
+			return nil, fmt.Errorf("probe: the peer's QP %d is at %v, not at %v: the probe sends only to the peer named", i, r.Addr(), cfg.Peer)
+		}
+	}
+	qps := make(map[uint32]*reqQP, cfg.NumQPs)
+	var order []*reqQP
+	for i := range my {
+		q := &reqQP{myQPN: my[i].QPN, peerQPN: rem[i].QPN, start: rem[i].PSN, epsn: rem[i].PSN, seen: map[int]int{}}
+		if i < len(cfg.Scenarios) {
+			q.s = cfg.Scenarios[i]
+			for j := range q.s.Steps {
+				if q.s.Steps[j].Kind == StepImpair {
+					q.impair = &q.s.Steps[j]
+				}
+			}
+		}
+		qps[q.myQPN] = q
+		order = append(order, q)
+	}
+	if err := shakeAll(); err != nil {
+		return nil, err
+	}
+	if _, err := ex.HandShake(my[0]); err != nil {
+		return nil, err
+	}
+
+	// The peer's traffic runs until its final synchronisation.
+	final := make(chan error, 1)
+	go func() {
+		_, err := ex.HandShake(my[0])
+		final <- err
+	}()
+	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt}
+	var finalErr error
+	quiet := time.NewTimer(cfg.Timeout)
+	defer quiet.Stop()
+	last := time.Now()
+loop:
+	for {
+		tick := time.NewTimer(50 * time.Millisecond)
+		select {
+		case a, ok := <-w.in:
+			tick.Stop()
+			if !ok {
+				break loop
+			}
+			last = time.Now()
+			if err := r.handle(a); err != nil {
+				rep.Notes = append(rep.Notes, err.Error())
+				break loop
+			}
+		case finalErr = <-final:
+			tick.Stop()
+			final = nil
+			last = time.Now()
+		case <-tick.C:
+			r.releaseHeld()
+			if final == nil && time.Since(last) > cfg.Wait/4 {
+				break loop
+			}
+			if time.Since(last) > cfg.Wait && final != nil {
+				// The peer went silent without ending: its QPs are
+				// stuck (or in error); report what was seen.
+				rep.Notes = append(rep.Notes, "the peer's client stopped sending without ending its run")
+				break loop
+			}
+		case <-ctx.Done():
+			tick.Stop()
+			break loop
+		}
+	}
+	if final == nil && finalErr == nil {
+		if _, err := ex.Reports(perftest.Report{}); err == nil {
+			err = ex.Close(my[0], nil)
+			if err != nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("ending the peer tool's run: %v", err))
+			}
+		}
+	} else if finalErr != nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the peer's client ended its run abnormally: %v", finalErr))
+	}
+	for i, q := range order {
+		if q.s == nil {
+			continue
+		}
+		v, detail, obs := r.judge(q)
+		rep.Results = append(rep.Results, Result{Name: q.s.Name, Rule: q.s.Rule, Requires: q.s.Requires,
+			Verdict: v, Detail: detail, Observed: obs, MyQPN: q.myQPN, PeerQPN: q.peerQPN, StartPSN: rem[i].PSN})
+	}
+	for _, s := range cfg.Scenarios[min(len(cfg.Scenarios), cfg.NumQPs):] {
+		rep.Results = append(rep.Results, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: Inconclusive,
+			Detail: fmt.Sprintf("not run: the peer's client has %d QPs (run it with -q %d)", cfg.NumQPs, len(cfg.Scenarios))})
+	}
+	rep.finish(w)
+	return rep, nil
+}
+
+// DefaultRequesterGap is requester mode's least time between two of the
+// probe's packets: short enough that its ACKs keep up with a C tool's
+// burst (a late ACK would time the peer out and spoil the scenarios that
+// measure timers), at most 20,000 packets a second.
+const DefaultRequesterGap = 50 * time.Microsecond
+
+// qpTimeout is the IBTA local ACK timeout 4.096 us x 2^t.
+func qpTimeout(t uint8) time.Duration { return time.Duration(4096<<t) * time.Nanosecond }
+
+// reqRun is the probe's responder side of a requester-mode run.
+type reqRun struct {
+	w        *wire
+	ctx      context.Context
+	qps      map[uint32]*reqQP
+	timeoutT time.Duration
+	retryCnt int
+}
+
+// send builds h (addressed to q's peer QP), sends it and returns when it
+// left.
+func (r *reqRun) send(q *reqQP, h bth.Header, ce bool) (time.Time, error) {
+	h.DestQP, h.PKey = q.peerQPN, bth.DefaultPKey
+	buf := make([]byte, bth.PacketLen(h.Opcode, 0))
+	n, err := h.Encode(buf, nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	pkt := buf[:n]
+	r.w.fillICRC(pkt)
+	var tos uint8
+	if ce {
+		tos = 0x03
+		if err := r.w.setTOS(tos); err != nil {
+			return time.Time{}, err
+		}
+		defer r.w.setTOS(0)
+	}
+	return r.w.send(r.ctx, pkt, tos)
+}
+
+// ack sends an ACK (or NAK) for PSN psn.
+func (r *reqRun) ack(q *reqQP, psn uint32, syn reth.Syndrome, ce bool) error {
+	_, err := r.ackAt(q, psn, syn, ce)
+	return err
+}
+
+// ackAt is ack returning when the packet left.
+func (r *reqRun) ackAt(q *reqQP, psn uint32, syn reth.Syndrome, ce bool) (time.Time, error) {
+	return r.send(q, bth.Header{Opcode: bth.RCAck, PSN: bth.PSN(psn & bth.PSNMask),
+		AETH: bth.AETHFields{Syndrome: syn, MSN: q.msn & bth.PSNMask}}, ce)
+}
+
+// handle answers one packet of the peer's.
+func (r *reqRun) handle(a arrival) error {
+	q, ok := r.qps[a.hdr.DestQP]
+	if !ok {
+		return nil
+	}
+	h := a.hdr
+	if h.Opcode == bth.CNPOpcode {
+		q.cnps = append(q.cnps, a.at)
+		return nil
+	}
+	in, _ := bth.Lookup(h.Opcode)
+	if in == nil || !in.Has(bth.Request) || in.Op != bth.OpWrite && in.Op != bth.OpSend {
+		return nil // requester mode answers ib_write_bw's (and SEND) traffic only
+	}
+	rel := int((uint32(h.PSN) - q.start) & bth.PSNMask)
+	q.seen[rel]++
+	q.events = append(q.events, reqEvent{at: a.at, rel: rel, copy: q.seen[rel]})
+	syn := reth.ACKSyndrome(reth.CreditsInvalid)
+	ce := false
+	if im := q.impair; im != nil && q.holding {
+		limit := 2
+		if im.Impair == ImpairWithholdMany {
+			limit = r.retryCnt + 3
+			if im.Count != nil {
+				limit = *im.Count
+			}
+		}
+		if rel != im.At || q.seen[rel] < limit {
+			if int32((uint32(h.PSN)-q.epsn)<<8)>>8 == 0 {
+				q.accept(h)
+			}
+			return nil
+		}
+		q.holding = false // this copy is answered as the duplicate it is
+	}
+	if im := q.impair; im != nil && rel == im.At {
+		switch im.Impair {
+		case ImpairDrop:
+			if q.seen[rel] == 1 {
+				return nil
+			}
+		case ImpairRNR:
+			if q.seen[rel] == 1 {
+				q.rnrAt = a.at
+				timer := 24
+				if im.Timer != nil {
+					timer = *im.Timer
+				}
+				// As after any NAK, what follows is dropped silently
+				// until the expected PSN comes again.
+				q.nakSent = true
+				return r.ack(q, uint32(h.PSN), reth.RNRSyndrome(uint8(timer)), false)
+			}
+		case ImpairWithhold, ImpairWithholdMany:
+			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
+				q.accept(h)
+				q.holding, q.heldAt = true, a.at
+				return nil
+			}
+		case ImpairGhostAck:
+			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
+				q.accept(h)
+				q.holding, q.heldAt = true, a.at
+				return r.ack(q, uint32(h.PSN)+100, syn, false)
+			}
+		case ImpairAckTwice:
+			if q.seen[rel] == 1 {
+				q.accept(h)
+				if err := r.ack(q, uint32(h.PSN), syn, false); err != nil {
+					return err
+				}
+				return r.ack(q, uint32(h.PSN), syn, false)
+			}
+		case ImpairCEAck:
+			if q.seen[rel] == 1 {
+				ce = true
+				q.marked = time.Now()
+			}
+		}
+	}
+	d := int32((uint32(h.PSN)-q.epsn)<<8) >> 8
+	switch {
+	case d == 0:
+		q.accept(h)
+		if h.AckReq || ce {
+			return r.ack(q, uint32(h.PSN), syn, ce)
+		}
+	case d < 0: // a duplicate: acknowledge again what was received
+		return r.ack(q, q.epsn-1, syn, false)
+	default:
+		if !q.nakSent {
+			q.nakSent = true
+			at, err := r.ackAt(q, q.epsn, reth.NAKSyndrome(reth.NAKPSNSeqError), false)
+			q.naks = append(q.naks, reqEvent{at: at, rel: int((q.epsn - q.start) & bth.PSNMask)})
+			return err
+		}
+	}
+	return nil
+}
+
+// accept takes h as the next request in sequence.
+func (q *reqQP) accept(h bth.Header) {
+	q.epsn = (q.epsn + 1) & bth.PSNMask
+	q.nakSent = false
+	if in, _ := bth.Lookup(h.Opcode); in != nil && in.Has(bth.Last) {
+		q.msn++
+	}
+}
+
+// maxHold bounds how long the probe withholds a QP's ACKs.
+const maxHold = 5 * time.Second
+
+// releaseHeld ends a hold that has lasted maxHold: the probe acknowledges
+// what it has, so the peer's requester can finish its run.
+func (r *reqRun) releaseHeld() {
+	for _, q := range r.qps {
+		if q.holding && time.Since(q.heldAt) > maxHold {
+			q.holding = false
+			r.ack(q, q.epsn-1, reth.ACKSyndrome(reth.CreditsInvalid), false)
+		}
+	}
+}
+
+// copies returns the times the peer sent PSN +rel.
+func (q *reqQP) copies(rel int) []time.Time {
+	var out []time.Time
+	for _, e := range q.events {
+		if e.rel == rel {
+			out = append(out, e.at)
+		}
+	}
+	return out
+}
+
+// judge checks q's expectations against what the peer sent.
+func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
+	var obs []string
+	im := q.impair
+	if im == nil {
+		return Inconclusive, "the scenario impairs nothing", nil
+	}
+	copies := q.copies(im.At)
+	if len(copies) == 0 {
+		return Inconclusive, fmt.Sprintf("the peer never sent PSN +%d (run its client with more iterations: -n %d or more)", im.At, im.At+5), nil
+	}
+	for i, c := range copies {
+		if i == 0 {
+			obs = append(obs, fmt.Sprintf("psn=+%d sent", im.At))
+			continue
+		}
+		obs = append(obs, fmt.Sprintf("resent after %v", c.Sub(copies[i-1]).Round(100*time.Microsecond)))
+	}
+	rnr := qp.RNRWait(24, 0)
+	if im.Timer != nil {
+		rnr = qp.RNRWait(uint8(*im.Timer), 0)
+	}
+	fail := func(f string, a ...any) (Verdict, string, []string) {
+		if q.s.Optional {
+			return NotApplicable, fmt.Sprintf(f, a...), obs
+		}
+		return Deviates, fmt.Sprintf(f, a...), obs
+	}
+	for _, st := range q.s.Steps {
+		if st.Kind != StepExpect {
+			continue
+		}
+		switch st.Expect {
+		case "go-back":
+			if len(q.naks) == 0 {
+				return Inconclusive, "the probe sent no sequence error NAK (the peer sent nothing after the lost packet)", obs
+			}
+			nak := q.naks[0]
+			obs = append(obs, fmt.Sprintf("probe NAKed (PSN sequence error) at psn=+%d", nak.rel))
+			e, ok := q.firstResend(nak.at)
+			if !ok {
+				return fail("no resend after the NAK")
+			}
+			obs = append(obs, fmt.Sprintf("first resend psn=+%d after %v", e.rel, e.at.Sub(nak.at).Round(100*time.Microsecond)))
+			if e.rel != nak.rel {
+				return fail("resent from psn=+%d, not from the NAK's psn=+%d", e.rel, nak.rel)
+			}
+		case "retransmit":
+			if len(copies) < 2 {
+				return fail("psn=+%d was never resent", im.At)
+			}
+			d := copies[1].Sub(copies[0])
+			lo, _ := parseDelay(st.Min, r.timeoutT, rnr)
+			hi, _ := parseDelay(st.Max, r.timeoutT, rnr)
+			if st.Min != "" && d < lo || st.Max != "" && d > hi {
+				return fail("resent after %v, want %s..%s (%v..%v)", d.Round(100*time.Microsecond), st.Min, st.Max, lo, hi)
+			}
+		case "retries":
+			n := len(copies) - 1
+			if st.Count != nil && n > *st.Count {
+				return fail("%d retries and still retrying when the probe gave in; want %d, then an error", n, *st.Count)
+			}
+			if st.Count != nil && n < *st.Count {
+				return fail("%d retries, want %d", n, *st.Count)
+			}
+		case "no-retransmit":
+			for _, e := range q.events {
+				if e.copy > 1 {
+					return fail("psn=+%d resent", e.rel)
+				}
+			}
+		case "cnp":
+			if len(q.cnps) == 0 {
+				return fail("no CNP for the CE-marked ACK")
+			}
+			obs = append(obs, fmt.Sprintf("%d CNP(s)", len(q.cnps)))
+		}
+	}
+	return Conforms, "", obs
+}
+
+// firstResend returns the first packet after t that is not a new PSN:
+// packets with PSNs above all before were still in flight when t came.
+func (q *reqQP) firstResend(t time.Time) (reqEvent, bool) {
+	maxRel := -1
+	for _, e := range q.events {
+		if e.at.Before(t) || e.rel > maxRel {
+			maxRel = max(maxRel, e.rel)
+			continue
+		}
+		return e, true
+	}
+	return reqEvent{}, false
+}
