@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -162,10 +163,12 @@ func (w *wire) send(ctx context.Context, pkt []byte, tos uint8) (time.Time, erro
 		case <-time.After(wait):
 		}
 	}
+	// Stamped before it leaves: a fast peer's answer is read (and stamped)
+	// before WriteTo returns.
+	now := time.Now()
 	if _, err := w.conn.WriteToUDPAddrPort(pkt, w.peer); err != nil {
 		return time.Time{}, fmt.Errorf("probe: sending to %v: %w", w.peer, err)
 	}
-	now := time.Now()
 	w.mu.Lock()
 	w.last = now
 	w.mu.Unlock()
@@ -243,11 +246,15 @@ func (w *wire) checkICRC(from netip.AddrPort, pkt []byte) (uint16, bool) {
 	return 0, v.Check(pkt)
 }
 
-// records returns a copy of the trace records so far.
+// records returns a copy of the trace records so far, in time order (a
+// packet sent is recorded after WriteTo returns, possibly after its
+// answer).
 func (w *wire) records() []trace.Record {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]trace.Record(nil), w.recs...)
+	out := append([]trace.Record(nil), w.recs...)
+	w.mu.Unlock()
+	slices.SortStableFunc(out, func(a, b trace.Record) int { return a.Time.Compare(b.Time) })
+	return out
 }
 
 // sentCount is how many packets the run has sent.
