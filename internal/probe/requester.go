@@ -32,9 +32,14 @@ type RequesterConfig struct {
 	// default 14, 67 ms): the "T" of retransmission bounds.
 	ACKTimeout uint8
 	// RetryCnt is the peer's retry count (the C tools set 7).
-	RetryCnt  int
-	Scenarios []*Scenario
-	Wait      time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
+	RetryCnt int
+	// TimerSlack widens every delay bound by this much on each side (0:
+	// DefaultTimerSlack): the probe stamps packets when they arrive, not
+	// when they left, and kernel timers tick in jiffies (rxe at HZ=250
+	// can fire up to 4 ms before the time it was asked for).
+	TimerSlack time.Duration
+	Scenarios  []*Scenario
+	Wait       time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
 	// Gap is the least time between two of the probe's packets (0:
 	// DefaultRequesterGap). The probe sends at most one packet per packet
 	// of the peer's (two for ack-twice), so the peer's pace bounds it too.
@@ -105,14 +110,15 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if cfg.Gap <= 0 {
 		cfg.Gap = DefaultRequesterGap
 	}
+	if cfg.TimerSlack <= 0 {
+		cfg.TimerSlack = DefaultTimerSlack
+	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 2 * time.Minute
 	}
-	mtuCode := 3
-	for c := 1; c <= 5; c++ {
-		if 1<<(7+c) == cfg.MTU {
-			mtuCode = c
-		}
+	mtuCode, err := mtuCodeOf(cfg.MTU)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
@@ -210,17 +216,15 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 		_, err := ex.HandShake(my[0])
 		final <- err
 	}()
-	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt}
+	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack}
 	var finalErr error
-	quiet := time.NewTimer(cfg.Timeout)
-	defer quiet.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	last := time.Now()
 loop:
 	for {
-		tick := time.NewTimer(50 * time.Millisecond)
 		select {
 		case a, ok := <-w.in:
-			tick.Stop()
 			if !ok {
 				break loop
 			}
@@ -230,7 +234,6 @@ loop:
 				break loop
 			}
 		case finalErr = <-final:
-			tick.Stop()
 			final = nil
 			last = time.Now()
 		case <-tick.C:
@@ -245,7 +248,6 @@ loop:
 				break loop
 			}
 		case <-ctx.Done():
-			tick.Stop()
 			break loop
 		}
 	}
@@ -275,6 +277,9 @@ loop:
 	return rep, nil
 }
 
+// DefaultTimerSlack is RequesterConfig.TimerSlack's default.
+const DefaultTimerSlack = 5 * time.Millisecond
+
 // DefaultRequesterGap is requester mode's least time between two of the
 // probe's packets: short enough that its ACKs keep up with a C tool's
 // burst (a late ACK would time the peer out and spoil the scenarios that
@@ -291,6 +296,7 @@ type reqRun struct {
 	qps      map[uint32]*reqQP
 	timeoutT time.Duration
 	retryCnt int
+	slack    time.Duration
 }
 
 // send builds h (addressed to q's peer QP), sends it and returns when it
@@ -371,7 +377,6 @@ func (r *reqRun) handle(a arrival) error {
 			}
 		case ImpairRNR:
 			if q.seen[rel] == 1 {
-				q.rnrAt = a.at
 				timer := 24
 				if im.Timer != nil {
 					timer = *im.Timer
@@ -402,10 +407,7 @@ func (r *reqRun) handle(a arrival) error {
 				return r.ack(q, uint32(h.PSN), syn, false)
 			}
 		case ImpairCEAck:
-			if q.seen[rel] == 1 {
-				ce = true
-				q.marked = time.Now()
-			}
+			ce = q.seen[rel] == 1
 		}
 	}
 	d := int32((uint32(h.PSN)-q.epsn)<<8) >> 8
@@ -516,8 +518,8 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 			d := copies[1].Sub(copies[0])
 			lo, _ := parseDelay(st.Min, r.timeoutT, rnr)
 			hi, _ := parseDelay(st.Max, r.timeoutT, rnr)
-			if st.Min != "" && d < lo || st.Max != "" && d > hi {
-				return fail("resent after %v, want %s..%s (%v..%v)", d.Round(100*time.Microsecond), st.Min, st.Max, lo, hi)
+			if st.Min != "" && d < lo-r.slack || st.Max != "" && d > hi+r.slack {
+				return fail("resent after %v, want %s..%s (%v..%v, give or take %v)", d.Round(100*time.Microsecond), st.Min, st.Max, lo, hi, r.slack)
 			}
 		case "retries":
 			n := len(copies) - 1

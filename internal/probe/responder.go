@@ -66,17 +66,9 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 			return nil, fmt.Errorf("probe: scenario %s is a requester-mode scenario", s.Name)
 		}
 	}
-	mtuCode := 3
-	if cfg.MTU != 0 {
-		mtuCode = 0
-		for c := 1; c <= 5; c++ {
-			if 1<<(7+c) == cfg.MTU {
-				mtuCode = c
-			}
-		}
-		if mtuCode == 0 {
-			return nil, fmt.Errorf("probe: MTU %d: want 256, 512, 1024, 2048 or 4096", cfg.MTU)
-		}
+	mtuCode, err := mtuCodeOf(cfg.MTU)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Port == 0 {
 		cfg.Port = 18515
@@ -214,6 +206,20 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	}
 	rep.finish(w)
 	return rep, nil
+}
+
+// mtuCodeOf is perftest's MTU code (ibv_mtu: 1 for 256 ... 5 for 4096)
+// of a path MTU in bytes; 0 means 1024.
+func mtuCodeOf(bytes int) (int, error) {
+	if bytes == 0 {
+		return 3, nil
+	}
+	for c := 1; c <= 5; c++ {
+		if 1<<(7+c) == bytes {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("probe: MTU %d: want 256, 512, 1024, 2048 or 4096", bytes)
 }
 
 // QPsNeeded is how many QPs the peer's server of tool must have for the

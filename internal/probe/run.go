@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -108,8 +109,10 @@ func (q *qpRun) send(st *Step) error {
 	case RKeyBad:
 		rkey ^= 0x5a // the key byte: a region that was never registered so
 	default:
-		var v uint64
-		fmt.Sscan(st.RKey, &v) // checked by the parser
+		v, err := strconv.ParseUint(st.RKey, 0, 32)
+		if err != nil {
+			return fmt.Errorf("probe: scenario %s line %d: rkey %q: %w", q.s.Name, st.Line, st.RKey, err)
+		}
 		rkey = uint32(v)
 	}
 	va := q.peer.VAddr + uint64(st.VAOff)
