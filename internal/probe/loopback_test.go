@@ -312,6 +312,10 @@ func TestRequesterAgainstRxego(t *testing.T) {
 // the first packet the peer resent afterwards was PSN +5.
 func checkGoBack(t *testing.T, recs []trace.Record, res Result, probeAddr netip.Addr) {
 	t.Helper()
+	// The reader and the sender write the capture concurrently: order by
+	// time stamp, which each side takes before it records.
+	recs = slices.Clone(recs)
+	slices.SortStableFunc(recs, func(a, b trace.Record) int { return a.Time.Compare(b.Time) })
 	nakAt, high := -1, -1
 	for i, r := range recs {
 		if r.RoCE == nil {

@@ -72,9 +72,8 @@ type reqQP struct {
 	seen   map[int]int
 	events []reqEvent
 	naks   []reqEvent // sequence error NAKs the probe sent (rel = the NAK's PSN)
-	marked time.Time  // when the CE-marked ACK went
 	cnps   []time.Time
-	rnrAt  time.Time
+	dupAt  time.Time // when ack-twice's second ACK left
 	// holding: the probe acknowledges nothing until the peer resends
 	// PSN +At (withhold, ghost-ack) or has sent it enough times
 	// (withhold-many).
@@ -404,7 +403,9 @@ func (r *reqRun) handle(a arrival) error {
 				if err := r.ack(q, uint32(h.PSN), syn, false); err != nil {
 					return err
 				}
-				return r.ack(q, uint32(h.PSN), syn, false)
+				at, err := r.ackAt(q, uint32(h.PSN), syn, false)
+				q.dupAt = at
+				return err
 			}
 		case ImpairCEAck:
 			ce = q.seen[rel] == 1
@@ -530,9 +531,12 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 				return fail("%d retries, want %d", n, *st.Count)
 			}
 		case "no-retransmit":
+			// A reaction to the duplicate ACK would come at once; a
+			// resend half a timeout later is the ACK timer's, which a
+			// stalled host can fire for reasons of its own.
 			for _, e := range q.events {
-				if e.copy > 1 {
-					return fail("psn=+%d resent", e.rel)
+				if e.copy > 1 && !e.at.Before(q.dupAt) && e.at.Sub(q.dupAt) < r.timeoutT/2 {
+					return fail("psn=+%d resent %v after the duplicate ACK", e.rel, e.at.Sub(q.dupAt).Round(100*time.Microsecond))
 				}
 			}
 		case "cnp":

@@ -163,16 +163,17 @@ func (w *wire) send(ctx context.Context, pkt []byte, tos uint8) (time.Time, erro
 		case <-time.After(wait):
 		}
 	}
-	// Stamped before it leaves: a fast peer's answer is read (and stamped)
-	// before WriteTo returns.
+	// Stamped and recorded before it leaves: a fast peer's answer is read
+	// (stamped and recorded) before WriteTo returns, and the capture must
+	// show the cause before the effect. A failed send ends the run.
 	now := time.Now()
+	w.record(transport.Out, now, w.local, w.peer, tos, 0, pkt)
 	if _, err := w.conn.WriteToUDPAddrPort(pkt, w.peer); err != nil {
 		return time.Time{}, fmt.Errorf("probe: sending to %v: %w", w.peer, err)
 	}
 	w.mu.Lock()
 	w.last = now
 	w.mu.Unlock()
-	w.record(transport.Out, now, w.local, w.peer, tos, 0, pkt)
 	return now, nil
 }
 
@@ -246,9 +247,8 @@ func (w *wire) checkICRC(from netip.AddrPort, pkt []byte) (uint16, bool) {
 	return 0, v.Check(pkt)
 }
 
-// records returns a copy of the trace records so far, in time order (a
-// packet sent is recorded after WriteTo returns, possibly after its
-// answer).
+// records returns a copy of the trace records so far, in time order (the
+// reader and the sender record concurrently).
 func (w *wire) records() []trace.Record {
 	w.mu.Lock()
 	out := append([]trace.Record(nil), w.recs...)
