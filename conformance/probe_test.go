@@ -159,86 +159,102 @@ var rxeRequesterVerdicts = map[string]probe.Verdict{
 	"retry-exhaustion": probe.Deviates,      // rxe takes retry_cnt 7 as "retry forever"
 	"ghost-ack":        probe.Deviates,      // rxe completes everything up to a ghost ACK's PSN
 	"ce-ack-cnp":       probe.NotApplicable, // rxe has no RoCEv2 congestion control
+	"ce-data-cnp":      probe.NotApplicable,
 }
 
 // TestProbeRequester runs `rxego probe --mode requester` as the server of
-// rxe's ib_write_bw client, checks the verdicts, and checks against the
-// bridge capture that each scenario's impaired packet (PSN +5) crossed
-// the wire as often as the report says.
+// rxe's ib_write_bw and ib_read_bw clients, checks the verdicts, and
+// checks against the bridge capture that each scenario's impaired packet
+// (PSN +5) crossed the wire as often as the report says.
 func TestProbeRequester(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
-		scens := probe.BuiltinRequester()
-		c := Case{Name: "probe requester", Role: "rxego probe", Tail: true,
-			Expect:  []string{"completer_retry_err", "retransmits", "rcvd_seq_err", "rcvd_rnr_err", "duplicate_request", "out_of_seq_request"},
-			Require: []string{"rxe:rcvd_rnr_err", "rxe:completer_retry_err"}}
-		p.Case(t, c, func(t *testing.T) Outcome {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			capPath := filepath.Join(t.TempDir(), "bridge.pcap")
-			capt, err := p.Lab.Capture(capPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			q := strconv.Itoa(len(scens))
-			h := p.startRxego(t, ctx, "probe", "--mode", "requester", "-x", p.HostIP, "-q", q, "-p", strconv.Itoa(p.Port),
-				"--json", p.Guest.IP())
-			if err := h.waitListen(ctx, p.Port); err != nil {
-				t.Fatalf("%v\n%s", err, h.output())
-			}
-			proc, err := p.Guest.Start("ib_write_bw", "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", q,
-				"-s", "64", "-n", "20", p.HostIP)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer proc.Kill()
-			herr := h.wait(ctx)
-			capt.Stop()
-			res, perr := proc.Wait(ctx)
-			if herr != nil {
-				t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
-			}
-			if perr != nil && !bytes.Contains(res.Stderr, []byte("Can't produce a report")) {
-				t.Errorf("the peer's ib_write_bw did not end cleanly: %v\n%s\n%s", perr, res.Stdout, res.Stderr)
-			}
-			var rep probe.Report
-			if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
-				t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
-			}
-			copies := map[uint32]int{}
-			if err := trace.ReadFile(capPath, func(r trace.Record) error {
-				for _, res := range rep.Results {
-					if r.RoCE != nil && r.Src.String() == p.Guest.IP() && r.DestQP == res.MyQPN && uint32(r.PSN) == (res.StartPSN+5)&bth.PSNMask {
-						copies[res.MyQPN]++
-					}
-				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-			var notes []string
-			for _, r := range rep.Results {
-				t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
-				want, ok := rxeRequesterVerdicts[r.Name]
-				if !ok {
-					want = probe.Conforms
-				}
-				if r.Verdict != want {
-					t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, want)
-				}
-				n := 0
-				for _, o := range r.Observed {
-					if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
-						n++
-					}
-				}
-				if n != copies[r.MyQPN] {
-					t.Errorf("%s: the report counts %d copies of psn=+5, the bridge saw %d", r.Name, n, copies[r.MyQPN])
-				}
-				if r.Verdict != probe.Conforms {
-					notes = append(notes, r.Name+" "+string(r.Verdict))
+		for _, tool := range []string{"write_bw", "read_bw"} {
+			p.probeRequester(t, tool)
+		}
+	})
+}
+
+// probeRequester is one TestProbeRequester case: the peer runs tool's client.
+func (p *Peer) probeRequester(t *testing.T, tool string) {
+	scens := probe.BuiltinRequester()
+	qps := probe.QPsNeeded(scens, tool, false)
+	require := []string{"rxe:completer_retry_err"}
+	if tool == "write_bw" {
+		require = append(require, "rxe:rcvd_rnr_err")
+	}
+	c := Case{Name: "probe requester " + tool, Role: "rxego probe", Tail: true,
+		Expect:  []string{"completer_retry_err", "retransmits", "rcvd_seq_err", "rcvd_rnr_err", "duplicate_request", "out_of_seq_request"},
+		Require: require}
+	p.Case(t, c, func(t *testing.T) Outcome {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		capPath := filepath.Join(t.TempDir(), "bridge.pcap")
+		capt, err := p.Lab.Capture(capPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := strconv.Itoa(qps)
+		h := p.startRxego(t, ctx, "probe", "--mode", "requester", "--tool", tool, "-x", p.HostIP, "-q", q,
+			"-p", strconv.Itoa(p.Port), "--json", p.Guest.IP())
+		if err := h.waitListen(ctx, p.Port); err != nil {
+			t.Fatalf("%v\n%s", err, h.output())
+		}
+		proc, err := p.Guest.Start("ib_"+tool, "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", q,
+			"-s", "64", "-n", "20", p.HostIP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		herr := h.wait(ctx)
+		capt.Stop()
+		res, perr := proc.Wait(ctx)
+		if herr != nil {
+			t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
+		}
+		if perr != nil && !bytes.Contains(res.Stderr, []byte("Can't produce a report")) {
+			t.Errorf("the peer's ib_%s did not end cleanly: %v\n%s\n%s", tool, perr, res.Stdout, res.Stderr)
+		}
+		var rep probe.Report
+		if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
+			t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
+		}
+		copies := map[uint32]int{}
+		if err := trace.ReadFile(capPath, func(r trace.Record) error {
+			for _, res := range rep.Results {
+				if r.RoCE != nil && r.Src.String() == p.Guest.IP() && r.DestQP == res.MyQPN && uint32(r.PSN) == (res.StartPSN+5)&bth.PSNMask {
+					copies[res.MyQPN]++
 				}
 			}
-			return Outcome{Note: rep.Summary + " (" + strings.Join(notes, ", ") + ")"}
-		})
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var notes []string
+		for _, r := range rep.Results {
+			if r.MyQPN == 0 {
+				continue // another tool's scenario
+			}
+			t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
+			want, ok := rxeRequesterVerdicts[r.Name]
+			if !ok {
+				want = probe.Conforms
+			}
+			if r.Verdict != want {
+				t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, want)
+			}
+			n := 0
+			for _, o := range r.Observed {
+				if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
+					n++
+				}
+			}
+			if n != copies[r.MyQPN] {
+				t.Errorf("%s: the report counts %d copies of psn=+5, the bridge saw %d", r.Name, n, copies[r.MyQPN])
+			}
+			if r.Verdict != probe.Conforms {
+				notes = append(notes, r.Name+" "+string(r.Verdict))
+			}
+		}
+		return Outcome{Note: rep.Summary + " (" + strings.Join(notes, ", ") + ")"}
 	})
 }

@@ -58,13 +58,16 @@ scenarios that tool allows and reports the others "not applicable".
 --list prints the scenarios and how many QPs each tool needs.
 
 Requester mode probes the peer's requester: the probe is the ib_write_bw
-server, the peer its client (one packet per message, enough of them); the
-probe acknowledges normally but mistreats PSN +5 of each QP as that QP's
-scenario says (drops it, withholds or forges ACKs, RNR-NAKs it, marks the
-ACK CE) and times how the peer reacts:
+(or ib_read_bw) server, the peer its client (one packet per message,
+enough of them); the probe answers normally but mistreats PSN +5 of each
+QP as that QP's scenario says (drops it, withholds or forges ACKs,
+RNR-NAKs it, marks the ACK or the READ response CE) and times how the
+peer reacts:
 
   here$ rxego probe --mode requester -x LOCAL -q 7 PEER
   peer$ ib_write_bw -d rxe0 -x 1 -q 7 -s 64 -n 20 LOCAL
+  here$ rxego probe --mode requester --tool read_bw -x LOCAL -q 3 PEER
+  peer$ ib_read_bw -d rxe0 -x 1 -q 3 -s 64 -n 20 LOCAL
 
 Safe by construction: the probe sends only to PEER (it refuses a
 handshake whose QPs are elsewhere), only on the QPs the handshake gave
@@ -80,8 +83,8 @@ flags:
 func probeTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var f probeFlags
-	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's client)")
-	fs.StringVar(&f.tool, "tool", "write_bw", "responder mode: the perftest server the peer runs: write_bw, read_bw or atomic_bw")
+	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's or ib_read_bw's client)")
+	fs.StringVar(&f.tool, "tool", "write_bw", "the perftest tool the peer runs: write_bw, read_bw or atomic_bw (its server); requester mode: write_bw or read_bw (its client)")
 	fs.IntVar(&f.ackTimeout, "u", 14, "requester mode: the peer's QP ACK timeout exponent (its -u): T = 4.096 us x 2^u")
 	fs.IntVar(&f.qps, "q", 0, "the QPs of the peer's server (its -q); default: as many as the tool's scenarios need")
 	fs.IntVar(&f.port, "p", 18515, "the peer tool's TCP port (its -p)")
@@ -147,7 +150,7 @@ func probeTo(out io.Writer, args []string) error {
 }
 
 // probeRequester is requester mode: the probe serves the peer's
-// ib_write_bw client.
+// ib_write_bw or ib_read_bw client.
 func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *probeFlags) error {
 	if f.local == "" {
 		return usageErrorf("requester mode needs -x LOCAL: the address the peer's client connects to")
@@ -159,13 +162,13 @@ func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *
 	if err := inRange("u", int64(f.ackTimeout), 1, 31); err != nil {
 		return err
 	}
-	cfg := probe.RequesterConfig{Peer: peer, Port: f.port, Local: local, NumQPs: f.qps, MTU: f.mtu, ACKTimeout: uint8(f.ackTimeout),
+	cfg := probe.RequesterConfig{Tool: f.tool, Peer: peer, Port: f.port, Local: local, NumQPs: f.qps, MTU: f.mtu, ACKTimeout: uint8(f.ackTimeout),
 		Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout,
 		Listening: func(a net.Addr) {
-			fmt.Fprintf(os.Stderr, "rxego probe: waiting for the peer's ib_write_bw client on %v\n", a)
+			fmt.Fprintf(os.Stderr, "rxego probe: waiting for the peer's ib_%s client on %v\n", f.tool, a)
 		}}
 	if cfg.NumQPs == 0 {
-		cfg.NumQPs = len(scens)
+		cfg.NumQPs = max(1, probe.QPsNeeded(scens, f.tool, false))
 	}
 	if cfg.Pcap, err = createPcap(f.pcap); err != nil {
 		return err
@@ -252,7 +255,10 @@ func listScenarios(out io.Writer, scens []*probe.Scenario) error {
 		fmt.Fprintf(w, "%-22s %-7s %s\n%22s         %s\n", s.Name, s.Needs, s.Rule, "", s.Requires)
 	}
 	if len(scens) > 0 && scens[0].Requester {
-		fmt.Fprintf(w, "\nib_write_bw client: -q %d -s 64 -n 20\n", len(scens))
+		fmt.Fprintln(w)
+		for _, tool := range []string{"write_bw", "read_bw"} {
+			fmt.Fprintf(w, "ib_%s client: -q %d -s 64 -n 20\n", tool, probe.QPsNeeded(scens, tool, false))
+		}
 		return w.Flush()
 	}
 	fmt.Fprintln(w)

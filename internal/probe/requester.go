@@ -18,11 +18,12 @@ import (
 )
 
 // RequesterConfig is a requester-mode run: the peer runs an ib_write_bw
-// client (-q NumQPs, one packet per message: -s at most the path MTU)
-// against the probe as its server; the probe acknowledges as a responder
-// would, impairs one packet per QP as that QP's scenario says, and
-// records how the peer's requester reacts.
+// or ib_read_bw client (-q NumQPs, one packet per message: -s at most
+// the path MTU) against the probe as its server; the probe answers as a
+// responder would, impairs one packet per QP as that QP's scenario says,
+// and records how the peer's requester reacts.
 type RequesterConfig struct {
+	Tool   string     // write_bw (default) or read_bw: the client the peer runs
 	Peer   netip.Addr // the only address the probe sends to: the client's QPs must be there
 	Port   int        // TCP port to listen on (the client's -p); 0: 18515
 	Local  netip.Addr // the probe's RoCE address; it listens and binds here
@@ -81,7 +82,8 @@ type reqQP struct {
 	heldAt  time.Time
 }
 
-// Requester runs requester-mode scenarios against an ib_write_bw client.
+// Requester runs requester-mode scenarios against an ib_write_bw or
+// ib_read_bw client.
 func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if !cfg.Peer.IsValid() || !cfg.Local.IsValid() {
 		return nil, errors.New("probe: requester mode needs the peer's address and a local address")
@@ -89,9 +91,24 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if cfg.NumQPs < 1 || cfg.NumQPs > 1024 {
 		return nil, fmt.Errorf("probe: -q %d: the peer's QP count, 1..1024", cfg.NumQPs)
 	}
+	if cfg.Tool == "" {
+		cfg.Tool = "write_bw"
+	}
+	needs, ok := map[string]Needs{"write_bw": NeedsWrite, "read_bw": NeedsRead}[cfg.Tool]
+	if !ok {
+		return nil, fmt.Errorf("probe: requester mode: tool %q: want write_bw or read_bw", cfg.Tool)
+	}
+	var runs []*Scenario
+	var skipped []Result
 	for _, s := range cfg.Scenarios {
-		if !s.Requester {
+		switch {
+		case !s.Requester:
 			return nil, fmt.Errorf("probe: scenario %s is a responder-mode scenario", s.Name)
+		case s.Needs != needs:
+			skipped = append(skipped, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: NotApplicable,
+				Detail: fmt.Sprintf("needs a client that issues %s requests; ib_%s's issue %s", s.Needs, cfg.Tool, needs)})
+		default:
+			runs = append(runs, s)
 		}
 	}
 	if cfg.Port == 0 {
@@ -122,7 +139,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	rep := &Report{Mode: "requester", Peer: cfg.Peer.String(), Tool: "ib_write_bw", Started: time.Now()}
+	rep := &Report{Mode: "requester", Peer: cfg.Peer.String(), Tool: "ib_" + cfg.Tool, Started: time.Now()}
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Local.String(), strconv.Itoa(cfg.Port)))
 	if err != nil {
@@ -143,7 +160,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	// loopback it does); the handshake's GIDs must be the peer's.
 	conn, err := ln.Accept()
 	if err != nil {
-		return nil, fmt.Errorf("probe: waiting for the peer's ib_write_bw client: %w", err)
+		return nil, fmt.Errorf("probe: waiting for the peer's ib_%s client: %w", cfg.Tool, err)
 	}
 	defer conn.Close()
 	stopConn := context.AfterFunc(ctx, func() { conn.Close() })
@@ -191,8 +208,8 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	var order []*reqQP
 	for i := range my {
 		q := &reqQP{myQPN: my[i].QPN, peerQPN: rem[i].QPN, start: rem[i].PSN, epsn: rem[i].PSN, seen: map[int]int{}}
-		if i < len(cfg.Scenarios) {
-			q.s = cfg.Scenarios[i]
+		if i < len(runs) {
+			q.s = runs[i]
 			for j := range q.s.Steps {
 				if q.s.Steps[j].Kind == StepImpair {
 					q.impair = &q.s.Steps[j]
@@ -215,7 +232,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 		_, err := ex.HandShake(my[0])
 		final <- err
 	}()
-	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack}
+	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU}
 	var finalErr error
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -268,10 +285,12 @@ loop:
 		rep.Results = append(rep.Results, Result{Name: q.s.Name, Rule: q.s.Rule, Requires: q.s.Requires,
 			Verdict: v, Detail: detail, Observed: obs, MyQPN: q.myQPN, PeerQPN: q.peerQPN, StartPSN: rem[i].PSN})
 	}
-	for _, s := range cfg.Scenarios[min(len(cfg.Scenarios), cfg.NumQPs):] {
+	for _, s := range runs[min(len(runs), cfg.NumQPs):] {
 		rep.Results = append(rep.Results, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: Inconclusive,
-			Detail: fmt.Sprintf("not run: the peer's client has %d QPs (run it with -q %d)", cfg.NumQPs, len(cfg.Scenarios))})
+			Detail: fmt.Sprintf("not run: the peer's client has %d QPs (run it with -q %d)", cfg.NumQPs, len(runs))})
 	}
+	rep.Results = append(rep.Results, skipped...)
+	rep.order(cfg.Scenarios)
 	rep.finish(w)
 	return rep, nil
 }
@@ -296,14 +315,15 @@ type reqRun struct {
 	timeoutT time.Duration
 	retryCnt int
 	slack    time.Duration
+	mtu      int
 }
 
 // send builds h (addressed to q's peer QP), sends it and returns when it
 // left.
-func (r *reqRun) send(q *reqQP, h bth.Header, ce bool) (time.Time, error) {
+func (r *reqRun) send(q *reqQP, h bth.Header, payload []byte, ce bool) (time.Time, error) {
 	h.DestQP, h.PKey = q.peerQPN, bth.DefaultPKey
-	buf := make([]byte, bth.PacketLen(h.Opcode, 0))
-	n, err := h.Encode(buf, nil)
+	buf := make([]byte, bth.PacketLen(h.Opcode, len(payload)))
+	n, err := h.Encode(buf, payload)
 	if err != nil {
 		return time.Time{}, err
 	}
@@ -329,7 +349,40 @@ func (r *reqRun) ack(q *reqQP, psn uint32, syn reth.Syndrome, ce bool) error {
 // ackAt is ack returning when the packet left.
 func (r *reqRun) ackAt(q *reqQP, psn uint32, syn reth.Syndrome, ce bool) (time.Time, error) {
 	return r.send(q, bth.Header{Opcode: bth.RCAck, PSN: bth.PSN(psn & bth.PSNMask),
-		AETH: bth.AETHFields{Syndrome: syn, MSN: q.msn & bth.PSNMask}}, ce)
+		AETH: bth.AETHFields{Syndrome: syn, MSN: q.msn & bth.PSNMask}}, nil, ce)
+}
+
+// readPackets is how many response packets the READ request h asks for.
+func (r *reqRun) readPackets(h bth.Header) int {
+	return max(1, (int(h.RETH.DMALen)+r.mtu-1)/r.mtu)
+}
+
+// readResponse answers the READ request h (new or duplicate: a duplicate
+// READ is executed again, C9-105) with zeros, one path MTU a packet;
+// ce marks the packets ECN CE.
+func (r *reqRun) readResponse(q *reqQP, h bth.Header, ce bool) error {
+	n, left := r.readPackets(h), int(h.RETH.DMALen)
+	for i := range n {
+		var op bth.Opcode
+		switch {
+		case n == 1:
+			op = bth.RCReadResponseOnly
+		case i == 0:
+			op = bth.RCReadResponseFirst
+		case i == n-1:
+			op = bth.RCReadResponseLast
+		default:
+			op = bth.RCReadResponseMiddle
+		}
+		chunk := min(left, r.mtu)
+		left -= chunk
+		resp := bth.Header{Opcode: op, PSN: bth.PSN((uint32(h.PSN) + uint32(i)) & bth.PSNMask),
+			AETH: bth.AETHFields{Syndrome: reth.ACKSyndrome(reth.CreditsInvalid), MSN: q.msn & bth.PSNMask}}
+		if _, err := r.send(q, resp, make([]byte, chunk), ce); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // handle answers one packet of the peer's.
@@ -344,8 +397,13 @@ func (r *reqRun) handle(a arrival) error {
 		return nil
 	}
 	in, _ := bth.Lookup(h.Opcode)
-	if in == nil || !in.Has(bth.Request) || in.Op != bth.OpWrite && in.Op != bth.OpSend {
-		return nil // requester mode answers ib_write_bw's (and SEND) traffic only
+	if in == nil || !in.Has(bth.Request) || in.Op != bth.OpWrite && in.Op != bth.OpSend && in.Op != bth.OpReadRequest {
+		return nil // requester mode answers ib_write_bw's and ib_read_bw's traffic (and SENDs)
+	}
+	read := in.Op == bth.OpReadRequest
+	n := 1
+	if read {
+		n = r.readPackets(h)
 	}
 	rel := int((uint32(h.PSN) - q.start) & bth.PSNMask)
 	q.seen[rel]++
@@ -362,7 +420,7 @@ func (r *reqRun) handle(a arrival) error {
 		}
 		if rel != im.At || q.seen[rel] < limit {
 			if int32((uint32(h.PSN)-q.epsn)<<8)>>8 == 0 {
-				q.accept(h)
+				q.accept(h, n)
 			}
 			return nil
 		}
@@ -387,19 +445,19 @@ func (r *reqRun) handle(a arrival) error {
 			}
 		case ImpairWithhold, ImpairWithholdMany:
 			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
-				q.accept(h)
+				q.accept(h, n)
 				q.holding, q.heldAt = true, a.at
 				return nil
 			}
 		case ImpairGhostAck:
 			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
-				q.accept(h)
+				q.accept(h, n)
 				q.holding, q.heldAt = true, a.at
 				return r.ack(q, uint32(h.PSN)+100, syn, false)
 			}
 		case ImpairAckTwice:
 			if q.seen[rel] == 1 {
-				q.accept(h)
+				q.accept(h, n)
 				if err := r.ack(q, uint32(h.PSN), syn, false); err != nil {
 					return err
 				}
@@ -407,18 +465,24 @@ func (r *reqRun) handle(a arrival) error {
 				q.dupAt = at
 				return err
 			}
-		case ImpairCEAck:
+		case ImpairCEAck, ImpairCEData:
 			ce = q.seen[rel] == 1
 		}
 	}
 	d := int32((uint32(h.PSN)-q.epsn)<<8) >> 8
 	switch {
 	case d == 0:
-		q.accept(h)
+		q.accept(h, n)
+		if read {
+			return r.readResponse(q, h, ce)
+		}
 		if h.AckReq || ce {
 			return r.ack(q, uint32(h.PSN), syn, ce)
 		}
-	case d < 0: // a duplicate: acknowledge again what was received
+	case d < 0: // a duplicate: acknowledge again what was received, or read again
+		if read {
+			return r.readResponse(q, h, false)
+		}
 		return r.ack(q, q.epsn-1, syn, false)
 	default:
 		if !q.nakSent {
@@ -431,9 +495,9 @@ func (r *reqRun) handle(a arrival) error {
 	return nil
 }
 
-// accept takes h as the next request in sequence.
-func (q *reqQP) accept(h bth.Header) {
-	q.epsn = (q.epsn + 1) & bth.PSNMask
+// accept takes h, of n packets' PSNs, as the next request in sequence.
+func (q *reqQP) accept(h bth.Header, n int) {
+	q.epsn = (q.epsn + uint32(n)) & bth.PSNMask
 	q.nakSent = false
 	if in, _ := bth.Lookup(h.Opcode); in != nil && in.Has(bth.Last) {
 		q.msn++
@@ -541,7 +605,7 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 			}
 		case "cnp":
 			if len(q.cnps) == 0 {
-				return fail("no CNP for the CE-marked ACK")
+				return fail("no CNP for the CE-marked packet")
 			}
 			obs = append(obs, fmt.Sprintf("%d CNP(s)", len(q.cnps)))
 		}

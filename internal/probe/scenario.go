@@ -65,10 +65,11 @@ const (
 	ImpairGhostAck     = "ghost-ack"     // acknowledge a PSN 100 past it instead of it
 	ImpairAckTwice     = "ack-twice"     // send its ACK twice
 	ImpairCEAck        = "ce-ack"        // send its ACK marked ECN CE
+	ImpairCEData       = "ce-data"       // send the READ response to it marked ECN CE
 )
 
 var impairments = map[string]bool{ImpairDrop: true, ImpairWithhold: true, ImpairWithholdMany: true, ImpairRNR: true,
-	ImpairGhostAck: true, ImpairAckTwice: true, ImpairCEAck: true}
+	ImpairGhostAck: true, ImpairAckTwice: true, ImpairCEAck: true, ImpairCEData: true}
 
 // RKey choices of a Send step.
 const (
