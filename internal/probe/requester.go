@@ -42,8 +42,9 @@ type RequesterConfig struct {
 	Scenarios  []*Scenario
 	Wait       time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
 	// Gap is the least time between two of the probe's packets (0:
-	// DefaultRequesterGap). The probe sends at most one packet per packet
-	// of the peer's (two for ack-twice), so the peer's pace bounds it too.
+	// DefaultRequesterGap). The probe only answers (one ACK per packet of
+	// the peer's, two for ack-twice, a READ's responses per READ
+	// request), so the peer's pace bounds it too.
 	Gap        time.Duration
 	MaxPackets int
 	Pcap       *pcaptap.Writer
