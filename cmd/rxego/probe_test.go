@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/internal/perftest"
+	"github.com/rxego/rxego/internal/probe"
+	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/trace"
+)
+
+// TestProbeUsage: the help says what the probe promises; bad command
+// lines are usage errors that say what is wrong.
+func TestProbeUsage(t *testing.T) {
+	out, _, code := rxegoCmd(t, "probe", "-h")
+	if code != 0 || !strings.Contains(out, "Safe by construction") || !strings.Contains(out, "--max-packets") {
+		t.Errorf("probe -h: code %d\n%s", code, out)
+	}
+	out, _, code = rxegoCmd(t, "probe", "--list")
+	if code != 0 || !strings.Contains(out, "ib_write_bw: -q 24") || !strings.Contains(out, "psn-gap-nak") {
+		t.Errorf("probe --list: code %d\n%s", code, out)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"probe"}, "need the peer's address"},
+		{[]string{"probe", "nowhere"}, "want an IP address"},
+		{[]string{"probe", "--mode", "sideways", "127.0.0.1"}, "want responder or requester"},
+		{[]string{"probe", "--mode", "requester", "127.0.0.1"}, "requester mode needs -x LOCAL"},
+		{[]string{"probe", "--only", "no-such", "127.0.0.1"}, "no scenario \"no-such\""},
+	} {
+		_, errOut, code := rxegoCmd(t, c.args...)
+		if code != 2 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: code %d, stderr %q; want 2 and %q", c.args, code, errOut, c.want)
+		}
+	}
+}
+
+// TestProbeCommand runs `rxego probe` against an rxego ib_write_bw server
+// on loopback with three scenarios and every output: the JSON verdicts,
+// the HTML page and the pcap, whose packets are the report's.
+func TestProbeCommand(t *testing.T) {
+	server, local := testaddr.Loopback(), testaddr.Loopback()
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	srv := make(chan error, 1)
+	go func() {
+		_, err := perftest.Run(context.Background(), perftest.Config{Test: perftest.WriteBW, Local: server, Listener: ln,
+			Port: port, NumQPs: 3, Size: 64, Iters: 5, Timeout: 30 * time.Second, Out: io.Discard})
+		srv <- err
+	}()
+	dir := t.TempDir()
+	html, pcap := filepath.Join(dir, "probe.html"), filepath.Join(dir, "probe.pcapng")
+	out, errOut, code := rxegoCmd(t, "probe", "-q", "3", "-p", strconv.Itoa(port), "-x", local.String(), "--only",
+		"write-ack,psn-gap-nak,reserved-opcode", "--json", "--html", html, "--pcap", pcap, server.String())
+	<-srv
+	if code != 0 {
+		t.Fatalf("code %d\n%s\n%s", code, out, errOut)
+	}
+	var rep probe.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	want := map[string]probe.Verdict{"write-ack": probe.Conforms, "psn-gap-nak": probe.Conforms, "reserved-opcode": probe.Deviates}
+	fromPeer := 0
+	for _, r := range rep.Results {
+		if r.Verdict != want[r.Name] {
+			t.Errorf("%s: %s (%s), want %s", r.Name, r.Verdict, r.Detail, want[r.Name])
+		}
+		fromPeer += len(r.Observed)
+	}
+	page, err := os.ReadFile(html)
+	if err != nil || !strings.Contains(string(page), "psn-gap-nak") {
+		t.Errorf("HTML page: %v", err)
+	}
+	n, m := 0, 0
+	if err := trace.ReadFile(pcap, func(r trace.Record) error {
+		if r.Src == server {
+			n++
+		} else {
+			m++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n != fromPeer || m != rep.Sent {
+		t.Errorf("pcap: %d packets from the peer (report: %d), %d from the probe (report: %d)", n, fromPeer, m, rep.Sent)
+	}
+}

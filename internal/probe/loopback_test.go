@@ -1,0 +1,364 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/perftest"
+	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/transport/pcaptap"
+)
+
+// probeRxego runs the responder probe with scens against an rxego perf
+// server of test on loopback and returns the report, the pcap's records
+// and the server's result.
+func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, []trace.Record, *perftest.Result) {
+	t.Helper()
+	server, local := testaddr.Loopback(), testaddr.Loopback()
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var out bytes.Buffer
+	scfg := perftest.Config{Test: test, Local: server, Listener: ln, Port: ln.Addr().(*net.TCPAddr).Port,
+		NumQPs: len(scens), Size: 64, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
+	type ret struct {
+		r   *perftest.Result
+		err error
+	}
+	ch := make(chan ret, 1)
+	go func() {
+		r, err := perftest.Run(context.Background(), scfg)
+		ch <- ret{r, err}
+	}()
+	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
+	pw, err := pcaptap.Create(pcapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw"}[test]
+	rep, err := Responder(context.Background(), ResponderConfig{Peer: server, Port: scfg.Port, Local: local,
+		Tool: tool, NumQPs: len(scens), AllAccess: true, Scenarios: scens, Pcap: pw, Wait: 200 * time.Millisecond})
+	if cerr := pw.Close(); cerr != nil {
+		t.Error(cerr)
+	}
+	sr := <-ch
+	if err != nil {
+		t.Fatalf("probe: %v\nserver: %v\n%s", err, sr.err, out.String())
+	}
+	// rxego's perf server checks that no byte of its buffer changed
+	// unless its client wrote it: the scenarios' WRITEs did.
+	if sr.err != nil && !strings.Contains(sr.err.Error(), "data checks failed") {
+		t.Errorf("the rxego server did not end cleanly: %v\n%s", sr.err, out.String())
+	}
+	if sr.r != nil && sr.r.Device != nil {
+		t.Cleanup(func() { sr.r.Device.Close() })
+	}
+	var recs []trace.Record
+	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return rep, recs, sr.r
+}
+
+// fromPeer returns the pcap's packets the peer sent to the scenario's QP.
+func fromPeer(recs []trace.Record, res Result) []trace.Record {
+	var out []trace.Record
+	for _, r := range recs {
+		if r.RoCE != nil && r.DestQP == res.MyQPN {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// relPSNOf is r's PSN relative to the scenario's start PSN.
+func relPSNOf(r trace.Record, res Result) int {
+	return int((uint32(r.PSN) - res.StartPSN) & bth.PSNMask)
+}
+
+// TestResponderAgainstRxego probes rxego's own perf server with every
+// built-in scenario and checks each verdict against the capture: the
+// packets the report judged are the ones on the wire, and the server's
+// engine counters moved as the verdicts say.
+func TestResponderAgainstRxego(t *testing.T) {
+	scens := Builtin()
+	rep, recs, srv := probeRxego(t, perftest.WriteBW, scens)
+	var text bytes.Buffer
+	rep.WriteText(&text, true)
+	t.Logf("%s", text.String())
+	if len(rep.Results) != len(scens) {
+		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(scens))
+	}
+	// What the capture must show per scenario that rxego conforms to:
+	// the peer's packets on that QP as (AETH syndrome or opcode, relative PSN).
+	type pkt struct {
+		what string
+		psn  int
+	}
+	nak := func(code uint8) string { return reth.NAKSyndrome(code).String() }
+	ack := "ACK"
+	want := map[string][]pkt{
+		"write-ack":            {{ack, 0}},
+		"psn-gap-nak":          {{nak(reth.NAKPSNSeqError), 0}, {ack, 0}},
+		"nak-once":             {{nak(reth.NAKPSNSeqError), 0}},
+		"duplicate-write":      {{ack, 0}, {ack, 0}},
+		"write-bad-rkey":       {{nak(reth.NAKRemoteAccess), 0}},
+		"write-outside-region": {{nak(reth.NAKRemoteAccess), 0}},
+		"middle-without-first": {{nak(reth.NAKInvalidRequest), 0}},
+		"bad-icrc":             {{ack, 0}},
+		"uc-opcode-on-rc":      {{ack, 0}},
+		"zero-length-write":    {{ack, 0}},
+		"stray-ack":            {{ack, 0}},
+		"duplicate-read":       {{"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}, {"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}},
+	}
+	for _, res := range rep.Results {
+		got := fromPeer(recs, res)
+		if len(got) != len(res.Observed) {
+			t.Errorf("%s: the report lists %d packets from the peer, the capture %d", res.Name, len(res.Observed), len(got))
+		}
+		w, ok := want[res.Name]
+		if !ok {
+			continue
+		}
+		if res.Verdict != Conforms {
+			t.Errorf("%s: verdict %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
+			continue
+		}
+		var have []pkt
+		for _, r := range got {
+			what := r.OpcodeName
+			if r.Opcode == bth.RCAck {
+				what = reth.Syndrome(r.AETH.Syndrome).String()
+			}
+			have = append(have, pkt{what, relPSNOf(r, res)})
+		}
+		if len(have) != len(w) {
+			t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+			continue
+		}
+		for i := range w {
+			if have[i].psn != w[i].psn || !strings.HasPrefix(have[i].what, w[i].what) {
+				t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+				break
+			}
+		}
+	}
+	// rxego, like rxe, drops a reserved opcode silently (docs/probe.md).
+	if res, _ := rep.Result("reserved-opcode"); res.Verdict != Deviates || len(fromPeer(recs, res)) != 0 {
+		t.Errorf("reserved-opcode: %s with %d packets from the peer; rxego drops such packets silently", res.Verdict, len(fromPeer(recs, res)))
+	}
+	// The psn-wrap scenario's ACK is at PSN 0 on the wire.
+	if res, ok := rep.Result("psn-wrap"); ok && res.Verdict == Conforms {
+		got := fromPeer(recs, res)
+		if len(got) == 0 || got[len(got)-1].PSN != 0 {
+			t.Errorf("psn-wrap: the last ACK is not at PSN 0: %v", got)
+		}
+	}
+	// rxego implements DCQCN: the CE-marked WRITE drew a CNP to the
+	// probe's QP.
+	if res, ok := rep.Result("fecn-cnp"); !ok || res.Verdict != Conforms || !slices.ContainsFunc(fromPeer(recs, res),
+		func(r trace.Record) bool { return r.Opcode == bth.CNPOpcode }) {
+		t.Errorf("fecn-cnp: %+v: no CNP in the capture", res)
+	}
+	st := srv.Device.Stats()
+	if st.OutOfSeqRequest.Load() == 0 {
+		t.Errorf("the server counted no sequence error, but psn-gap-nak conformed")
+	}
+	if st.DuplicateRequest.Load() == 0 {
+		t.Errorf("the server counted no duplicate request, but duplicate-write conformed")
+	}
+	if !strings.Contains(rep.Summary, "responder mode") {
+		t.Errorf("summary %q", rep.Summary)
+	}
+	checkRenderings(t, rep)
+}
+
+// checkRenderings checks the JSON report carries every verdict and the
+// HTML page every scenario, with the ladders embedded.
+func checkRenderings(t *testing.T, rep *Report) {
+	t.Helper()
+	var js, page bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Results) != len(rep.Results) || back.Summary != rep.Summary {
+		t.Errorf("JSON round trip: %d results (want %d), summary %q", len(back.Results), len(rep.Results), back.Summary)
+	}
+	for i, r := range back.Results {
+		if r.Verdict != rep.Results[i].Verdict || r.Ladder == "" && len(r.Observed) > 0 {
+			t.Errorf("JSON %s: verdict %s, ladder %d bytes", r.Name, r.Verdict, len(r.Ladder))
+		}
+	}
+	if err := rep.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if !strings.Contains(page.String(), "<td>"+r.Name+"</td>") {
+			t.Errorf("the HTML page lacks %s", r.Name)
+		}
+	}
+	if !strings.Contains(page.String(), "<iframe srcdoc=\"&lt;!DOCTYPE html&gt;") {
+		t.Errorf("the HTML page embeds no ladder page")
+	}
+}
+
+// TestRequesterAgainstRxego runs the requester-mode scenarios against
+// rxego's own ib_write_bw and ib_read_bw clients and checks the report
+// against the capture: each scenario's impaired packet was sent as often
+// as the report says, and go-back-n's resend starts at the probe's NAK.
+func TestRequesterAgainstRxego(t *testing.T) {
+	for _, c := range []struct {
+		test perftest.Test
+		tool string
+		want map[string]Verdict
+	}{
+		{perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
+			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms,
+			// rxego, like rxe, takes retry_cnt 7 as unlimited (docs/rnic.md).
+			"retry-exhaustion": Deviates}},
+		{perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms, "ce-data-cnp": Conforms}},
+	} {
+		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want) })
+	}
+}
+
+func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict) {
+	scens := BuiltinRequester()
+	qps := QPsNeeded(scens, tool, false)
+	probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
+	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
+	pw, err := pcaptap.Create(pcapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan int, 1)
+	type ret struct {
+		r   *Report
+		err error
+	}
+	ch := make(chan ret, 1)
+	go func() {
+		r, err := Requester(context.Background(), RequesterConfig{Tool: tool, Peer: client, Local: probeAddr, NumQPs: qps,
+			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second,
+			Listening: func(a net.Addr) { listening <- a.(*net.TCPAddr).Port }})
+		ch <- ret{r, err}
+	}()
+	var port int
+	select {
+	case port = <-listening:
+	case r := <-ch:
+		t.Fatalf("the probe did not listen: %v", r.err)
+	}
+	var out bytes.Buffer
+	_, cerr := perftest.Run(context.Background(), perftest.Config{Test: test, Server: probeAddr.String(), Port: port,
+		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out})
+	r := <-ch
+	if err := pw.Close(); err != nil {
+		t.Error(err)
+	}
+	if r.err != nil {
+		t.Fatalf("probe: %v\nclient: %v\n%s", r.err, cerr, out.String())
+	}
+	// The probe's READ responses are zeros, not the pattern rxego's
+	// client checks for.
+	if cerr != nil && !(test == perftest.ReadBW && strings.Contains(cerr.Error(), "data checks failed")) {
+		t.Errorf("rxego's client did not end cleanly: %v\n%s", cerr, out.String())
+	}
+	rep := r.r
+	checkRenderings(t, rep)
+	var text bytes.Buffer
+	rep.WriteText(&text, testing.Verbose())
+	t.Logf("%s", text.String())
+	var recs []trace.Record
+	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		w, ok := want[res.Name]
+		if !ok {
+			w = NotApplicable // another tool's scenario
+		}
+		if res.Verdict != w {
+			t.Errorf("%s: %s (%s), want %s", res.Name, res.Verdict, res.Detail, w)
+		}
+		// The peer's copies of PSN +5 on the wire.
+		var copies []trace.Record
+		for _, rec := range recs {
+			if rec.RoCE != nil && res.MyQPN != 0 && rec.DestQP == res.MyQPN && rec.Src == client && relPSNOf(rec, res) == 5 {
+				copies = append(copies, rec)
+			}
+		}
+		n := 0
+		for _, o := range res.Observed {
+			if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
+				n++
+			}
+		}
+		if n != len(copies) {
+			t.Errorf("%s: the report counts %d copies of psn=+5, the capture %d", res.Name, n, len(copies))
+		}
+		if strings.HasSuffix(res.Name, "go-back-n") && res.MyQPN != 0 {
+			checkGoBack(t, recs, res, probeAddr)
+		}
+	}
+}
+
+// checkGoBack checks in the capture that the probe NAKed PSN +5 and that
+// the first packet the peer resent afterwards was PSN +5.
+func checkGoBack(t *testing.T, recs []trace.Record, res Result, probeAddr netip.Addr) {
+	t.Helper()
+	// The reader and the sender write the capture concurrently: order by
+	// time stamp, which each side takes before it records.
+	recs = slices.Clone(recs)
+	slices.SortStableFunc(recs, func(a, b trace.Record) int { return a.Time.Compare(b.Time) })
+	nakAt, high := -1, -1
+	for i, r := range recs {
+		if r.RoCE == nil {
+			continue
+		}
+		if nakAt < 0 && r.Src == probeAddr && r.DestQP == res.PeerQPN && r.AETH != nil &&
+			reth.Syndrome(r.AETH.Syndrome) == reth.NAKSyndrome(reth.NAKPSNSeqError) {
+			if relPSNOf(r, res) != 5 {
+				t.Errorf("go-back-n: the probe NAKed psn=+%d, want +5", relPSNOf(r, res))
+			}
+			nakAt = i
+			continue
+		}
+		if r.Src == probeAddr || r.DestQP != res.MyQPN {
+			continue
+		}
+		rel := relPSNOf(r, res)
+		if nakAt < 0 || rel > high {
+			high = max(high, rel)
+			continue
+		}
+		if rel != 5 {
+			t.Errorf("go-back-n: the capture's first resend is psn=+%d, want +5", rel)
+		}
+		return
+	}
+	t.Errorf("go-back-n: no NAK (at %d) or no resend in the capture", nakAt)
+}

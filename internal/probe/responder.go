@@ -1,0 +1,235 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/perftest"
+	"github.com/rxego/rxego/transport/pcaptap"
+)
+
+// Tools whose servers the responder mode can ride, and what each one's
+// memory region allows remotely.
+var toolNeeds = map[string]Needs{
+	"write_bw":  NeedsWrite,
+	"read_bw":   NeedsRead,
+	"atomic_bw": NeedsAtomic,
+}
+
+// ResponderConfig is a responder-mode run: the peer runs a perftest
+// server (ib_write_bw, ib_read_bw or ib_atomic_bw, with -q NumQPs), the
+// probe does that tool's client handshake and then, instead of the
+// tool's traffic, runs one scenario per QP.
+type ResponderConfig struct {
+	Peer netip.Addr // the peer's address: the exchange's and the only RoCE destination
+	Port int        // perftest's TCP port (-p); 0: 18515
+	// Local is the probe's RoCE address; it binds Local:4791 (default:
+	// the exchange's local address, as the C tools use).
+	Local  netip.Addr
+	Tool   string // write_bw, read_bw or atomic_bw: what the peer runs
+	NumQPs int    // the peer's -q
+	MTU    int    // path MTU offered, bytes (default 1024)
+	// AllAccess says the peer's memory region allows writes, reads and
+	// atomics whatever the tool (rxego's perf does; rdma-core's perftest
+	// registers only what its test uses).
+	AllAccess  bool
+	Scenarios  []*Scenario
+	Wait       time.Duration // per expected response; 0: DefaultWait
+	Gap        time.Duration // least time between packets; 0: DefaultGap
+	MaxPackets int           // packet budget of the run; 0: DefaultMaxPackets
+	Pcap       *pcaptap.Writer
+	Timeout    time.Duration // the whole run; 0: 2 minutes
+}
+
+// Responder runs the scenarios against the peer's responder and returns
+// the report. Scenarios the peer's tool cannot serve are "not applicable";
+// those beyond the peer's QPs are "inconclusive" (not run).
+func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
+	needs, ok := toolNeeds[cfg.Tool]
+	if !ok {
+		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw or atomic_bw", cfg.Tool)
+	}
+	if !cfg.Peer.IsValid() {
+		return nil, fmt.Errorf("probe: no peer address")
+	}
+	if cfg.NumQPs < 1 || cfg.NumQPs > 1024 {
+		return nil, fmt.Errorf("probe: -q %d: the peer's QP count, 1..1024", cfg.NumQPs)
+	}
+	for _, s := range cfg.Scenarios {
+		if s.Requester {
+			return nil, fmt.Errorf("probe: scenario %s is a requester-mode scenario", s.Name)
+		}
+	}
+	mtuCode, err := mtuCodeOf(cfg.MTU)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Port == 0 {
+		cfg.Port = 18515
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = DefaultWait
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+
+	rep := &Report{Mode: "responder", Peer: cfg.Peer.String(), Tool: "ib_" + cfg.Tool, Started: time.Now()}
+	// Which scenario gets which QP.
+	var runs []*Scenario
+	for _, s := range cfg.Scenarios {
+		r := Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires}
+		switch {
+		case s.Needs != needs && !cfg.AllAccess:
+			r.Verdict, r.Detail = NotApplicable, fmt.Sprintf("needs a region that allows %s; ib_%s's allows %s only", s.Needs, cfg.Tool, needs)
+		case len(runs) >= cfg.NumQPs:
+			r.Verdict, r.Detail = Inconclusive, fmt.Sprintf("not run: the peer has %d QPs (run its server with -q %d)", cfg.NumQPs, cfg.NumQPs+1)
+		default:
+			runs = append(runs, s)
+			continue
+		}
+		rep.Results = append(rep.Results, r)
+	}
+
+	var d net.Dialer
+	if cfg.Local.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: cfg.Local.AsSlice()}
+	}
+	addr := net.JoinHostPort(cfg.Peer.String(), strconv.Itoa(cfg.Port))
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("probe: connecting to the peer's ib_%s server at %s: %w", cfg.Tool, addr, err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	local := cfg.Local
+	if !local.IsValid() {
+		local = conn.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	}
+	w, err := openWire(local, cfg.Peer, cfg.Gap, cfg.MaxPackets, cfg.Pcap)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+
+	ex := perftest.NewExchange(conn, true, deadline)
+	if err := ex.Versions(); err != nil {
+		return nil, err
+	}
+	rep.PeerVersion = ex.PeerVersion
+	if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
+		return nil, err
+	}
+	code, err := ex.MTU(mtuCode)
+	if err != nil {
+		return nil, err
+	}
+	mtu := 1 << (7 + code)
+	rep.MTU = mtu
+
+	// The probe's side of each QP: a number of its own choosing (the
+	// peer only needs it to address its responses) and a start PSN.
+	my := make([]perftest.Dest, cfg.NumQPs)
+	gid := local.As16() // IPv4-mapped for IPv4, as rxe's GID
+	for i := range my {
+		psn := uint32(0x100000+i*0x1111) & bth.PSNMask
+		if i < len(runs) && runs[i].StartPSN != nil {
+			psn = *runs[i].StartPSN
+		}
+		my[i] = perftest.Dest{OutReads: 16, QPN: 0x100 + uint32(i), PSN: psn, GID: gid}
+	}
+	rem := make([]perftest.Dest, cfg.NumQPs)
+	shakeAll := func() error {
+		for i := range my {
+			r, err := ex.HandShake(my[i])
+			if err != nil {
+				return err
+			}
+			rem[i] = r
+		}
+		return nil
+	}
+	// ib_write_bw, ib_read_bw and ib_atomic_bw clients: all records, the
+	// peer moves its QPs to RTS, all records again, then one.
+	if err := shakeAll(); err != nil {
+		return nil, err
+	}
+	for i, r := range rem {
+		if r.Addr() != cfg.Peer {
+			return nil, fmt.Errorf("probe: the peer's QP %d is at %v, not at %v: the probe sends only to the peer named", i, r.Addr(), cfg.Peer)
+		}
+	}
+	if err := shakeAll(); err != nil {
+		return nil, err
+	}
+	if _, err := ex.HandShake(my[0]); err != nil {
+		return nil, err
+	}
+
+	for i, s := range runs {
+		q := &qpRun{s: s, w: w, ctx: ctx, myQPN: my[i].QPN, base: my[i].PSN, mtu: mtu, wait: cfg.Wait,
+			peer: peerQP{QPN: rem[i].QPN, PSN: rem[i].PSN, RKey: rem[i].RKey, VAddr: rem[i].VAddr}}
+		v, err := q.run()
+		r := Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: v, Detail: q.detail,
+			Observed: q.got, MyQPN: q.myQPN, PeerQPN: q.peer.QPN, StartPSN: q.base}
+		if err != nil {
+			r.Detail = err.Error()
+		}
+		rep.Results = append(rep.Results, r)
+		if err != nil && ctx.Err() != nil {
+			break
+		}
+	}
+	rep.order(cfg.Scenarios)
+
+	// End the tool's run as its client would: the final synchronisation,
+	// the (empty) bandwidth report, and the closing records.
+	_, endErr := ex.HandShake(my[0])
+	if endErr == nil {
+		_, endErr = ex.Reports(perftest.Report{})
+	}
+	if endErr == nil {
+		endErr = ex.Close(my[0], nil)
+	}
+	if endErr != nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("ending the peer tool's run: %v", endErr))
+	}
+	rep.finish(w)
+	return rep, nil
+}
+
+// mtuCodeOf is perftest's MTU code (ibv_mtu: 1 for 256 ... 5 for 4096)
+// of a path MTU in bytes; 0 means 1024.
+func mtuCodeOf(bytes int) (int, error) {
+	if bytes == 0 {
+		return 3, nil
+	}
+	for c := 1; c <= 5; c++ {
+		if 1<<(7+c) == bytes {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("probe: MTU %d: want 256, 512, 1024, 2048 or 4096", bytes)
+}
+
+// QPsNeeded is how many QPs the peer's server of tool must have for the
+// scenarios it can serve (all of them when allAccess).
+func QPsNeeded(scens []*Scenario, tool string, allAccess bool) int {
+	n := 0
+	for _, s := range scens {
+		if allAccess || toolNeeds[tool] == s.Needs {
+			n++
+		}
+	}
+	return n
+}
