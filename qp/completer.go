@@ -93,7 +93,9 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		switch syn.Value() {
 		case reth.NAKPSNSeqError:
 			e.Stats.RcvdSeqErr.Add(1)
-			e.retryOrFail(q, q.wqe(q.sqHead), psn) // the oldest WQE's budget, as for RNR above
+			if e.retryOrFail(q, q.wqe(q.sqHead), psn) { // the oldest WQE's budget, as for RNR above
+				e.cwndLoss(q)
+			}
 		case reth.NAKInvalidRequest:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemInvReqErr)
 		case reth.NAKRemoteAccess:
@@ -181,6 +183,7 @@ func (e *Engine) progress(q *QP, now time.Duration) {
 	r := &q.req
 	r.refill(q)
 	r.gapPending = false
+	e.cwndOpen(q)
 	if r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	} else {

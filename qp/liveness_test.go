@@ -149,6 +149,9 @@ type lvFlow struct {
 	repost    time.Duration
 	errSeen   bool
 	fail      string
+	// alwaysRecv keeps every receive posted (no RNR), for runs that
+	// measure something else.
+	alwaysRecv bool
 }
 
 // lvDepth is each QP's send and receive queue depth; lvLong*MTU+5 bytes
@@ -268,7 +271,7 @@ func (fl *lvFlow) start() {
 	for i := fl.nRecv - 1; i >= 0; i-- {
 		fl.free = append(fl.free, i)
 	}
-	if fl.rng.IntN(3) > 0 {
+	if !fl.alwaysRecv && fl.rng.IntN(3) > 0 {
 		fl.repost = time.Duration(fl.rng.IntN(300)) * time.Microsecond // the receiver runs dry
 	}
 	for range 1 + fl.rng.IntN(3) {

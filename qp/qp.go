@@ -622,6 +622,12 @@ func (q *QP) enterError() {
 	q.errored.Store(true) // before the RQ flush; see PostRecv
 	q.e.cancel(q, timerRetransmit)
 	q.e.cancel(q, timerRNR)
+	if q.cc != nil {
+		// Nothing will be sent: the rate timer lapses (ccTimer), and
+		// ccAdmit catches the controller up should the QP send again.
+		q.e.cancel(q, timerCC)
+		q.cc.lapsed = true
+	}
 	q.flushSQ()
 	q.flushRQ()
 }

@@ -33,12 +33,25 @@ type requester struct {
 	// another stream.
 	retrying bool
 	maxSent  bth.PSN // the PSN after the highest one ever sent
+
+	// The congestion window (window.go): cwnd PSNs, 0 while it is open
+	// (Config.Window alone limits); ssthresh ends slow start; cwndAcc
+	// counts PSNs acknowledged toward the next additive step; ackedTo is
+	// the compPSN the window last grew for.
+	cwnd, ssthresh, cwndAcc int
+	ackedTo                 bth.PSN
+	// afterTimeout is set by a retransmission timeout until what was
+	// sent before it is acknowledged (to recoverTo) or a NAK comes.
+	afterTimeout bool
+	recoverTo    bth.PSN
 }
 
 func (r *requester) init(q *QP) {
 	r.psn = bth.PSN(q.attr.SQPSN)
 	r.compPSN = r.psn
 	r.maxSent = r.psn
+	r.ackedTo = r.psn
+	r.cwnd, r.ssthresh, r.afterTimeout = 0, 0, false // open until the peer drops something
 	r.refill(q)
 }
 
@@ -100,7 +113,7 @@ func (q *QP) maxRdAtomic() int {
 func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	w := q.wqe(q.sqSend)
 	r := &q.req
-	if q.typ == RC && int(r.psn.Diff(r.compPSN)) >= e.cfg.Window {
+	if q.typ == RC && int(r.psn.Diff(r.compPSN)) >= e.window(q) {
 		return false
 	}
 	op := w.wr.Opcode
@@ -275,7 +288,7 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 	firstPkt := r.off == 0
 	lastPkt := r.off+uint32(n) == w.length
 	op := segmentOpcode(q.typ, w.wr.Opcode, firstPkt, lastPkt)
-	ackReq := q.typ == RC && (lastPkt || r.noAck+1 >= e.cfg.AckEvery)
+	ackReq := q.typ == RC && (lastPkt || r.noAck+1 >= e.cfg.AckEvery || e.ackReqDue(q))
 	if q.typ == UD {
 		ackReq = false
 	}
@@ -518,6 +531,7 @@ func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
 	if !e.retryOrFail(q, q.wqe(q.sqHead), r.compPSN) {
 		return
 	}
+	e.cwndTimeout(q, now)
 	e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	e.kick(q)
 }

@@ -26,6 +26,7 @@ type Counters struct {
 	SentBytes             atomic.Uint64
 	RcvdBytes             atomic.Uint64
 	Retransmits           atomic.Uint64 // packets sent again
+	WindowCuts            atomic.Uint64 // congestion window cuts: retransmission timeouts and sequence error NAKs
 	NAKsSent              atomic.Uint64
 	RemoteAccessNAKs      atomic.Uint64 // remote access error NAKs sent
 	InvalidRequestNAKs    atomic.Uint64 // invalid request NAKs sent
