@@ -199,9 +199,6 @@ func (e *Engine) completeAcked(q *QP) {
 			return
 		}
 		q.req.retrying = false
-		if w.needsResponse() {
-			q.req.rdOut--
-		}
 		w.done = true
 		q.retire(false)
 	}
@@ -255,7 +252,8 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 	off := uint32(int64(k) * int64(q.mtu))
 	last := p.Info.Has(bth.Last)
 	wantLen := min(uint32(q.mtu), w.length-min(off, w.length))
-	if uint32(len(payload)) != wantLen || last != (psn == w.lastPSN) {
+	chunkEnd := w.readChunkEnd(int(k)) == int(k)+1 // the last response to its request
+	if uint32(len(payload)) != wantLen || last != chunkEnd {
 		e.failWQE(q, w, WCBadRespErr)
 		return
 	}
@@ -266,7 +264,10 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 	e.Stats.RcvdBytes.Add(uint64(len(payload)))
 	r.compPSN = psn.Next()
 	r.gapPending = false
-	if last {
+	if chunkEnd {
+		e.readChunkDone(q, w, int(k))
+	}
+	if psn == w.lastPSN {
 		e.finishResponse(q, w, psn, now)
 	} else {
 		e.progress(q, now)

@@ -91,6 +91,14 @@ type Config struct {
 	AckEvery int
 	// Congestion configures DCQCN; nil means on, with NVIDIA's defaults.
 	Congestion *CongestionConfig
+	// ReadChunk is the most bytes one READ request asks for: a longer
+	// READ work request goes out as several requests (0:
+	// DefaultReadChunk). See readsplit.go.
+	ReadChunk int
+	// ReadBudget bounds the bytes of READ responses the engine has asked
+	// for and not yet received, so that they fit the socket receive
+	// buffer; one chunk may always be asked for (0: no bound).
+	ReadBudget int
 	// RNRTick is the grain the RNR wait is rounded up to, as rxe rounds
 	// it to jiffies (0: DefaultRNRTick; negative: the IBTA time exactly).
 	RNRTick time.Duration
@@ -133,6 +141,9 @@ type Engine struct {
 	timers   timerHeap
 	ackList  []*QP
 	wakeFunc func(at time.Duration)
+
+	readOut  int   // bytes of READ responses asked for and not received (readsplit.go)
+	readWait []*QP // QPs waiting for room in the READ budget
 
 	// Stats are the engine's counters, readable at any time.
 	Stats Counters
@@ -182,6 +193,9 @@ func NewEngine(cfg Config) (*Engine, error) {
 	}
 	if cfg.Window > 1<<22 {
 		return nil, errors.New("qp: window must be below 2^22 PSNs")
+	}
+	if cfg.ReadChunk <= 0 {
+		cfg.ReadChunk = DefaultReadChunk
 	}
 	if cfg.AckEvery <= 0 {
 		cfg.AckEvery = 64
@@ -491,6 +505,7 @@ const (
 	timerRead    // the responder sends the next part of a long READ response
 	timerAck     // ACKs InputPolled held are due
 	timerSendErr // a send the Output reported as failed for good (SendFailed)
+	timerReadRoom // the READ budget has room again (readRelease)
 	numTimers
 )
 
@@ -624,6 +639,8 @@ func (e *Engine) runTimers(now time.Duration) {
 			e.flushAcks()
 		case timerSendErr:
 			e.sendError(q)
+		case timerReadRoom:
+			e.kick(q)
 		}
 	}
 }

@@ -82,6 +82,9 @@ type QP struct {
 	// sendFailPSN and never will (see SendFailed).
 	sendFailed  bool
 	sendFailPSN bth.PSN
+	// readWaiting: q is on the engine's list of QPs waiting for room in
+	// the READ budget.
+	readWaiting bool
 }
 
 // ErrQPNTaken is returned by Create for a QP number in use or out of range.
@@ -271,6 +274,7 @@ func (q *QP) Modify(a *Attr, mask AttrMask) error {
 // reset returns the QP to its freshly created condition; posted work is
 // discarded without completions, as verbs does on a move to RESET.
 func (q *QP) reset() {
+	q.e.releaseAll(q)
 	for i := range q.sq {
 		q.sq[i] = sendWQE{}
 	}
@@ -337,6 +341,7 @@ func (q *QP) DetachGroup() {
 // destroy takes the QP out of the engine and lets go of its CQs. The
 // engine lock is held.
 func (q *QP) destroy() {
+	q.e.releaseAll(q)
 	q.destroyed = true
 	delete(q.e.qps, q.num)
 	q.sendCQ.release()
@@ -648,6 +653,7 @@ func (q *QP) flushSQ() {
 // moves the QP to ERR, whose flush must start after this WQE.
 func (q *QP) retire(flushed bool) {
 	w := q.wqe(q.sqHead)
+	q.e.releaseWQE(q, w)
 	q.sqHead++
 	q.completeSend(w, flushed)
 }

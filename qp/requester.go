@@ -113,10 +113,13 @@ func (q *QP) maxRdAtomic() int {
 func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	w := q.wqe(q.sqSend)
 	r := &q.req
-	if q.typ == RC && int(r.psn.Diff(r.compPSN)) >= e.window(q) {
+	op := w.wr.Opcode
+	// A later chunk of a READ is bounded by max_rd_atomic and the READ
+	// budget (readAdmit), not by the window its PSNs would fill.
+	nextChunk := op == WRRead && w.started && r.psn != w.firstPSN
+	if q.typ == RC && !nextChunk && int(r.psn.Diff(r.compPSN)) >= e.window(q) {
 		return false
 	}
-	op := w.wr.Opcode
 	if op == WRLocalInv || op == WRBindMW {
 		if !w.started { // a Go-back-N rewind passes it without executing it again
 			e.localOp(q, w)
@@ -132,13 +135,20 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 		if w.wr.Flags&SendFence != 0 && q.responsesPending(q.sqSend) {
 			return false
 		}
-		if w.needsResponse() && r.rdOut >= q.maxRdAtomic() && !w.started {
+		if w.needsResponse() && op != WRRead && r.rdOut >= q.maxRdAtomic() && !w.started {
 			return false
 		}
 	}
 	mtu := q.mtu
 	if q.typ == UD {
 		mtu = q.mtuOrMax()
+	}
+	freshRead := false
+	if op == WRRead {
+		var ok bool
+		if ok, freshRead = e.readAdmit(q, w, mtu); !ok {
+			return false
+		}
 	}
 	wire := min(mtu, int(w.length-min(r.off, w.length))) + wireOverhead
 	if !e.ccAdmit(q, now, wire) {
@@ -152,12 +162,16 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 			w.npkts = 1 // one request, one response
 		}
 		w.lastPSN = w.firstPSN.Add(w.npkts - 1)
-		if w.needsResponse() {
+		if w.needsResponse() && op != WRRead {
 			r.rdOut++
+			w.rdHeld = 1
 		}
 		if op != WRSend && op != WRSendImm && op != WRSendInv {
 			e.Stats.RDMASends.Add(1)
 		}
+	}
+	if freshRead {
+		e.readCount(q, w, mtu)
 	}
 	retrans := r.psn.Before(r.maxSent)
 	if w.needsResponse() {
@@ -395,10 +409,13 @@ func position(first, last bool) bth.Flags {
 func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 	r := &q.req
 	op := segmentOpcode(RC, w.wr.Opcode, true, true)
-	var off uint32
+	off, length := uint32(0), w.rethLength()
+	next := w.npkts // PSN offset of the next request
 	if w.wr.Opcode == WRRead {
-		k := r.psn.Diff(w.firstPSN) // responses already received
+		k := int(r.psn.Diff(w.firstPSN)) // responses already received
+		next = w.readChunkEnd(k)
 		off = uint32(min(int64(k)*int64(mtu), int64(w.length)))
+		length = uint32(min(int64(next)*int64(mtu), int64(w.length))) - off
 	}
 	var payload []byte
 	if op.Info().Has(bth.Payload) {
@@ -407,7 +424,7 @@ func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 	buf, p := e.header(q, op, r.psn, len(payload), true, false, q.attr.DestQPN)
 	copy(buf[p.Info.HdrLen:], payload)
 	if h := p.RETH(); h != nil {
-		h.Set(w.wr.RemoteAddr+uint64(off), w.wr.RKey, w.rethLength()-off)
+		h.Set(w.wr.RemoteAddr+uint64(off), w.wr.RKey, length)
 	}
 	if h := p.AtomicETH(); h != nil {
 		h.Set(w.wr.RemoteAddr, w.wr.RKey, swapAdd(&w.wr), w.wr.CompareAdd)
@@ -416,8 +433,12 @@ func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 		h.Set(w.wr.FlushLevel, w.wr.FlushType)
 	}
 	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
-	r.psn = w.lastPSN.Next()
 	r.noAck = 0
+	if next < w.npkts {
+		r.psn = w.firstPSN.Add(next) // the next chunk's request follows
+		return
+	}
+	r.psn = w.lastPSN.Next()
 	q.sqSend++
 }
 

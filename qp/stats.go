@@ -27,6 +27,7 @@ type Counters struct {
 	RcvdBytes             atomic.Uint64
 	Retransmits           atomic.Uint64 // packets sent again
 	WindowCuts            atomic.Uint64 // congestion window cuts: retransmission timeouts and sequence error NAKs
+	ReadBudgetWaits       atomic.Uint64 // READ requests held back for the engine's READ budget
 	NAKsSent              atomic.Uint64
 	RemoteAccessNAKs      atomic.Uint64 // remote access error NAKs sent
 	InvalidRequestNAKs    atomic.Uint64 // invalid request NAKs sent
