@@ -500,11 +500,11 @@ type timerKind uint8
 const (
 	timerRetransmit timerKind = iota
 	timerRNR
-	timerPace    // the pacer allows the next packet
-	timerCC      // the congestion controller's rate-increase and alpha timers
-	timerRead    // the responder sends the next part of a long READ response
-	timerAck     // ACKs InputPolled held are due
-	timerSendErr // a send the Output reported as failed for good (SendFailed)
+	timerPace     // the pacer allows the next packet
+	timerCC       // the congestion controller's rate-increase and alpha timers
+	timerRead     // the responder sends the next part of a long READ response
+	timerAck      // ACKs InputPolled held are due
+	timerSendErr  // a send the Output reported as failed for good (SendFailed)
 	timerReadRoom // the READ budget has room again (readRelease)
 	numTimers
 )
