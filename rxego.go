@@ -335,6 +335,23 @@ func (o *Options) shardCount() (int, error) {
 	return n, nil
 }
 
+// readBudget sizes a shard's READ budget and READ request size
+// (qp.Config.ReadBudget, ReadChunk; see qp/readsplit.go) from the receive
+// buffer the kernel gave the socket its READ responses arrive on, shared
+// by sharing shards: a quarter of it each, since the kernel counts every
+// datagram at its buffer's true size, about twice a packet's payload,
+// and the socket holds other traffic too; requests of half that, so two
+// can be in flight. A Conn that cannot tell leaves both to the engine
+// (no budget).
+func readBudget(c transport.Conn, sharing int) (budget, chunk int) {
+	rb, ok := c.(transport.RecvBufferer)
+	if !ok || rb.RecvBuffer() <= 0 {
+		return 0, 0
+	}
+	budget = rb.RecvBuffer() / 4 / max(sharing, 1)
+	return budget, min(qp.DefaultReadChunk, max(budget/2, 4096))
+}
+
 // allLoopback reports whether every GID is a loopback address.
 func allLoopback(gids []netip.AddrPort) bool {
 	for _, g := range gids {
@@ -416,9 +433,11 @@ func Open(addr string, opts *Options) (*Device, error) {
 		if len(conns) > 1 {
 			s.sendMu = new(sync.Mutex)
 		}
+		budget, chunk := readBudget(s.conn, n/len(conns))
 		s.eng, err = qp.NewEngine(qp.Config{
 			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
 			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
+			ReadBudget: budget, ReadChunk: chunk,
 		})
 		if err != nil {
 			for _, c := range all {
