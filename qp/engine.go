@@ -142,6 +142,11 @@ type Engine struct {
 	ackList  []*QP
 	wakeFunc func(at time.Duration)
 
+	// closedQPs holds the QP numbers destroyed within closedQPHold, with
+	// the time (quarantine.go).
+	closedQPs   map[uint32]time.Duration
+	closedOrder []closedQP // the Destroys closedQPs holds, oldest first
+
 	readOut  int   // bytes of READ responses asked for and not received (readsplit.go)
 	readWait []*QP // QPs waiting for room in the READ budget
 

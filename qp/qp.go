@@ -127,9 +127,13 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 	if e.closed {
 		return nil, ErrClosed
 	}
+	now := e.cfg.Clock.Now()
 	if a.QPN != 0 {
 		if _, taken := e.qps[a.QPN]; taken || a.QPN > bth.PSNMask {
 			return nil, fmt.Errorf("%w: %d", ErrQPNTaken, a.QPN)
+		}
+		if e.recentlyClosed(a.QPN, now) {
+			return nil, fmt.Errorf("%w: %d was destroyed less than %v ago, and its peer may still send to it", ErrQPNTaken, a.QPN, closedQPHold)
 		}
 		q.num = a.QPN
 	} else {
@@ -139,7 +143,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 			if e.nextQPN > 0xffffff {
 				e.nextQPN = 17
 			}
-			if _, taken := e.qps[n]; !taken {
+			if _, taken := e.qps[n]; !taken && !e.recentlyClosed(n, now) {
 				q.num = n
 				break
 			}
@@ -344,6 +348,7 @@ func (q *QP) destroy() {
 	q.e.releaseAll(q)
 	q.destroyed = true
 	delete(q.e.qps, q.num)
+	q.e.quarantine(q.num)
 	q.sendCQ.release()
 	q.recvCQ.release()
 }

@@ -84,6 +84,7 @@ const (
 	DropOutOfBounds                     // range outside the MR, or wrapping (NAKed)
 	DropMisaligned                      // atomic on an address not 8-byte aligned (NAKed)
 	DropBusy                            // new request while a long READ response goes out (NAKed after it)
+	DropClosedQP                        // for a QP destroyed moments ago (closedQPHold): its peer had not heard yet
 	DropOther
 	numDropReasons
 )
@@ -91,7 +92,7 @@ const (
 var dropNames = [numDropReasons]string{
 	"unknown_qp", "bad_state", "wrong_opcode", "wrong_source", "bad_qkey", "bad_pkey", "bad_length",
 	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "out_of_bounds",
-	"misaligned", "busy", "other",
+	"misaligned", "busy", "closed_qp", "other",
 }
 
 // String names the reason as the metrics label does.
