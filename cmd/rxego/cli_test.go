@@ -121,6 +121,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"perf", "write_bw", "-R", "--tclass", "104", "--addr", "127.0.0.1"}, "--tclass 104: with -R give the TOS with -T"},
 		{[]string{"perf", "write_bw", "--tclass", "256"}, "--tclass 256: want 0 to 255"},
 		{[]string{"rping", "-a", "127.0.0.1"}, "give exactly one of -s and -c"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "-S", "22"}, "size 22 (23..65535)"},
 		{[]string{"ucmatose", "-b", "127.0.0.1", "-C", "99999"}, "count 99999"},
 		{[]string{"ucmatose", "-c", "0"}, "-c 0: must be at least 1"},
 		{[]string{"mckey", "-s"}, "needs a multicast address: -m"},

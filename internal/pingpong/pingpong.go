@@ -510,8 +510,9 @@ func (c *conn) postSend(qi int) error {
 }
 
 // check accepts a received message that is either the tools' fill byte
-// throughout (the peer's first send: 0x7b, 0 for ibv_srq_pingpong) or an
-// echo of something we sent.
+// throughout (the peer's first send: 0x7b, 0 for ibv_srq_pingpong), the
+// fill with the first byte of every page zeroed (the first send of
+// ibv_rc_pingpong -c, see checkedFirst), or an echo of something we sent.
 func (c *conn) check(got []byte) {
 	if !c.cfg.Verify {
 		return
@@ -520,7 +521,7 @@ func (c *conn) check(got []byte) {
 	if c.cfg.Kind == SRQ {
 		fill = srqFillByte
 	}
-	if bytes.Count(got, []byte{fill}) == len(got) || consistent(got) {
+	if bytes.Count(got, []byte{fill}) == len(got) || checkedFirst(got, fill) || consistent(got) {
 		return
 	}
 	if c.cfg.Kind == SRQ {
@@ -535,6 +536,31 @@ func (c *conn) check(got []byte) {
 		}
 	}
 	c.mismatch++
+}
+
+// checkedFirst reports whether got is what the C tools send first with
+// -c (--chk): before its first send the client stores
+// i / page_size % sizeof(char), which is 0, at every page start i of its
+// buffer, which otherwise holds the fill byte. Page sizes of 4, 16 and
+// 64 KiB are accepted, as the peer's may be any.
+func checkedFirst(got []byte, fill byte) bool {
+	if len(got) == 0 || got[0] != 0 {
+		return false
+	}
+next:
+	for _, page := range []int{4 << 10, 16 << 10, 64 << 10} {
+		for i, b := range got {
+			want := fill
+			if i%page == 0 {
+				want = 0
+			}
+			if b != want {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
 }
 
 // pieced reports whether got is made of runs, each the same bytes at the
