@@ -55,6 +55,7 @@ var engineCounters = []engineCounter{
 	{"rcvd_payload_bytes", "Payload bytes received.", func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdBytes }},
 	{"retransmitted_pkts", "Packets sent again by Go-back-N.", func(c *qp.Counters) *atomic.Uint64 { return &c.Retransmits }},
 	{"window_cuts", "Congestion window cuts after a retransmission timeout or a sequence error NAK.", func(c *qp.Counters) *atomic.Uint64 { return &c.WindowCuts }},
+	{"read_budget_waits", "READ requests held back until the device's READ responses in flight fit its socket buffer.", func(c *qp.Counters) *atomic.Uint64 { return &c.ReadBudgetWaits }},
 	{"naks_sent", "NAKs sent (sequence, RNR, access, invalid request).", func(c *qp.Counters) *atomic.Uint64 { return &c.NAKsSent }},
 	{"completions", "Work completions generated.", func(c *qp.Counters) *atomic.Uint64 { return &c.CompletionsGenerated }},
 	{"flushed_work_requests", "Work requests completed with WR_FLUSH_ERR.", func(c *qp.Counters) *atomic.Uint64 { return &c.FlushedWorkRequests }},
