@@ -158,7 +158,7 @@ func (p *Peer) perfCase(t *testing.T, r perfRun) {
 		defer lossMu.Unlock()
 		perf := body
 		body = func(t *testing.T) Outcome {
-			return p.underLoss(t, r.IPv6, r.Loss, func() Outcome { return perf(t) })
+			return p.underLoss(t, r.IPv6, r.Loss, false, func() Outcome { return perf(t) })
 		}
 	}
 	p.Case(t, c, body)

@@ -184,8 +184,11 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	}
 	tap := &idTap{}
 	receiver.dev.Transport().SetTap(tap)
-	// A timeout of 16.8 ms paces the bursts of retries.
-	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU256, Timeout: 12, RetryCnt: 7, MaxRdAtomic: 128})
+	// A timeout of 262 us paces the retries: after each timeout the
+	// requester resends only its oldest request (its congestion window
+	// restarts at one PSN, and no ACK ever opens it), so the timeout
+	// sets the rate of corrupted packets.
+	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU256, Timeout: 6, RetryCnt: 7, MaxRdAtomic: 128})
 	pattern(a.buf, 0x31)
 	pattern(b.buf, 0x42)
 	// Requests are corrupted as multi-packet messages. Responses are best
