@@ -340,17 +340,29 @@ func (o *Options) shardCount() (int, error) {
 // buffer the kernel gave the socket its READ responses arrive on, shared
 // by sharing shards: a quarter of it each, since the kernel counts every
 // datagram at its buffer's true size, about twice a packet's payload,
-// and the socket holds other traffic too; requests of half that, so two
-// can be in flight. A Conn that cannot tell leaves both to the engine
-// (no budget).
+// and the socket holds other traffic too; and no more than maxReadBudget,
+// since what is in flight when a response is lost is sent twice. Requests
+// are at most half the budget, so two can be in flight. A Conn that
+// cannot tell leaves both to the engine (no budget).
 func readBudget(c transport.Conn, sharing int) (budget, chunk int) {
 	rb, ok := c.(transport.RecvBufferer)
 	if !ok || rb.RecvBuffer() <= 0 {
 		return 0, 0
 	}
-	budget = rb.RecvBuffer() / 4 / max(sharing, 1)
+	budget = min(rb.RecvBuffer()/4/max(sharing, 1), maxReadBudget)
 	return budget, min(qp.DefaultReadChunk, max(budget/2, 4096))
 }
+
+// maxReadBudget bounds a shard's READ responses in flight: 256 KiB keep
+// a READ at gigabytes per second over a path of 100 us and bound what a
+// lost response costs (docs/reliability.md).
+const maxReadBudget = 256 << 10
+
+// initialWindow is the congestion window a device's QPs start with
+// (qp.Config.InitialWindow): rxe's own requester keeps at most 64 packets
+// in flight per QP (RXE_INFLIGHT_SKBS_PER_QP_HIGH), and slow start opens
+// the window to Options.Window within a few round trips.
+const initialWindow = 64
 
 // allLoopback reports whether every GID is a loopback address.
 func allLoopback(gids []netip.AddrPort) bool {
@@ -437,7 +449,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 		s.eng, err = qp.NewEngine(qp.Config{
 			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
 			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
-			ReadBudget: budget, ReadChunk: chunk,
+			ReadBudget: budget, ReadChunk: chunk, InitialWindow: initialWindow,
 		})
 		if err != nil {
 			for _, c := range all {

@@ -80,6 +80,11 @@ type Config struct {
 	MRs   *mr.Table
 	// Window is the most PSNs a QP keeps unacknowledged (rxe: 128).
 	Window int
+	// InitialWindow, when above 0, is the congestion window a QP starts
+	// with: slow start opens it to Window as ACKs come, instead of a new
+	// QP sending a whole Window at a peer it has not heard from (see
+	// window.go). 0 starts open.
+	InitialWindow int
 	// DataTOS is the IP TOS of data packets (DSCP<<2 | ECN).
 	DataTOS uint8
 	// MaxMTU is the largest path MTU the link carries, the port's

@@ -52,6 +52,9 @@ func (r *requester) init(q *QP) {
 	r.maxSent = r.psn
 	r.ackedTo = r.psn
 	r.cwnd, r.ssthresh, r.afterTimeout = 0, 0, false // open until the peer drops something
+	if w := q.e.cfg.InitialWindow; w > 0 && w < q.e.cfg.Window {
+		r.cwnd, r.ssthresh = w, q.e.cfg.Window // slow start up to the window
+	}
 	r.refill(q)
 }
 
