@@ -183,7 +183,7 @@ func (e *Engine) progress(q *QP, now time.Duration) {
 	r := &q.req
 	r.refill(q)
 	r.gapPending = false
-	e.cwndOpen(q)
+	e.cwndOpen(q, now)
 	if r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	} else {

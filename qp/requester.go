@@ -44,6 +44,14 @@ type requester struct {
 	// sent before it is acknowledged (to recoverTo) or a NAK comes.
 	afterTimeout bool
 	recoverTo    bth.PSN
+	// One round-trip sample at a time (window.go): the PSN of a packet
+	// that asked for an ACK, first sent at rttAt; minRTT is the least
+	// sample seen; queueing says the last sample was well above it.
+	rttArmed bool
+	rttPSN   bth.PSN
+	rttAt    time.Duration
+	minRTT   time.Duration
+	queueing bool
 }
 
 func (r *requester) init(q *QP) {
@@ -181,6 +189,8 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 		e.sendRequest(q, w, mtu)
 	} else if !e.sendSegment(q, w, mtu) {
 		return true // the WQE failed locally; the QP is in ERR
+	} else if q.typ == RC && r.noAck == 0 && !retrans && !r.rttArmed {
+		r.rttArmed, r.rttPSN, r.rttAt = true, r.psn.Add(-1), now // it asked for an ACK
 	}
 	if retrans {
 		e.Stats.Retransmits.Add(1)
@@ -520,6 +530,7 @@ func (e *Engine) retry(q *QP, from bth.PSN) {
 // overtook names PSNs that are done.
 func (e *Engine) rewind(q *QP, from bth.PSN) {
 	r := &q.req
+	r.rttArmed = false // an ACK may now answer either sending (Karn)
 	if from.Before(r.compPSN) {
 		from = r.compPSN
 	}

@@ -95,6 +95,7 @@ func runSlowResponder(t *testing.T, seed uint64, qps, perMs, queue int, timeout 
 	f.delay = func(wirePkt) time.Duration { return 10 * time.Microsecond } // in order, as one link
 	slow := &slowRx{service: time.Millisecond / time.Duration(perMs), queue: queue}
 	f.slow = map[netip.Addr]*slowRx{netip.MustParseAddr("198.18.0.2"): slow}
+	f.engineCfg = func(c *Config) { c.InitialWindow = 64 } // as a device's engines (rxego.go)
 	a, b := f.node("198.18.0.1"), f.node("198.18.0.2")
 	o := defaultConn()
 	o.mtu, o.timeout, o.rdAtomic = mtu, timeout, 4

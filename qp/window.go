@@ -28,6 +28,13 @@ import (
 // timeout from a loss (resumeAt).
 const minCwnd = 2
 
+// queueDelay is the round-trip time beyond twice the least one seen at
+// which a QP takes packets to be queueing at a slow peer (a loaded host,
+// an emulated guest) and stops opening its window, as delay-based TCP
+// (Vegas, HyStart) does before the queue overflows. A millisecond is
+// far above the jitter of a fast path.
+const queueDelay = time.Millisecond
+
 // window returns how many PSNs q may keep unacknowledged now.
 func (e *Engine) window(q *QP) int {
 	if c := q.req.cwnd; c > 0 && c < e.cfg.Window {
@@ -50,14 +57,28 @@ func (e *Engine) ackReqDue(q *QP) bool {
 // cwndOpen grows the congestion window by the PSNs acknowledged since the
 // last call. It is called whenever an acknowledgement or response moved
 // compPSN.
-func (e *Engine) cwndOpen(q *QP) {
+func (e *Engine) cwndOpen(q *QP, now time.Duration) {
 	r := &q.req
 	k := int(r.compPSN.Diff(r.ackedTo))
 	r.ackedTo = r.compPSN
 	if r.afterTimeout && !r.compPSN.Before(r.recoverTo) {
 		r.afterTimeout = false
 	}
+	if r.rttArmed && r.compPSN.After(r.rttPSN) {
+		r.rttArmed = false
+		rtt := now - r.rttAt
+		if r.minRTT == 0 || rtt < r.minRTT {
+			r.minRTT = rtt
+		}
+		r.queueing = rtt > 2*r.minRTT+queueDelay
+	}
 	if k <= 0 || r.cwnd == 0 {
+		return
+	}
+	if r.queueing {
+		// Packets wait at the peer: a bigger window would only lengthen
+		// the queue until it overflows. Slow start ends here.
+		r.ssthresh = min(r.ssthresh, r.cwnd)
 		return
 	}
 	if r.cwnd < r.ssthresh {
