@@ -359,10 +359,12 @@ func readBudget(c transport.Conn, sharing int) (budget, chunk int) {
 const maxReadBudget = 256 << 10
 
 // initialWindow is the congestion window a device's QPs start with
-// (qp.Config.InitialWindow): rxe's own requester keeps at most 64 packets
-// in flight per QP (RXE_INFLIGHT_SKBS_PER_QP_HIGH), and slow start opens
-// the window to Options.Window within a few round trips.
-const initialWindow = 64
+// (qp.Config.InitialWindow), in PSNs: slow start opens it to
+// Options.Window within a few round trips. Eight QPs starting at once
+// with 64 each (rxe keeps up to 64 packets per QP in flight,
+// RXE_INFLIGHT_SKBS_PER_QP_HIGH) overran an emulated rxe guest's NIC on a
+// loaded host; 16, TCP's order of magnitude (RFC 6928: 10), did not.
+const initialWindow = 16
 
 // allLoopback reports whether every GID is a loopback address.
 func allLoopback(gids []netip.AddrPort) bool {

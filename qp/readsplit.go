@@ -91,6 +91,11 @@ func (e *Engine) readChunkDone(q *QP, w *sendWQE, k int) {
 	n := w.readChunkBytes(k, q.mtu)
 	w.rdHeld--
 	q.req.rdOut--
+	// A chunk complete in order ends the retry that was under way (as a
+	// completed WQE does, see requester.retrying): a gap in a later chunk
+	// is asked for again at once rather than after a timeout. What a
+	// peer still sends of an earlier stream is at most a chunk.
+	q.req.retrying = false
 	w.budgetHeld -= n
 	e.readRelease(n)
 }
