@@ -226,6 +226,7 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 			r.gapPending, r.gapPSN, r.retrying = true, r.compPSN, true
 			e.Stats.RcvdSeqErr.Add(1)
 			e.retry(q, r.compPSN)
+			e.cwndLoss(q) // a response was lost: as a sequence NAK
 		}
 		e.drop(DropOutOfSequence)
 		e.responderAlive(q, now)

@@ -51,7 +51,13 @@ func (e *Engine) readAdmit(q *QP, w *sendWQE, mtu int) (ok, fresh bool) {
 	if w.started {
 		k = int(q.req.psn.Diff(w.firstPSN))
 	} else {
+		// Requests no longer than the congestion window: the window
+		// bounds the responses in flight (sendNext), so what a lost one
+		// costs shrinks with it.
 		w.chunkPkts = e.readChunkPkts(mtu)
+		if c := q.req.cwnd; c > 0 {
+			w.chunkPkts = min(w.chunkPkts, c)
+		}
 		w.npkts = packetsFor(w.length, mtu)
 	}
 	if k/w.chunkPkts < w.reqSent {

@@ -125,10 +125,7 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	w := q.wqe(q.sqSend)
 	r := &q.req
 	op := w.wr.Opcode
-	// A later chunk of a READ is bounded by max_rd_atomic and the READ
-	// budget (readAdmit), not by the window its PSNs would fill.
-	nextChunk := op == WRRead && w.started && r.psn != w.firstPSN
-	if q.typ == RC && !nextChunk && int(r.psn.Diff(r.compPSN)) >= e.window(q) {
+	if q.typ == RC && int(r.psn.Diff(r.compPSN)) >= e.window(q) {
 		return false
 	}
 	if op == WRLocalInv || op == WRBindMW {
