@@ -16,10 +16,10 @@ const maxResent = 0.10
 // maxResentLossy bounds the same under 1 % random loss. Go-back-N (RC
 // has no selective retransmission) resends what was in flight behind each
 // loss, and rxe goes on sending a READ's responses behind a gap, so each
-// loss costs about the congestion window: measured 16-17 % for the writes
-// and 21-23 % for the READs on both kernels, where before the window the
-// same runs resent 25-53 % and 200-670 %.
-const maxResentLossy = 0.30
+// loss costs about the congestion window: measured 16-25 % for the writes
+// and 21-28 % for the READs on both kernels (two runs each), where before
+// the window the same runs resent 25-53 % and 200-670 %.
+const maxResentLossy = 0.40
 
 // TestSlowPeer (issue 23) runs what buried a slow rxe guest before rxego
 // backed off, with rxego as the client, and bounds what went twice: a
