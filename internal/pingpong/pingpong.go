@@ -465,19 +465,31 @@ func (c *conn) connect() error {
 	return nil
 }
 
-// pattern fills b with a self-describing pattern: the first 8 bytes hold
-// seq, the rest are derived from it, so any receiver can check a message
-// whether it is an echo (from the C tools) or rxego's own.
+// pattern fills b with a self-describing pattern: 8 bytes hold seq, the
+// rest are derived from it, so any receiver can check a message whether
+// it is an echo (from the C tools) or rxego's own. In a message of more
+// than 8 bytes the first byte of every 4 KiB page is 0 and seq follows
+// the first: what ibv_rc_pingpong -c (--chk) checks in the messages it
+// receives (see checkedFirst). A shorter message is seq alone.
 func pattern(b []byte, seq uint64) {
 	var hdr [8]byte
 	binary.LittleEndian.PutUint64(hdr[:], seq)
-	n := copy(b, hdr[:])
+	at := 0
+	if len(b) > len(hdr) {
+		at = 1
+	}
+	n := at + copy(b[at:], hdr[:])
 	x := seq*0x9e3779b97f4a7c15 + 1
 	for i := n; i < len(b); i++ {
 		x ^= x << 13
 		x ^= x >> 7
 		x ^= x << 17
 		b[i] = byte(x)
+	}
+	if at == 1 {
+		for i := 0; i < len(b); i += 4 << 10 {
+			b[i] = 0
+		}
 	}
 }
 
@@ -486,8 +498,12 @@ func consistent(b []byte) bool {
 	if len(b) < 8 {
 		return false
 	}
+	seq := binary.LittleEndian.Uint64(b)
+	if len(b) > 8 {
+		seq = binary.LittleEndian.Uint64(b[1:])
+	}
 	want := make([]byte, len(b))
-	pattern(want, binary.LittleEndian.Uint64(b))
+	pattern(want, seq)
 	return bytes.Equal(want, b)
 }
 

@@ -205,3 +205,33 @@ func TestCheckedFirst(t *testing.T) {
 		t.Fatal("the plain fill passes as the -c message (it has its own check)")
 	}
 }
+
+// TestPatternPageStarts: rxego's messages keep the first byte of every
+// 4 KiB page 0, as ibv_rc_pingpong -c checks in what it receives, and
+// still describe themselves (consistent), at every size; a changed byte
+// anywhere is caught where the message is longer than what describes it
+// (up to 9 bytes any seq is a pattern).
+func TestPatternPageStarts(t *testing.T) {
+	for _, size := range []int{8, 9, 100, 4096, 4097, 3*4096 + 1} {
+		b := make([]byte, size)
+		pattern(b, 77)
+		if !consistent(b) {
+			t.Fatalf("size %d: rxego's own pattern not consistent", size)
+		}
+		for i := 0; size > 8 && i < size; i += 4096 {
+			if b[i] != 0 {
+				t.Fatalf("size %d: byte %d is %#x, want 0 (a page start)", size, i, b[i])
+			}
+		}
+		for _, i := range []int{0, size / 2, size - 1} {
+			if size <= 9 {
+				break
+			}
+			c := bytes.Clone(b)
+			c[i] ^= 0x40
+			if consistent(c) {
+				t.Fatalf("size %d: byte %d changed, still consistent", size, i)
+			}
+		}
+	}
+}
