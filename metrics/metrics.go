@@ -49,7 +49,7 @@ var engineCounters = []engineCounter{
 	{"retry_rnr_exceeded_err", "Work requests failed with RNR retry exceeded (retry_rnr_exceeded_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.RetryRNRExceededErr }},
 	{"completer_retry_err", "Go-back-N retries started (completer_retry_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.CompleterRetryErr }},
 	{"send_err", "Send errors (send_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.SendErr }},
-	{"rdma_sends", "RDMA WRITE/READ/atomic requests sent (rdma_sends).", func(c *qp.Counters) *atomic.Uint64 { return &c.RDMASends }},
+	{"rdma_sends", "RDMA WRITE/READ/atomic requests sent (rdma_sends; a long READ is several requests).", func(c *qp.Counters) *atomic.Uint64 { return &c.RDMASends }},
 	{"rdma_recvs", "RDMA WRITE/READ/atomic requests received (rdma_recvs).", func(c *qp.Counters) *atomic.Uint64 { return &c.RDMARecvs }},
 	{"sent_payload_bytes", "Payload bytes sent.", func(c *qp.Counters) *atomic.Uint64 { return &c.SentBytes }},
 	{"rcvd_payload_bytes", "Payload bytes received.", func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdBytes }},

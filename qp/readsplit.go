@@ -86,6 +86,7 @@ func (e *Engine) readCount(q *QP, w *sendWQE, mtu int) {
 	w.budgetHeld += n
 	q.req.rdOut++
 	e.readOut += n
+	e.Stats.RDMASends.Add(1)
 }
 
 // readChunkDone releases what the request for the chunk ending at PSN

@@ -174,7 +174,7 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 			r.rdOut++
 			w.rdHeld = 1
 		}
-		if op != WRSend && op != WRSendImm && op != WRSendInv {
+		if op != WRSend && op != WRSendImm && op != WRSendInv && op != WRRead { // READ: per request (readCount)
 			e.Stats.RDMASends.Add(1)
 		}
 	}

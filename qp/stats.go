@@ -21,7 +21,7 @@ type Counters struct {
 	RetryRNRExceededErr   atomic.Uint64 // retry_rnr_exceeded_err
 	CompleterRetryErr     atomic.Uint64 // completer_retry_err: retries started
 	SendErr               atomic.Uint64 // send_err
-	RDMASends             atomic.Uint64 // rdma_sends: RDMA WRITE/READ/atomic requests sent
+	RDMASends             atomic.Uint64 // rdma_sends: RDMA WRITE/READ/atomic requests sent (each once; a long READ is several requests)
 	RDMARecvs             atomic.Uint64 // rdma_recvs: such requests received
 	SentBytes             atomic.Uint64
 	RcvdBytes             atomic.Uint64
