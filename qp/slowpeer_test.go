@@ -77,7 +77,7 @@ func TestLivenessSlowResponder(t *testing.T) {
 // queues are far shorter than a real host's rings and backlog, the
 // checker's flows are short (slow start's overshoot weighs more) and
 // Go-back-N resends every packet behind a loss: the congestion window
-// measured 5.0-10.3% in these cases, resending whole windows (before it)
+// measured 4.8-9.6% in these cases, resending whole windows (before it)
 // 16-131%, so 12% catches a requester that stops backing off.
 const slowRetransmitBound = 0.12
 
