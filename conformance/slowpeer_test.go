@@ -17,7 +17,7 @@ const maxResent = 0.10
 // has no selective retransmission) resends what was in flight behind each
 // loss, and rxe goes on sending a READ's responses behind a gap, so each
 // loss costs about the congestion window: measured 16-25 % for the writes
-// and 21-28 % for the READs on both kernels (two runs each), where before
+// and 19-28 % for the READs on both kernels (three runs each), where before
 // the window the same runs resent 25-53 % and 200-670 %.
 const maxResentLossy = 0.40
 
