@@ -343,6 +343,37 @@ func (o *Options) shardCount() (int, error) {
 	return n, nil
 }
 
+// readBudget sizes a shard's READ budget and READ request size
+// (qp.Config.ReadBudget, ReadChunk; see qp/readsplit.go) from the receive
+// buffer the kernel gave the socket its READ responses arrive on, shared
+// by sharing shards: a quarter of it each, since the kernel counts every
+// datagram at its buffer's true size, about twice a packet's payload,
+// and the socket holds other traffic too; and no more than maxReadBudget,
+// since what is in flight when a response is lost is sent twice. Requests
+// are at most half the budget, so two can be in flight. A Conn that
+// cannot tell leaves both to the engine (no budget).
+func readBudget(c transport.Conn, sharing int) (budget, chunk int) {
+	rb, ok := c.(transport.RecvBufferer)
+	if !ok || rb.RecvBuffer() <= 0 {
+		return 0, 0
+	}
+	budget = min(rb.RecvBuffer()/4/max(sharing, 1), maxReadBudget)
+	return budget, min(qp.DefaultReadChunk, max(budget/2, 4096))
+}
+
+// maxReadBudget bounds a shard's READ responses in flight: 256 KiB keep
+// a READ at gigabytes per second over a path of 100 us and bound what a
+// lost response costs (docs/reliability.md).
+const maxReadBudget = 256 << 10
+
+// initialWindow is the congestion window a device's QPs start with
+// (qp.Config.InitialWindow), in PSNs: slow start opens it to
+// Options.Window within a few round trips. Eight QPs starting at once
+// with 64 each (rxe keeps up to 64 packets per QP in flight,
+// RXE_INFLIGHT_SKBS_PER_QP_HIGH) overran an emulated rxe guest's NIC on a
+// loaded host; 16, TCP's order of magnitude (RFC 6928: 10), did not.
+const initialWindow = 16
+
 // allLoopback reports whether every GID is a loopback address.
 func allLoopback(gids []netip.AddrPort) bool {
 	for _, g := range gids {
@@ -423,10 +454,12 @@ func Open(addr string, opts *Options) (*Device, error) {
 		if len(conns) > 1 {
 			s.sendMu = new(sync.Mutex)
 		}
+		budget, chunk := readBudget(s.conn, n/len(conns))
 		s.eng, err = qp.NewEngine(qp.Config{
 			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
 			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
-			Destroyed: d.forgetQP,
+			Destroyed:  d.forgetQP,
+			ReadBudget: budget, ReadChunk: chunk, InitialWindow: initialWindow,
 		})
 		if err != nil {
 			for _, c := range all {

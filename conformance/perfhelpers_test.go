@@ -32,6 +32,14 @@ type perfRun struct {
 	All         bool     // -a on both sides instead of -s: every size, 2 B to 8 MiB
 	Args        []string // more flags for both sides, e.g. -t 2
 	RxegoArgs   []string // more flags for rxego only, e.g. -m 512
+	// MaxResent bounds the case's resentRatio (0: not checked).
+	MaxResent float64
+	// Loss drops that % of the RoCE data packets each way (ACKs and NAKs
+	// pass; see underLoss).
+	Loss int
+	// Hog keeps every host CPU busy beside the guests while the case
+	// runs (hogCPUs), as on a loaded host.
+	Hog bool
 	// Timeout bounds the whole run; default 2 minutes.
 	Timeout time.Duration
 }
@@ -92,6 +100,12 @@ func (r perfRun) name() string {
 	}
 	if r.RDMACM {
 		n += " -R"
+	}
+	if r.Loss > 0 {
+		n += fmt.Sprintf(" loss=%d%%", r.Loss)
+	}
+	if r.Hog {
+		n += " loaded-host"
 	}
 	return n
 }
@@ -247,7 +261,7 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 		t.Fatal(err)
 	}
 	drops := Drops{ToGuest: after.ToGuest - before.ToGuest, FromGuest: after.FromGuest - before.FromGuest}
-	if drops == (Drops{}) {
+	if drops == (Drops{}) && r.Loss == 0 {
 		rxeAfter, err := p.Guest.HWCounters()
 		if err != nil {
 			t.Fatal(err)

@@ -80,7 +80,7 @@ func TestPerftestFlags(t *testing.T) {
 			{Test: "send_bw", Size: 2000, Iters: 10, RxegoArgs: []string{"-m", "512"}},
 			{Test: "write_bw", Size: 4096, Iters: 10, Args: []string{"--tclass", "104"}},
 			{Test: "write_bw", All: true, Iters: 5, Timeout: 4 * time.Minute},
-			{Test: "read_bw", All: true, Iters: 5, Timeout: 4 * time.Minute},
+			{Test: "read_bw", All: true, Iters: 5, Timeout: 4 * time.Minute, MaxResent: maxResent},
 		}
 		for _, r := range runs {
 			p.perfBothRoles(t, r)
@@ -137,8 +137,29 @@ func (p *Peer) perfBothRoles(t *testing.T, r perfRun) {
 	t.Helper()
 	for _, server := range []bool{true, false} {
 		r.RxegoServer = server
-		p.Case(t, Case{Name: r.name(), Role: r.role(), Expect: r.expect()}, func(t *testing.T) Outcome {
-			return p.perf(t, r)
-		})
+		p.perfCase(t, r)
 	}
+}
+
+// perfCase runs r as one case in the role r names, on a loaded host or
+// under loss when r asks.
+func (p *Peer) perfCase(t *testing.T, r perfRun) {
+	t.Helper()
+	c := Case{Name: r.name(), Role: r.role(), Expect: r.expect(), MaxResent: r.MaxResent}
+	body := func(t *testing.T) Outcome {
+		if r.Hog {
+			defer hogCPUs(2 * time.Minute)()
+		}
+		return p.perf(t, r)
+	}
+	if r.Loss > 0 {
+		c.Expect, c.Lossy = append(c.Expect, lossRetries...), true
+		lossMu.Lock() // held around the whole case, as TestLoss does
+		defer lossMu.Unlock()
+		perf := body
+		body = func(t *testing.T) Outcome {
+			return p.underLoss(t, r.IPv6, r.Loss, false, func() Outcome { return perf(t) })
+		}
+	}
+	p.Case(t, c, body)
 }

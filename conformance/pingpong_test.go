@@ -26,7 +26,11 @@ type ppRun struct {
 	// on the bridge); IPv4 only.
 	GIDIndex bool
 	RxDepth  int // -r on both sides; 0 for the tools' default
-	NumQP    int // srq: -q on both sides; 0 for the tools' 16
+	// CheckC gives the C tool -c too (--chk: its first message then has
+	// each page's first byte zeroed, and it checks those bytes of what it
+	// receives); rxego always checks (-c).
+	CheckC bool
+	NumQP  int // srq: -q on both sides; 0 for the tools' 16
 	// Timeout bounds the whole run; default 2 minutes.
 	Timeout time.Duration
 	// StatsQuiet is how long rxego waits for silence before reading its
@@ -53,6 +57,9 @@ func (r ppRun) name() string {
 	}
 	if r.GIDIndex {
 		n += " -g index"
+	}
+	if r.CheckC {
+		n += " -c"
 	}
 	return n
 }
@@ -88,6 +95,9 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 		common = append(common, "-q", strconv.Itoa(r.NumQP))
 	}
 	cTool := append([]string{"ibv_" + r.Tool + "_pingpong", "-d", "rxe0", "-g", gidIdx}, common...)
+	if r.CheckC {
+		cTool = append(cTool, "-c")
+	}
 	gidArgs := []string{"-g", hostAddr}
 	if r.GIDIndex {
 		gidArgs = []string{"-d", p.Lab.Bridge(), "-g", strconv.Itoa(p.hostGIDIndex(t))}
@@ -129,6 +139,9 @@ func (p *Peer) pingpong(t *testing.T, r ppRun) Outcome {
 	want := fmt.Sprintf("%d iters in", r.Iters)
 	if !regexp.MustCompile(regexp.QuoteMeta(want)).Match(cRes.Stdout) {
 		t.Errorf("C tool: no %q in its output:\n%s", want, cRes.Stdout)
+	}
+	if r.CheckC && bytes.Contains(cRes.Stdout, []byte("invalid data")) {
+		t.Errorf("C tool -c found rxego's data invalid:\n%s", cRes.Stdout)
 	}
 	if r.GIDIndex && !bytes.Contains(out, []byte("GID ::ffff:"+p.HostIP+"\n")) { // the local address line
 		t.Errorf("rxego did not serve on its GID ::ffff:%s:\n%s", p.HostIP, out)
@@ -240,6 +253,18 @@ func TestPingpongGIDIndex(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		for _, server := range []bool{true, false} {
 			r := ppRun{Tool: "rc", Size: 4096, Iters: 10, RxegoServer: server, GIDIndex: true}
+			p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome { return p.pingpong(t, r) })
+		}
+	})
+}
+
+// TestPingpongCheck: ibv_rc_pingpong -c against rxego pingpong -c in
+// both roles (issue 23): rxego's check accepts the C tool's first message,
+// whose page starts -c zeroes, so every received message matches.
+func TestPingpongCheck(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, server := range []bool{true, false} {
+			r := ppRun{Tool: "rc", Size: 8192, Iters: 20, RxegoServer: server, CheckC: true}
 			p.Case(t, Case{Name: r.name(), Role: r.role()}, func(t *testing.T) Outcome { return p.pingpong(t, r) })
 		}
 	})

@@ -9,7 +9,7 @@ import "testing"
 func TestPerftestQ8(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		for _, test := range []string{"write_bw", "send_bw"} {
-			p.perfBothRoles(t, perfRun{Test: test, Size: 65536, Iters: 10, QPs: 8})
+			p.perfBothRoles(t, perfRun{Test: test, Size: 65536, Iters: 10, QPs: 8, MaxResent: maxResent})
 		}
 	})
 }

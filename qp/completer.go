@@ -95,7 +95,9 @@ func (e *Engine) handleAETH(q *QP, a reth.AETH, psn bth.PSN, now time.Duration) 
 		switch syn.Value() {
 		case reth.NAKPSNSeqError:
 			e.Stats.RcvdSeqErr.Add(1)
-			e.retryOrFail(q, q.wqe(q.sqHead), psn) // the oldest WQE's budget, as for RNR above
+			if e.retryOrFail(q, q.wqe(q.sqHead), psn) { // the oldest WQE's budget, as for RNR above
+				e.cwndLoss(q)
+			}
 		case reth.NAKInvalidRequest:
 			e.failWQE(q, e.wqeAt(q, psn), WCRemInvReqErr)
 		case reth.NAKRemoteAccess:
@@ -183,6 +185,7 @@ func (e *Engine) progress(q *QP, now time.Duration) {
 	r := &q.req
 	r.refill(q)
 	r.gapPending = false
+	e.cwndOpen(q, now)
 	if r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	} else {
@@ -198,9 +201,6 @@ func (e *Engine) completeAcked(q *QP) {
 			return
 		}
 		q.req.retrying = false
-		if w.needsResponse() {
-			q.req.rdOut--
-		}
 		w.done = true
 		q.retire(false)
 	}
@@ -228,6 +228,7 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 			r.gapPending, r.gapPSN, r.retrying = true, r.compPSN, true
 			e.Stats.RcvdSeqErr.Add(1)
 			e.retry(q, r.compPSN)
+			e.cwndLoss(q) // a response was lost: as a sequence NAK
 		}
 		e.drop(DropOutOfSequence)
 		e.responderAlive(q, now)
@@ -254,7 +255,8 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 	off := uint32(int64(k) * int64(q.mtu))
 	last := p.Info.Has(bth.Last)
 	wantLen := min(uint32(q.mtu), w.length-min(off, w.length))
-	if uint32(len(payload)) != wantLen || last != (psn == w.lastPSN) {
+	chunkEnd := w.readChunkEnd(int(k)) == int(k)+1 // the last response to its request
+	if uint32(len(payload)) != wantLen || last != chunkEnd {
 		e.failWQE(q, w, WCBadRespErr)
 		return
 	}
@@ -265,7 +267,10 @@ func (e *Engine) readResponse(q *QP, in *InPacket, psn bth.PSN, now time.Duratio
 	e.Stats.RcvdBytes.Add(uint64(len(payload)))
 	r.compPSN = psn.Next()
 	r.gapPending = false
-	if last {
+	if chunkEnd {
+		e.readChunkDone(q, w, int(k))
+	}
+	if psn == w.lastPSN {
 		e.finishResponse(q, w, psn, now)
 	} else {
 		e.progress(q, now)

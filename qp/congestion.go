@@ -187,6 +187,17 @@ func (e *Engine) ccCNP(q *QP, now time.Duration) {
 	}
 }
 
+// ccLoss tells q's reaction point that a retransmission timer expired:
+// repeated timeouts mean congestion just as CNPs do (a slow responder
+// marks nothing, it drops), so the rate is cut as for a CNP. It is not
+// counted as a CNP.
+func (e *Engine) ccLoss(q *QP, now time.Duration) {
+	if c := q.cc; c != nil {
+		c.ctrl.OnCNP(now)
+		e.ccRate(q, now)
+	}
+}
+
 // ccMarked runs the notification point for a CE-marked packet arriving at
 // q from src QPN srcQPN, sending a CNP when one is due.
 func (e *Engine) ccMarked(q *QP, in *InPacket, srcQPN uint32, now time.Duration) {

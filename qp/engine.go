@@ -80,6 +80,11 @@ type Config struct {
 	MRs   *mr.Table
 	// Window is the most PSNs a QP keeps unacknowledged (rxe: 128).
 	Window int
+	// InitialWindow, when above 0, is the congestion window a QP starts
+	// with: slow start opens it to Window as ACKs come, instead of a new
+	// QP sending a whole Window at a peer it has not heard from (see
+	// window.go). 0 starts open.
+	InitialWindow int
 	// DataTOS is the IP TOS of data packets (DSCP<<2 | ECN).
 	DataTOS uint8
 	// MaxMTU is the largest path MTU the link carries, the port's
@@ -91,6 +96,14 @@ type Config struct {
 	AckEvery int
 	// Congestion configures DCQCN; nil means on, with NVIDIA's defaults.
 	Congestion *CongestionConfig
+	// ReadChunk is the most bytes one READ request asks for: a longer
+	// READ work request goes out as several requests (0:
+	// DefaultReadChunk). See readsplit.go.
+	ReadChunk int
+	// ReadBudget bounds the bytes of READ responses the engine has asked
+	// for and not yet received, so that they fit the socket receive
+	// buffer; one chunk may always be asked for (0: no bound).
+	ReadBudget int
 	// RNRTick is the grain the RNR wait is rounded up to, as rxe rounds
 	// it to jiffies (0: DefaultRNRTick; negative: the IBTA time exactly).
 	RNRTick time.Duration
@@ -138,6 +151,14 @@ type Engine struct {
 	timers   timerHeap
 	ackList  []*QP
 	wakeFunc func(at time.Duration)
+
+	// closedQPs holds the QP numbers destroyed within closedQPHold, with
+	// the time (quarantine.go).
+	closedQPs   map[uint32]time.Duration
+	closedOrder []closedQP // the Destroys closedQPs holds, oldest first
+
+	readOut  int   // bytes of READ responses asked for and not received (readsplit.go)
+	readWait []*QP // QPs waiting for room in the READ budget
 
 	// Stats are the engine's counters, readable at any time.
 	Stats Counters
@@ -188,6 +209,9 @@ func NewEngine(cfg Config) (*Engine, error) {
 	}
 	if cfg.Window > 1<<22 {
 		return nil, errors.New("qp: window must be below 2^22 PSNs")
+	}
+	if cfg.ReadChunk <= 0 {
+		cfg.ReadChunk = DefaultReadChunk
 	}
 	if cfg.AckEvery <= 0 {
 		cfg.AckEvery = 64
@@ -492,11 +516,12 @@ type timerKind uint8
 const (
 	timerRetransmit timerKind = iota
 	timerRNR
-	timerPace    // the pacer allows the next packet
-	timerCC      // the congestion controller's rate-increase and alpha timers
-	timerRead    // the responder sends the next part of a long READ response
-	timerAck     // ACKs InputPolled held are due
-	timerSendErr // a send the Output reported as failed for good (SendFailed)
+	timerPace     // the pacer allows the next packet
+	timerCC       // the congestion controller's rate-increase and alpha timers
+	timerRead     // the responder sends the next part of a long READ response
+	timerAck      // ACKs InputPolled held are due
+	timerSendErr  // a send the Output reported as failed for good (SendFailed)
+	timerReadRoom // the READ budget has room again (readRelease)
 	numTimers
 )
 
@@ -630,6 +655,8 @@ func (e *Engine) runTimers(now time.Duration) {
 			e.flushAcks()
 		case timerSendErr:
 			e.sendError(q)
+		case timerReadRoom:
+			e.kick(q)
 		}
 	}
 }

@@ -236,12 +236,40 @@ func TestDestroy(t *testing.T) {
 	if _, ok := a.n.e.QP(a.qp.Num()); ok {
 		t.Fatal("the engine still lists the QP")
 	}
-	// The peer's packets now find no QP.
+	// The peer's packets now find no QP: within closedQPHold of the
+	// Destroy they count as for a closed QP, and the number is not
+	// given to a new QP, however asked for.
 	f.drop = nil
 	b.post(t, SendWR{ID: 2, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(mustReg(t, b, 8), 0, 8), RemoteAddr: lmr.IOVA(), RKey: lmr.RKey()})
 	f.run(time.Second)
 	check(t, "peer", pollAll(b.scq), want{2, WCRetryExcErr, WCWrite})
-	if got := a.n.e.Stats.Drops[DropUnknownQP].Load(); got != uint64(o.retry)+1 {
-		t.Fatalf("unknown_qp drops %d, want %d", got, o.retry+1)
+	st := &a.n.e.Stats
+	if closed, unknown := st.Drops[DropClosedQP].Load(), st.Drops[DropUnknownQP].Load(); closed != uint64(o.retry)+1 || unknown != 0 {
+		t.Fatalf("closed_qp drops %d (want %d), unknown_qp drops %d (want 0)", closed, o.retry+1, unknown)
+	}
+	if _, err := a.n.e.Create(InitAttr{Type: RC, PD: a.n.pd, SendCQ: a.scq, RecvCQ: a.rcq, Caps: Caps{MaxSendWR: 1, MaxRecvWR: 1},
+		QPN: a.qp.Num()}); !errors.Is(err, ErrQPNTaken) {
+		t.Fatalf("creating QP %d again just after its Destroy: %v, want ErrQPNTaken", a.qp.Num(), err)
+	}
+	for range 3 {
+		if x := a.n.newQP(t, RC, 4); x.qp.Num() == a.qp.Num() {
+			t.Fatalf("a new QP got the number %d destroyed %v ago", x.qp.Num(), f.clock.now)
+		}
+	}
+	// After closedQPHold they are strangers, and the number is free.
+	f.runFor(closedQPHold)
+	late := make([]byte, bth.Len+reth.AETHLen+bth.ICRCLen) // an ACK, as the peer's responder would send
+	h := bth.BTH(late)
+	h.SetOpcode(bth.RCAck)
+	h.SetPKey(bth.DefaultPKey)
+	h.SetDestQP(a.qp.Num())
+	f.queue = append(f.queue, wirePkt{data: late, src: b.n.addr, dst: a.n.addr})
+	f.run(time.Millisecond)
+	if unknown := st.Drops[DropUnknownQP].Load(); unknown != 1 {
+		t.Fatalf("unknown_qp drops %d after the hold, want 1", unknown)
+	}
+	if _, err := a.n.e.Create(InitAttr{Type: RC, PD: a.n.pd, SendCQ: a.scq, RecvCQ: a.rcq, Caps: Caps{MaxSendWR: 1, MaxRecvWR: 1},
+		QPN: a.qp.Num()}); err != nil {
+		t.Fatalf("creating QP %d again after the hold: %v", a.qp.Num(), err)
 	}
 }

@@ -22,6 +22,8 @@ type wirePkt struct {
 	src  netip.AddrPort
 	dst  netip.AddrPort
 	tos  uint8
+	// served: a slow receiver already queued and processed it.
+	served bool
 }
 
 // fabric is an in-memory network of engines on virtual time.
@@ -62,6 +64,30 @@ type fabric struct {
 	// events are application actions due at a virtual time (see after).
 	events timedQueue[func()]
 	seq    uint64 // orders held packets and events with equal times
+	// slow makes receivers slow (see slowRx), by address.
+	slow map[netip.Addr]*slowRx
+}
+
+// slowRx is a slow receiver: a host that takes in one packet every
+// service time and holds at most queue packets waiting, dropping what
+// arrives beyond them, as an overloaded VM behind a short NIC ring does.
+type slowRx struct {
+	service   time.Duration
+	queue     int
+	busyUntil time.Duration // when the packets queued now are all taken in
+	dropped   int
+}
+
+// admit queues a packet arriving at now; it returns when the receiver
+// takes it in, or false when the queue is full.
+func (s *slowRx) admit(now time.Duration) (time.Duration, bool) {
+	start := max(s.busyUntil, now)
+	if int((start-now)/s.service) >= s.queue {
+		s.dropped++
+		return 0, false
+	}
+	s.busyUntil = start + s.service
+	return s.busyUntil, true
 }
 
 // timed is an item due at a virtual time; seq orders equal times in the
@@ -111,7 +137,7 @@ type nodeOut struct{ n *node }
 
 func (o nodeOut) Emit(pkts []OutPacket) {
 	for _, p := range pkts {
-		o.n.f.queue = append(o.n.f.queue, wirePkt{append([]byte(nil), p.Buf...), o.n.addr, p.Dest, p.TOS})
+		o.n.f.queue = append(o.n.f.queue, wirePkt{data: append([]byte(nil), p.Buf...), src: o.n.addr, dst: p.Dest, tos: p.TOS})
 	}
 }
 
@@ -222,6 +248,17 @@ func (f *fabric) deliver(p wirePkt) {
 	}
 	n, ok := f.nodes[p.dst.Addr()]
 	if !ok {
+		return
+	}
+	if s := f.slow[p.dst.Addr()]; s != nil && !p.served {
+		at, ok := s.admit(f.clock.now)
+		if !ok {
+			f.dropped++
+			return
+		}
+		p.served = true
+		f.seq++
+		heap.Push(&f.held, timed[wirePkt]{at, f.seq, p})
 		return
 	}
 	pkt, err := bth.Parse(append([]byte(nil), p.data...))

@@ -88,6 +88,9 @@ type QP struct {
 	// sendFailPSN and never will (see SendFailed).
 	sendFailed  bool
 	sendFailPSN bth.PSN
+	// readWaiting: q is on the engine's list of QPs waiting for room in
+	// the READ budget.
+	readWaiting bool
 }
 
 // ErrQPNTaken is returned by Create for a QP number in use or out of range.
@@ -127,9 +130,13 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 	if e.closed {
 		return nil, ErrClosed
 	}
+	now := e.cfg.Clock.Now()
 	if a.QPN != 0 {
 		if _, taken := e.qps[a.QPN]; taken || a.QPN > bth.PSNMask {
 			return nil, fmt.Errorf("%w: %d", ErrQPNTaken, a.QPN)
+		}
+		if e.recentlyClosed(a.QPN, now) {
+			return nil, fmt.Errorf("%w: %d was destroyed less than %v ago, and its peer may still send to it", ErrQPNTaken, a.QPN, closedQPHold)
 		}
 		q.num = a.QPN
 	} else {
@@ -139,7 +146,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 			if e.nextQPN > 0xffffff {
 				e.nextQPN = 17
 			}
-			if _, taken := e.qps[n]; !taken {
+			if _, taken := e.qps[n]; !taken && !e.recentlyClosed(n, now) {
 				q.num = n
 				break
 			}
@@ -299,6 +306,7 @@ func (q *QP) releaseWindows() {
 // reset returns the QP to its freshly created condition; posted work is
 // discarded without completions, as verbs does on a move to RESET.
 func (q *QP) reset() {
+	q.e.releaseAll(q)
 	for i := range q.sq {
 		q.sq[i] = sendWQE{}
 	}
@@ -378,8 +386,10 @@ func (q *QP) DetachGroup() {
 // engine lock is held.
 func (q *QP) destroy() {
 	q.releaseWindows()
+	q.e.releaseAll(q)
 	q.destroyed = true
 	delete(q.e.qps, q.num)
+	q.e.quarantine(q.num)
 	q.sendCQ.release()
 	if q.recvCQ != q.sendCQ {
 		q.recvCQ.release()
@@ -672,6 +682,12 @@ func (q *QP) enterError() {
 	q.errored.Store(true) // before the RQ flush; see PostRecv
 	q.e.cancel(q, timerRetransmit)
 	q.e.cancel(q, timerRNR)
+	if q.cc != nil {
+		// Nothing will be sent: the rate timer lapses (ccTimer), and
+		// ccAdmit catches the controller up should the QP send again.
+		q.e.cancel(q, timerCC)
+		q.cc.lapsed = true
+	}
 	q.flushSQ()
 	q.flushRQ()
 }
@@ -692,6 +708,7 @@ func (q *QP) flushSQ() {
 // moves the QP to ERR, whose flush must start after this WQE.
 func (q *QP) retire(flushed bool) {
 	w := q.wqe(q.sqHead)
+	q.e.releaseWQE(q, w)
 	q.sqHead++
 	q.completeSend(w, flushed)
 }

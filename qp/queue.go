@@ -21,6 +21,13 @@ type sendWQE struct {
 	firstPSN bth.PSN // PSN of the first packet (READ: of the first response)
 	lastPSN  bth.PSN // PSN of the last packet (READ: of the last response)
 	npkts    int
+	// READ splitting (readsplit.go): response PSNs per request, chunks
+	// asked for so far, and the max_rd_atomic slots and READ budget bytes
+	// the WQE holds (atomics, FLUSH and ATOMIC WRITE hold one slot).
+	chunkPkts  int
+	reqSent    int
+	rdHeld     int
+	budgetHeld int
 	// completer progress
 	acked     bool   // every packet acknowledged (or every response received)
 	readBytes uint32 // READ: response bytes placed so far

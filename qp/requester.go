@@ -39,12 +39,36 @@ type requester struct {
 	stalls     int
 	stallSince time.Duration
 	resent     bool
+
+	// The congestion window (window.go): cwnd PSNs, 0 while it is open
+	// (Config.Window alone limits); ssthresh ends slow start; cwndAcc
+	// counts PSNs acknowledged toward the next additive step; ackedTo is
+	// the compPSN the window last grew for.
+	cwnd, ssthresh, cwndAcc int
+	ackedTo                 bth.PSN
+	// afterTimeout is set by a retransmission timeout until what was
+	// sent before it is acknowledged (to recoverTo) or a NAK comes.
+	afterTimeout bool
+	recoverTo    bth.PSN
+	// One round-trip sample at a time (window.go): the PSN of a packet
+	// that asked for an ACK, first sent at rttAt; minRTT is the least
+	// sample seen; queueing says the last sample was well above it.
+	rttArmed bool
+	rttPSN   bth.PSN
+	rttAt    time.Duration
+	minRTT   time.Duration
+	queueing bool
 }
 
 func (r *requester) init(q *QP) {
 	r.psn = bth.PSN(q.attr.SQPSN)
 	r.compPSN = r.psn
 	r.maxSent = r.psn
+	r.ackedTo = r.psn
+	r.cwnd, r.ssthresh, r.afterTimeout = 0, 0, false // open until the peer drops something
+	if w := q.e.cfg.InitialWindow; w > 0 && w < q.e.cfg.Window {
+		r.cwnd, r.ssthresh = w, q.e.cfg.Window // slow start up to the window
+	}
 	r.refill(q)
 }
 
@@ -107,10 +131,10 @@ func (q *QP) maxRdAtomic() int {
 func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	w := q.wqe(q.sqSend)
 	r := &q.req
-	if q.typ == RC && int(r.psn.Diff(r.compPSN)) >= e.cfg.Window {
+	op := w.wr.Opcode
+	if q.typ == RC && int(r.psn.Diff(r.compPSN)) >= e.window(q) {
 		return false
 	}
-	op := w.wr.Opcode
 	if op == WRLocalInv || op == WRBindMW {
 		if !w.started { // a Go-back-N rewind passes it without executing it again
 			e.localOp(q, w)
@@ -126,13 +150,20 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 		if w.wr.Flags&SendFence != 0 && q.responsesPending(q.sqSend) {
 			return false
 		}
-		if w.needsResponse() && r.rdOut >= q.maxRdAtomic() && !w.started {
+		if w.needsResponse() && op != WRRead && r.rdOut >= q.maxRdAtomic() && !w.started {
 			return false
 		}
 	}
 	mtu := q.mtu
 	if q.typ == UD {
 		mtu = q.mtuOrMax()
+	}
+	freshRead := false
+	if op == WRRead {
+		var ok bool
+		if ok, freshRead = e.readAdmit(q, w, mtu); !ok {
+			return false
+		}
 	}
 	wire := min(mtu, int(w.length-min(r.off, w.length))) + wireOverhead
 	if !e.ccAdmit(q, now, wire) {
@@ -146,18 +177,24 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 			w.npkts = 1 // one request, one response
 		}
 		w.lastPSN = w.firstPSN.Add(w.npkts - 1)
-		if w.needsResponse() {
+		if w.needsResponse() && op != WRRead {
 			r.rdOut++
+			w.rdHeld = 1
 		}
-		if op != WRSend && op != WRSendImm && op != WRSendInv {
+		if op != WRSend && op != WRSendImm && op != WRSendInv && op != WRRead { // READ: per request (readCount)
 			e.Stats.RDMASends.Add(1)
 		}
+	}
+	if freshRead {
+		e.readCount(q, w, mtu)
 	}
 	retrans := r.psn.Before(r.maxSent)
 	if w.needsResponse() {
 		e.sendRequest(q, w, mtu)
 	} else if !e.sendSegment(q, w, mtu) {
 		return true // the WQE failed locally; the QP is in ERR
+	} else if q.typ == RC && r.noAck == 0 && !retrans && !r.rttArmed {
+		r.rttArmed, r.rttPSN, r.rttAt = true, r.psn.Add(-1), now // it asked for an ACK
 	}
 	if retrans {
 		e.Stats.Retransmits.Add(1)
@@ -282,7 +319,7 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 	firstPkt := r.off == 0
 	lastPkt := r.off+uint32(n) == w.length
 	op := segmentOpcode(q.typ, w.wr.Opcode, firstPkt, lastPkt)
-	ackReq := q.typ == RC && (lastPkt || r.noAck+1 >= e.cfg.AckEvery)
+	ackReq := q.typ == RC && (lastPkt || r.noAck+1 >= e.cfg.AckEvery || e.ackReqDue(q))
 	if q.typ == UD {
 		ackReq = false
 	}
@@ -389,10 +426,13 @@ func position(first, last bool) bth.Flags {
 func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 	r := &q.req
 	op := segmentOpcode(RC, w.wr.Opcode, true, true)
-	var off uint32
+	off, length := uint32(0), w.rethLength()
+	next := w.npkts // PSN offset of the next request
 	if w.wr.Opcode == WRRead {
-		k := r.psn.Diff(w.firstPSN) // responses already received
+		k := int(r.psn.Diff(w.firstPSN)) // responses already received
+		next = w.readChunkEnd(k)
 		off = uint32(min(int64(k)*int64(mtu), int64(w.length)))
+		length = uint32(min(int64(next)*int64(mtu), int64(w.length))) - off
 	}
 	var payload []byte
 	if op.Info().Has(bth.Payload) {
@@ -401,7 +441,7 @@ func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 	buf, p := e.header(q, op, r.psn, len(payload), true, false, q.attr.DestQPN)
 	copy(buf[p.Info.HdrLen:], payload)
 	if h := p.RETH(); h != nil {
-		h.Set(w.wr.RemoteAddr+uint64(off), w.wr.RKey, w.rethLength()-off)
+		h.Set(w.wr.RemoteAddr+uint64(off), w.wr.RKey, length)
 	}
 	if h := p.AtomicETH(); h != nil {
 		h.Set(w.wr.RemoteAddr, w.wr.RKey, swapAdd(&w.wr), w.wr.CompareAdd)
@@ -410,8 +450,12 @@ func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 		h.Set(w.wr.FlushLevel, w.wr.FlushType)
 	}
 	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
-	r.psn = w.lastPSN.Next()
 	r.noAck = 0
+	if next < w.npkts {
+		r.psn = w.firstPSN.Add(next) // the next chunk's request follows
+		return
+	}
+	r.psn = w.lastPSN.Next()
 	q.sqSend++
 }
 
@@ -490,6 +534,7 @@ func (e *Engine) retry(q *QP, from bth.PSN) {
 // overtook names PSNs that are done.
 func (e *Engine) rewind(q *QP, from bth.PSN) {
 	r := &q.req
+	r.rttArmed = false // an ACK may now answer either sending (Karn)
 	if from.Before(r.compPSN) {
 		from = r.compPSN
 	}
@@ -525,6 +570,7 @@ func (e *Engine) retransmitTimeout(q *QP, now time.Duration) {
 	if !e.retryOrFail(q, q.wqe(q.sqHead), r.compPSN) {
 		return
 	}
+	e.cwndTimeout(q, now)
 	e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	e.kick(q)
 }

@@ -104,7 +104,11 @@ func (e *Engine) receive(in *InPacket, now time.Duration) {
 	}
 	q, ok := e.qps[b.DestQP()]
 	if !ok {
-		e.drop(DropUnknownQP)
+		if e.recentlyClosed(b.DestQP(), now) {
+			e.drop(DropClosedQP)
+		} else {
+			e.drop(DropUnknownQP)
+		}
 		return
 	}
 	// A connected QP hears only its peer: a CNP or a CE mark from anyone

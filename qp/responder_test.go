@@ -727,6 +727,7 @@ func TestQueuedReads(t *testing.T) {
 	a.n.e.cfg.Window = 1 << 16 // every request leaves at once
 	f.batch = true
 	const size, nread = 600 << 10, 4 // 600 packets each at MTU 1024
+	a.n.e.cfg.ReadChunk = size       // each READ one request (readsplit.go): long responses
 	lmr, lbuf, rmr, rbuf := regBoth(t, a, b, nread*size, nread*size+64)
 	fastFill(rbuf, 21)
 	next := bth.PSN(o.apsn)

@@ -21,11 +21,13 @@ type Counters struct {
 	RetryRNRExceededErr atomic.Uint64 // retry_rnr_exceeded_err
 	CompleterRetryErr   atomic.Uint64 // completer_retry_err: retries started
 	SendErr             atomic.Uint64 // send_err
-	RDMASends           atomic.Uint64 // rdma_sends: RDMA WRITE/READ/atomic requests sent
+	RDMASends           atomic.Uint64 // rdma_sends: RDMA WRITE/READ/atomic requests sent (each once; a long READ is several requests)
 	RDMARecvs           atomic.Uint64 // rdma_recvs: such requests received
 	SentBytes           atomic.Uint64
 	RcvdBytes           atomic.Uint64
 	Retransmits         atomic.Uint64 // packets sent again
+	WindowCuts          atomic.Uint64 // congestion window cuts: retransmission timeouts and sequence error NAKs
+	ReadBudgetWaits     atomic.Uint64 // READ requests held back for the engine's READ budget
 	NAKsSent            atomic.Uint64
 	RemoteAccessNAKs    atomic.Uint64 // remote access error NAKs sent
 	InvalidRequestNAKs  atomic.Uint64 // invalid request NAKs sent
@@ -86,6 +88,7 @@ const (
 	DropOutOfBounds                     // range outside the MR, or wrapping (NAKed)
 	DropMisaligned                      // atomic on an address not 8-byte aligned (NAKed)
 	DropBusy                            // new request while a long READ response goes out (NAKed after it)
+	DropClosedQP                        // for a QP destroyed moments ago (closedQPHold): its peer had not heard yet
 	DropOther
 	// DropMcastNoRecvWQE is a multicast UD datagram that found no
 	// receive posted on a QP attached to its group: UD accepts any
@@ -99,7 +102,7 @@ const (
 var dropNames = [numDropReasons]string{
 	"unknown_qp", "bad_state", "wrong_opcode", "wrong_source", "bad_qkey", "bad_pkey", "bad_length",
 	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "out_of_bounds",
-	"misaligned", "busy", "other", "mcast_no_recv_wqe",
+	"misaligned", "busy", "closed_qp", "other", "mcast_no_recv_wqe",
 }
 
 // String names the reason as the metrics label does.

@@ -143,6 +143,16 @@ type SourcePorter interface {
 	SourcePorts() []uint16
 }
 
+// RecvBufferer is implemented by Conns that know the receive buffer the
+// kernel gave their reading socket: SO_RCVBUF read back after Listen set
+// it, in the kernel's accounting (twice what was asked, bounded by
+// net.core.rmem_max unless SO_RCVBUFFORCE passed). A device sizes the
+// READ responses it lets be in flight from it, so that a burst of them
+// cannot overflow its own socket.
+type RecvBufferer interface {
+	RecvBuffer() int
+}
+
 // Poller is implemented by Conns that can receive without blocking, for
 // receive loops that let other goroutines (an application polling for
 // completions) take in packets too. The Conns of Listen implement it.

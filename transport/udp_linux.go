@@ -66,6 +66,21 @@ func (c *udpConn) Stats() Stats {
 	return s
 }
 
+// RecvBuffer returns the reading socket's SO_RCVBUF (RecvBufferer): the
+// raw socket's in RecvRaw mode, the UDP socket's otherwise; 0 if it
+// cannot be read.
+func (c *udpConn) RecvBuffer() int {
+	rc := c.rc
+	if c.rrc != nil {
+		rc = c.rrc
+	}
+	n := 0
+	_ = rc.Control(func(fd uintptr) {
+		n, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
+	})
+	return n
+}
+
 func (c *udpConn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return net.ErrClosed

@@ -493,3 +493,24 @@ func TestConcurrentSendRecv(t *testing.T) {
 		t.Errorf("%d distinct packets", len(seen))
 	}
 }
+
+// TestRecvBuffer: a Conn reports the receive buffer the kernel gave its
+// reading socket, in the kernel's accounting (twice what was asked), in
+// both receive modes; devices size their READ budget from it.
+func TestRecvBuffer(t *testing.T) {
+	for _, mode := range []RecvMode{RecvSocket, RecvRaw} {
+		c, err := Listen(netip.MustParseAddrPort("127.0.0.1:0"), Options{Mode: mode, SocketRecvBuffer: 96 << 10})
+		if err != nil {
+			if mode == RecvRaw {
+				t.Logf("raw mode: %v", err)
+				continue
+			}
+			t.Fatal(err)
+		}
+		got := c.(RecvBufferer).RecvBuffer()
+		c.Close()
+		if got != 2*96<<10 {
+			t.Fatalf("mode %v: RecvBuffer %d, want %d (SO_RCVBUF of 96 KiB, doubled by the kernel)", mode, got, 2*96<<10)
+		}
+	}
+}

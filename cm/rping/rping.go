@@ -39,9 +39,13 @@ const (
 	DefaultPort = 7174        // rping's -p default
 	DefaultSize = 64          // rping's -S default
 	MaxSize     = 64*1024 - 1 // RPING_BUFSIZE - 1
-	MinSize     = 24          // sizeof("2147483647") + sizeof("rdma-ping-%d: ")
-	infoSize    = 16          // struct rping_rdma_info
-	sqDepth     = 16          // RPING_SQ_DEPTH
+	// MinSize is rping's RPING_MIN_BUFSIZE, sizeof(stringify(INT_MAX)) +
+	// sizeof("rdma-ping-%d: "): rping.c does not include limits.h, so
+	// INT_MAX stays unexpanded and the first term is sizeof("INT_MAX"),
+	// 8, not the 11 of "2147483647". rping takes -S 23.
+	MinSize  = 23
+	infoSize = 16 // struct rping_rdma_info
+	sqDepth  = 16 // RPING_SQ_DEPTH
 )
 
 // Config is what both roles take.

@@ -141,3 +141,32 @@ func TestServeSkipsHalfOpen(t *testing.T) {
 	}
 	t.Logf("client served %v after the half-open REQ", time.Since(start))
 }
+
+// TestMinSize: rping's smallest size, 23, works from rxego's client to
+// rxego's server (the ping number and its letters fill it exactly), and
+// one byte less is refused with the range named, changing nothing.
+func TestMinSize(t *testing.T) {
+	srv, cli := cmtest.Pair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	l, err := srv.Listen(DefaultPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := Serve(ctx, srv, l, Config{})
+		done <- err
+	}()
+	to := netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort)
+	if _, err := Dial(ctx, cli, to, Config{Size: MinSize - 1, Count: 1}); err == nil || !strings.Contains(err.Error(), "outside 23..") {
+		t.Fatalf("size 22: %v, want a range error", err)
+	}
+	res, err := Dial(ctx, cli, to, Config{Size: MinSize, Count: 3, Validate: true})
+	if err != nil || res.Verified != 3 {
+		t.Fatalf("size 23: %+v %v", res, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+}

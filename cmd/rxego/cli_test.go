@@ -133,6 +133,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"rping", "-a", "127.0.0.1"}, "give exactly one of -s and -c"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "-S", "100000"}, "-S 100000: want 24 to 65535"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "-C", "-1"}, "-C -1: want 0 to"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "-S", "22"}, "-S 22: want 23 to 65535"},
 		{[]string{"ucmatose", "-b", "127.0.0.1", "-C", "99999"}, "count 99999"},
 		{[]string{"ucmatose", "-c", "0"}, "-c 0: must be at least 1"},
 		{[]string{"mckey", "-s"}, "needs a multicast address: -m"},

@@ -20,7 +20,10 @@ type Row struct {
 	// Counters is the rxe hw_counters delta over the case (see
 	// CounterDelta); zero entries are left out of the table.
 	Counters map[string]uint64
-	Note     string
+	// Resent is how much of the case's traffic was sent again, from
+	// rxego's counters (the conformance suite's resentRatio), or "".
+	Resent string
+	Note   string
 }
 
 // Report collects rows from (possibly parallel) tests and writes them as a
@@ -53,12 +56,12 @@ func (r *Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s\n\n", r.title)
 	fmt.Fprintf(&b, "Generated %s.\n\n", time.Now().UTC().Format(time.RFC3339))
-	b.WriteString("| case | kernel | role | result | duration | rxe counters (delta) | note |\n")
-	b.WriteString("|---|---|---|---|---|---|---|\n")
+	b.WriteString("| case | kernel | role | result | duration | resent | rxe counters (delta) | note |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows() {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			cell(row.Case), cell(row.Kernel), cell(row.Role), cell(row.Result),
-			row.Duration.Round(time.Millisecond), cell(formatCounters(row.Counters)), cell(row.Note))
+			row.Duration.Round(time.Millisecond), cell(row.Resent), cell(formatCounters(row.Counters)), cell(row.Note))
 	}
 	return b.String()
 }

@@ -96,12 +96,12 @@ func TestReportMarkdown(t *testing.T) {
 	r := NewReport("title")
 	r.Add(Row{Case: "rc|pp", Kernel: "6.12", Role: "server", Result: "pass",
 		Duration: 1500 * time.Millisecond,
-		Counters: map[string]uint64{"sent_pkts": 4, "rcvd_pkts": 5, "ack_deferred": 0}, Note: "a\nb"})
+		Counters: map[string]uint64{"sent_pkts": 4, "rcvd_pkts": 5, "ack_deferred": 0}, Resent: "2.0% (2/100)", Note: "a\nb"})
 	md := r.Markdown()
 	for _, want := range []string{
 		"# title\n",
-		"| case | kernel | role | result | duration | rxe counters (delta) | note |",
-		`| rc\|pp | 6.12 | server | pass | 1.5s | rcvd_pkts=5 sent_pkts=4 | a b |`,
+		"| case | kernel | role | result | duration | resent | rxe counters (delta) | note |",
+		`| rc\|pp | 6.12 | server | pass | 1.5s | 2.0% (2/100) | rcvd_pkts=5 sent_pkts=4 | a b |`,
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("markdown lacks %q:\n%s", want, md)

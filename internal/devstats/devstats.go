@@ -43,6 +43,8 @@ func Engine(c *qp.Counters) map[string]uint64 {
 		"sent_bytes":               c.SentBytes.Load(),
 		"rcvd_bytes":               c.RcvdBytes.Load(),
 		"retransmits":              c.Retransmits.Load(),
+		"window_cuts":              c.WindowCuts.Load(),
+		"read_budget_waits":        c.ReadBudgetWaits.Load(),
 		"naks_sent":                c.NAKsSent.Load(),
 		"remote_access_naks":       c.RemoteAccessNAKs.Load(),
 		"invalid_request_naks":     c.InvalidRequestNAKs.Load(),

@@ -24,8 +24,8 @@ func TestNames(t *testing.T) {
 			t.Errorf("%s = %d (present %v), want %d", name, got, ok, want)
 		}
 	}
-	if len(m) != 26+len(qp.DropReasons()) {
-		t.Errorf("%d engine counters, want %d", len(m), 26+len(qp.DropReasons()))
+	if len(m) != 28+len(qp.DropReasons()) {
+		t.Errorf("%d engine counters, want %d", len(m), 28+len(qp.DropReasons()))
 	}
 	var s transport.Stats
 	s.SentPackets, s.Drops[transport.DropBadICRC] = 7, 4

@@ -465,19 +465,31 @@ func (c *conn) connect() error {
 	return nil
 }
 
-// pattern fills b with a self-describing pattern: the first 8 bytes hold
-// seq, the rest are derived from it, so any receiver can check a message
-// whether it is an echo (from the C tools) or rxego's own.
+// pattern fills b with a self-describing pattern: 8 bytes hold seq, the
+// rest are derived from it, so any receiver can check a message whether
+// it is an echo (from the C tools) or rxego's own. In a message of more
+// than 8 bytes the first byte of every 4 KiB page is 0 and seq follows
+// the first: what ibv_rc_pingpong -c (--chk) checks in the messages it
+// receives (see checkedFirst). A shorter message is seq alone.
 func pattern(b []byte, seq uint64) {
 	var hdr [8]byte
 	binary.LittleEndian.PutUint64(hdr[:], seq)
-	n := copy(b, hdr[:])
+	at := 0
+	if len(b) > len(hdr) {
+		at = 1
+	}
+	n := at + copy(b[at:], hdr[:])
 	x := seq*0x9e3779b97f4a7c15 + 1
 	for i := n; i < len(b); i++ {
 		x ^= x << 13
 		x ^= x >> 7
 		x ^= x << 17
 		b[i] = byte(x)
+	}
+	if at == 1 {
+		for i := 0; i < len(b); i += 4 << 10 {
+			b[i] = 0
+		}
 	}
 }
 
@@ -486,8 +498,12 @@ func consistent(b []byte) bool {
 	if len(b) < 8 {
 		return false
 	}
+	seq := binary.LittleEndian.Uint64(b)
+	if len(b) > 8 {
+		seq = binary.LittleEndian.Uint64(b[1:])
+	}
 	want := make([]byte, len(b))
-	pattern(want, binary.LittleEndian.Uint64(b))
+	pattern(want, seq)
 	return bytes.Equal(want, b)
 }
 
@@ -510,8 +526,9 @@ func (c *conn) postSend(qi int) error {
 }
 
 // check accepts a received message that is either the tools' fill byte
-// throughout (the peer's first send: 0x7b, 0 for ibv_srq_pingpong) or an
-// echo of something we sent.
+// throughout (the peer's first send: 0x7b, 0 for ibv_srq_pingpong), the
+// fill with the first byte of every page zeroed (the first send of
+// ibv_rc_pingpong -c, see checkedFirst), or an echo of something we sent.
 func (c *conn) check(got []byte) {
 	if !c.cfg.Verify {
 		return
@@ -520,7 +537,7 @@ func (c *conn) check(got []byte) {
 	if c.cfg.Kind == SRQ {
 		fill = srqFillByte
 	}
-	if bytes.Count(got, []byte{fill}) == len(got) || consistent(got) {
+	if bytes.Count(got, []byte{fill}) == len(got) || checkedFirst(got, fill) || consistent(got) {
 		return
 	}
 	if c.cfg.Kind == SRQ {
@@ -535,6 +552,31 @@ func (c *conn) check(got []byte) {
 		}
 	}
 	c.mismatch++
+}
+
+// checkedFirst reports whether got is what the C tools send first with
+// -c (--chk): before its first send the client stores
+// i / page_size % sizeof(char), which is 0, at every page start i of its
+// buffer, which otherwise holds the fill byte. Page sizes of 4, 16 and
+// 64 KiB are accepted, as the peer's may be any.
+func checkedFirst(got []byte, fill byte) bool {
+	if len(got) == 0 || got[0] != 0 {
+		return false
+	}
+next:
+	for _, page := range []int{4 << 10, 16 << 10, 64 << 10} {
+		for i, b := range got {
+			want := fill
+			if i%page == 0 {
+				want = 0
+			}
+			if b != want {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
 }
 
 // pieced reports whether got is made of runs, each the same bytes at the

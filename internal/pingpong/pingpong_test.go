@@ -175,3 +175,63 @@ func TestLimits(t *testing.T) {
 		t.Errorf("ud at MTU 512: size %d, %v", c.Size, err)
 	}
 }
+
+// TestCheckedFirst: the first message of ibv_rc_pingpong -c (the fill
+// byte with each page's first byte zeroed) passes the check, for one
+// page or several, and a message that differs anywhere else does not.
+func TestCheckedFirst(t *testing.T) {
+	for _, size := range []int{1, 100, 4096, 3*4096 + 5} {
+		msg := bytes.Repeat([]byte{fillByte}, size)
+		for i := 0; i < size; i += 4096 {
+			msg[i] = 0
+		}
+		if !checkedFirst(msg, fillByte) {
+			t.Fatalf("size %d: the -c client's first message rejected", size)
+		}
+		if size > 4096 {
+			bad := bytes.Clone(msg)
+			bad[4096] = fillByte // a page start not zeroed
+			if checkedFirst(bad, fillByte) {
+				t.Fatalf("size %d: a page start left at the fill accepted", size)
+			}
+		}
+		bad := bytes.Clone(msg)
+		bad[size-1] ^= 1
+		if size > 1 && checkedFirst(bad, fillByte) {
+			t.Fatalf("size %d: a changed byte accepted", size)
+		}
+	}
+	if checkedFirst(bytes.Repeat([]byte{fillByte}, 64), fillByte) {
+		t.Fatal("the plain fill passes as the -c message (it has its own check)")
+	}
+}
+
+// TestPatternPageStarts: rxego's messages keep the first byte of every
+// 4 KiB page 0, as ibv_rc_pingpong -c checks in what it receives, and
+// still describe themselves (consistent), at every size; a changed byte
+// anywhere is caught where the message is longer than what describes it
+// (up to 9 bytes any seq is a pattern).
+func TestPatternPageStarts(t *testing.T) {
+	for _, size := range []int{8, 9, 100, 4096, 4097, 3*4096 + 1} {
+		b := make([]byte, size)
+		pattern(b, 77)
+		if !consistent(b) {
+			t.Fatalf("size %d: rxego's own pattern not consistent", size)
+		}
+		for i := 0; size > 8 && i < size; i += 4096 {
+			if b[i] != 0 {
+				t.Fatalf("size %d: byte %d is %#x, want 0 (a page start)", size, i, b[i])
+			}
+		}
+		for _, i := range []int{0, size / 2, size - 1} {
+			if size <= 9 {
+				break
+			}
+			c := bytes.Clone(b)
+			c[i] ^= 0x40
+			if consistent(c) {
+				t.Fatalf("size %d: byte %d changed, still consistent", size, i)
+			}
+		}
+	}
+}

@@ -1,0 +1,139 @@
+package qp
+
+import (
+	"time"
+
+	"github.com/rxego/rxego/bth"
+)
+
+// The requester's congestion window (issue 23). IBTA and rxe resend
+// everything from the oldest unacknowledged PSN after a timeout, up to
+// the whole send window at once; against a slow responder (a loaded host,
+// a small VM) whose queue already holds that window, the resends only
+// bury it deeper, and every QP does the same at every timeout. So a QP
+// keeps, within the fixed Config.Window, a congestion window as TCP
+// does. It starts open (a QP sends as before until the peer drops
+// something). A timeout restarts it at one PSN, acknowledgements grow it
+// again (doubling each round trip up to half of what was in flight at
+// the timeout, then one PSN per window's worth of acknowledgements), and
+// a PSN sequence error NAK (a packet lost) halves what was in flight.
+// The timer itself keeps IBTA's timing: one Local ACK Timeout per try
+// and retry_cnt tries, as rxe, with no exponential back-off (its tests
+// and applications count on retry_cnt+1 timeouts to RETRY_EXC_ERR).
+
+// minCwnd is the least a sequence error NAK or slow start's threshold
+// leaves of the congestion window, in PSNs: a few packets, enough to keep
+// ACKs coming back. A timeout leaves one PSN (the oldest unacknowledged,
+// resent), as TCP's loss window: the ACK that follows tells a spurious
+// timeout from a loss (resumeAt).
+const minCwnd = 2
+
+// queueDelay is the round-trip time beyond twice the least one seen at
+// which a QP takes packets to be queueing at a slow peer (a loaded host,
+// an emulated guest) and stops opening its window, as delay-based TCP
+// (Vegas, HyStart) does before the queue overflows. A millisecond is
+// far above the jitter of a fast path.
+const queueDelay = time.Millisecond
+
+// window returns how many PSNs q may keep unacknowledged now.
+func (e *Engine) window(q *QP) int {
+	if c := q.req.cwnd; c > 0 && c < e.cfg.Window {
+		return c
+	}
+	return e.cfg.Window
+}
+
+// ackReqDue reports whether the packet the requester is about to send
+// must ask for an acknowledgement beyond the every-AckEvery rule: when it
+// fills the window, or half a small window has gone unasked, the requester
+// would otherwise wait for an ACK that the responder has no reason to
+// send until the message ends.
+func (e *Engine) ackReqDue(q *QP) bool {
+	r := &q.req
+	w := e.window(q)
+	return int(r.psn.Diff(r.compPSN))+1 >= w || r.noAck+1 >= max(w/2, 1)
+}
+
+// cwndOpen grows the congestion window by the PSNs acknowledged since the
+// last call. It is called whenever an acknowledgement or response moved
+// compPSN.
+func (e *Engine) cwndOpen(q *QP, now time.Duration) {
+	r := &q.req
+	k := int(r.compPSN.Diff(r.ackedTo))
+	r.ackedTo = r.compPSN
+	if r.afterTimeout && !r.compPSN.Before(r.recoverTo) {
+		r.afterTimeout = false
+	}
+	if r.rttArmed && r.compPSN.After(r.rttPSN) {
+		r.rttArmed = false
+		rtt := now - r.rttAt
+		if r.minRTT == 0 || rtt < r.minRTT {
+			r.minRTT = rtt
+		}
+		r.queueing = rtt > 2*r.minRTT+queueDelay
+	}
+	if k <= 0 || r.cwnd == 0 {
+		return
+	}
+	if r.queueing {
+		// Packets wait at the peer: a bigger window would only lengthen
+		// the queue until it overflows. Slow start ends here.
+		r.ssthresh = min(r.ssthresh, r.cwnd)
+		return
+	}
+	if r.cwnd < r.ssthresh {
+		r.cwnd = min(r.cwnd+k, r.ssthresh) // slow start
+	} else {
+		r.cwndAcc += k // congestion avoidance: one PSN per window acknowledged
+		for r.cwndAcc >= r.cwnd {
+			r.cwndAcc -= r.cwnd
+			r.cwnd++
+		}
+	}
+	if r.cwnd >= e.cfg.Window {
+		r.cwnd = 0 // open: the fixed window rules again
+	}
+}
+
+// cwndTimeout shrinks the window after a retransmission timeout: what was
+// in flight did not come back in time, so the responder (or the path) is
+// slower than the window assumed. It also tells DCQCN, as a CNP would.
+func (e *Engine) cwndTimeout(q *QP, now time.Duration) {
+	r := &q.req
+	flight := int(r.maxSent.Diff(r.compPSN))
+	r.ssthresh = max(min(flight, e.window(q))/2, minCwnd)
+	r.cwnd, r.cwndAcc = 1, 0
+	r.ackedTo = r.compPSN
+	r.afterTimeout, r.recoverTo = true, r.maxSent
+	e.Stats.WindowCuts.Add(1)
+	e.ccLoss(q, now)
+}
+
+// cwndLoss halves the window after a PSN sequence error NAK: a packet
+// was lost, the ones after it still arrived.
+func (e *Engine) cwndLoss(q *QP) {
+	r := &q.req
+	flight := int(r.maxSent.Diff(r.compPSN))
+	r.ssthresh = max(min(flight, e.window(q))/2, minCwnd) // half of what was in flight, as TCP (RFC 5681)
+	r.cwnd, r.cwndAcc = r.ssthresh, 0
+	r.ackedTo = r.compPSN
+	r.afterTimeout = false
+	e.Stats.WindowCuts.Add(1)
+}
+
+// resumeAt returns where the requester goes on sending after an
+// acknowledgement passed its send position (see complete). After a
+// timeout that means the timeout was spurious, as TCP's F-RTO detects:
+// the packets sent before it were only waiting in a slow responder's
+// queue, and the ACK answers those, not the resends. The rest of them
+// are still on their way, so the requester goes on after the last PSN it
+// ever sent instead of sending them all again; should one of them have
+// been lost after all, the responder's sequence error NAK or the next
+// timeout says so.
+func (e *Engine) resumeAt(q *QP) bth.PSN {
+	r := &q.req
+	if r.afterTimeout {
+		return r.maxSent
+	}
+	return r.compPSN
+}
