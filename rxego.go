@@ -219,6 +219,12 @@ type Options struct {
 	SourcePorts int
 	// Window is the most unacknowledged PSNs per QP (default 256).
 	Window int
+	// RetryStallTime bounds retransmissions without progress on a QP
+	// whose retry_cnt is 7, which rxe retries for ever: after more than
+	// 64 of them, the first at least this long ago, the oldest WR fails
+	// with RETRY_EXC_ERR (docs/rnic.md). 0 means qp.DefaultStallTime
+	// (10 s); negative means never, rxe's rule.
+	RetryStallTime time.Duration
 	// DataTOS is the IP TOS of data packets: DSCP<<2 | ECN bits.
 	DataTOS uint8
 	// Congestion configures DCQCN (reaction point, notification point,
@@ -457,7 +463,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 		budget, chunk := readBudget(s.conn, n/len(conns))
 		s.eng, err = qp.NewEngine(qp.Config{
 			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
-			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
+			Window: o.Window, StallTime: o.RetryStallTime, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
 			Destroyed:  d.forgetQP,
 			ReadBudget: budget, ReadChunk: chunk, InitialWindow: initialWindow,
 		})
