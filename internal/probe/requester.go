@@ -581,7 +581,22 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 			if len(copies) < 2 {
 				return fail("psn=+%d was never resent", im.At)
 			}
+			// The timer's resend is the peer's first one. When the
+			// probe's ACKs of the PSNs before +At came late (a loaded
+			// host), the peer's timer ran out on one of those and its
+			// go-back-N resent +At along with it, perhaps just after
+			// +At's first copy: the time that judges the timer is then
+			// the oldest PSN's.
+			first, ok := q.firstRetransmission()
+			if !ok || first.rel > im.At {
+				return fail("resent psn=+%d first, not the oldest unacknowledged (psn=+%d or before)", first.rel, im.At)
+			}
 			d := copies[1].Sub(copies[0])
+			if first.rel != im.At {
+				orig := q.copies(first.rel)[0]
+				d = first.at.Sub(orig)
+				obs = append(obs, fmt.Sprintf("the timer ran out on psn=+%d first (the probe's ACK for it came late): resent after %v", first.rel, d.Round(100*time.Microsecond)))
+			}
 			lo, _ := parseDelay(st.Min, r.timeoutT, rnr)
 			hi, _ := parseDelay(st.Max, r.timeoutT, rnr)
 			if st.Min != "" && d < lo-r.slack || st.Max != "" && d > hi+r.slack {
@@ -612,6 +627,17 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 		}
 	}
 	return Conforms, "", obs
+}
+
+// firstRetransmission returns the first packet the peer sent a second
+// time.
+func (q *reqQP) firstRetransmission() (reqEvent, bool) {
+	for _, e := range q.events {
+		if e.copy > 1 {
+			return e, true
+		}
+	}
+	return reqEvent{}, false
 }
 
 // firstResend returns the first packet after t that is not a new PSN:

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/gopacket/gopacket/layers"
 	"github.com/rxego/rxego/bth"
@@ -97,6 +99,15 @@ func openWire(local, peer netip.Addr, gap time.Duration, maxPackets int, pcap *p
 		c.Close()
 		return nil, fmt.Errorf("probe: setting DF on %v: %w", la, err)
 	}
+	// The kernel stamps each packet as it reaches the socket: the probe's
+	// timings (a resend after T, the first resend after a NAK) must not
+	// include how long the probe's reader took to be scheduled, which on
+	// a loaded host is tens of milliseconds and can put a packet's first
+	// copy next to its resend.
+	if err := stampArrivals(c); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("probe: asking for receive timestamps on %v: %w", la, err)
+	}
 	if gap <= 0 {
 		gap = DefaultGap
 	}
@@ -145,6 +156,10 @@ func (w *wire) fillICRC(pkt []byte) {
 	v.Fill(pkt)
 }
 
+// spinBelow is the longest gap send waits out by yielding rather than
+// with a timer.
+const spinBelow = 500 * time.Microsecond
+
 // send paces and sends one packet (BTH..ICRC, ICRC already as wanted) to
 // the peer; tos is the IP TOS it carried, for the record.
 func (w *wire) send(ctx context.Context, pkt []byte, tos uint8) (time.Time, error) {
@@ -156,11 +171,19 @@ func (w *wire) send(ctx context.Context, pkt []byte, tos uint8) (time.Time, erro
 	wait := time.Until(w.last.Add(w.gap))
 	w.sent++
 	w.mu.Unlock()
-	if wait > 0 {
+	switch {
+	case wait > spinBelow:
 		select {
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
 		case <-time.After(wait):
+		}
+	case wait > 0:
+		// A timer this short wakes the goroutine late on a busy host
+		// (about 1 ms per ACK was measured under load, late enough for
+		// the peer's ACK timer to run out): yield until the gap is over.
+		for end := time.Now().Add(wait); time.Now().Before(end); {
+			runtime.Gosched()
 		}
 	}
 	// Stamped and recorded before it leaves: a fast peer's answer is read
@@ -202,12 +225,13 @@ func (w *wire) readLoop() {
 	defer close(w.done)
 	defer close(w.in)
 	buf := make([]byte, 65536)
+	oob := arrivalOOB()
 	for {
-		n, from, err := w.conn.ReadFromUDPAddrPort(buf)
+		n, oobn, _, from, err := w.conn.ReadMsgUDPAddrPort(buf, oob)
 		if err != nil {
 			return
 		}
-		at := time.Now()
+		at := arrivalTime(oob[:oobn])
 		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
 		pkt := append([]byte(nil), buf[:n]...)
 		p, perr := bth.Parse(pkt)
@@ -227,6 +251,49 @@ func (w *wire) readLoop() {
 			w.mu.Unlock()
 		}
 	}
+}
+
+// stampArrivals asks the kernel to stamp every packet c receives
+// (SO_TIMESTAMPNS), for arrivalTime.
+func stampArrivals(c *net.UDPConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// arrivalOOB returns a buffer for the control message arrivalTime reads.
+func arrivalOOB() []byte { return make([]byte, unix.CmsgSpace(int(unsafe.Sizeof(unix.Timespec{})))) }
+
+// arrivalTime returns when the kernel received the packet whose control
+// messages are oob (SO_TIMESTAMPNS), or now if it did not say.
+func arrivalTime(oob []byte) time.Time {
+	now := time.Now()
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return now
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SCM_TIMESTAMPNS && len(m.Data) >= int(unsafe.Sizeof(unix.Timespec{})) {
+			ts := *(*unix.Timespec)(unsafe.Pointer(&m.Data[0]))
+			at := time.Unix(ts.Unix())
+			// Keep the monotonic reading (durations against the probe's
+			// own send times stay immune to clock steps): now less how
+			// long the packet waited in the socket.
+			if d := now.Sub(at); d >= 0 {
+				return now.Add(-d)
+			}
+			return now
+		}
+	}
+	return now
 }
 
 // checkICRC checks a received packet's ICRC; for IPv4 it recovers the ID
