@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/rxego/rxego/internal/sched"
+	"github.com/rxego/rxego/internal/device"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -56,7 +56,7 @@ func (c *CQ) attach(d *Device, s int) {
 		if len(d.rcvs) > 1 {
 			home = s
 		}
-		sched.Attach(c.cq, d.rcvs, home)
+		device.Attach(c.cq, d.rcvs, home)
 	})
 }
 

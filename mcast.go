@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/internal/sched"
+	"github.com/rxego/rxego/internal/device"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
@@ -32,12 +32,12 @@ const MulticastQPN = 0xFFFFFF
 // mcastGroup is one joined group of a device.
 type mcastGroup struct {
 	conn transport.Conn
-	rcv  *sched.Receiver
+	rcv  *device.Receiver
 	in   *mcastIn
 	done chan struct{} // closed when the group's receive loop ended
 }
 
-// mcastIn is a group's sched.Input: it delivers every datagram to each
+// mcastIn is a group's device.Input: it delivers every datagram to each
 // attached QP.
 type mcastIn struct {
 	d       *Device
@@ -158,7 +158,7 @@ func (d *Device) join(g netip.Addr) (*mcastGroup, error) {
 	}
 	in := &mcastIn{d: d, scratch: make([]byte, qp.MaxPacket), one: make([]qp.InPacket, 1)}
 	grp := &mcastGroup{conn: c, in: in, done: make(chan struct{}),
-		rcv: sched.New(sched.Config{Conn: c, In: in, Local: g, Stop: d.stop})}
+		rcv: device.New(device.Config{Conn: c, In: in, Local: g, Stop: d.stop})}
 	if d.mcast == nil {
 		d.mcast = map[netip.Addr]*mcastGroup{}
 	}
@@ -273,11 +273,11 @@ func (x *mcastIn) deliver(pkts []qp.InPacket, polled bool) bool {
 	return woke
 }
 
-// InputWoke implements sched.Input.
+// InputWoke implements device.Input.
 func (x *mcastIn) InputWoke(pkts []qp.InPacket) bool { return x.deliver(pkts, false) }
 
-// InputPolled implements sched.Input.
+// InputPolled implements device.Input.
 func (x *mcastIn) InputPolled(pkts []qp.InPacket) bool { return x.deliver(pkts, true) }
 
-// FlushAcks implements sched.Input: UD has no ACKs, and deliver flushed.
+// FlushAcks implements device.Input: UD has no ACKs, and deliver flushed.
 func (x *mcastIn) FlushAcks() {}

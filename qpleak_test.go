@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestQPsLeaveNoTrace (issue 24): 50,000 cycles of create, ConnectRC and

@@ -56,7 +56,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rxego/rxego/internal/sched"
+	"github.com/rxego/rxego/internal/device"
 	"github.com/rxego/rxego/mr"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
@@ -262,13 +262,13 @@ const MaxShards = 16
 // with Open; the zero Device is closed (its methods return ErrClosed).
 type Device struct {
 	shards []*shard
-	rcvs   []*sched.Receiver // one per Conn: per shard, or one for Options.Conn
-	demux  []*demux          // the Receivers' inputs on a sharded device
+	rcvs   []*device.Receiver // one per Conn: per shard, or one for Options.Conn
+	demux  []*demux           // the Receivers' inputs on a sharded device
 	conns  []transport.Conn
 	mrs    *mr.Table
 	local  netip.AddrPort
-	gids   []netip.AddrPort  // the GID table: local first (gid.go)
-	xrcvs  []*sched.Receiver // the Receivers of the GIDs after the first
+	gids   []netip.AddrPort   // the GID table: local first (gid.go)
+	xrcvs  []*device.Receiver // the Receivers of the GIDs after the first
 	routes routeTable
 	topts  transport.Options // the sockets' options; Conn set: a given Conn (no multicast)
 	given  bool
@@ -470,24 +470,24 @@ func Open(addr string, opts *Options) (*Device, error) {
 		d.shards = append(d.shards, s)
 	}
 	for i, c := range conns {
-		in := sched.Input(d.shards[i].eng)
+		in := device.Input(d.shards[i].eng)
 		if n > 1 {
 			x := newDemux(d, i)
 			d.demux = append(d.demux, x)
 			in = x
 		}
-		d.rcvs = append(d.rcvs, sched.New(sched.Config{Conn: c, In: in, Local: local.Addr(), BusyPoll: o.BusyPoll, Stop: d.stop}))
+		d.rcvs = append(d.rcvs, device.New(device.Config{Conn: c, In: in, Local: local.Addr(), BusyPoll: o.BusyPoll, Stop: d.stop}))
 	}
 	// A further GID's sockets are read by their own goroutines only: CQs
 	// attach to the first GID's Receivers (cq.go), and the completions
 	// these take in wake a CQ's waiters as another shard's would.
 	for g, cs := range xconns {
 		for i, c := range cs {
-			in := sched.Input(d.shards[i].eng)
+			in := device.Input(d.shards[i].eng)
 			if n > 1 {
 				in = newDemux(d, i)
 			}
-			d.xrcvs = append(d.xrcvs, sched.New(sched.Config{Conn: c, In: in, Local: gids[g+1].Addr(), Stop: d.stop}))
+			d.xrcvs = append(d.xrcvs, device.New(device.Config{Conn: c, In: in, Local: gids[g+1].Addr(), Stop: d.stop}))
 		}
 	}
 	for _, r := range append(d.rcvs[:len(d.rcvs):len(d.rcvs)], d.xrcvs...) {

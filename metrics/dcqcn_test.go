@@ -12,7 +12,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/congestion"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/metrics"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"

@@ -14,7 +14,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/demo"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/qp"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/internal/perftest"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/reth"
 	"github.com/rxego/rxego/transport/pcaptap"

@@ -20,7 +20,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/transport"
 	"github.com/rxego/rxego/transport/pcaptap"

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/internal/cmtest"
+	"github.com/rxego/rxego/cmd/rxego/internal/cmtest"
 )
 
 // TestServeDial runs rxego's udaddy server against its client with

@@ -24,7 +24,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/internal/exchange"
+	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
 	"github.com/rxego/rxego/qp"
 )
 

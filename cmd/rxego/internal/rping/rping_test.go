@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/internal/cmtest"
+	"github.com/rxego/rxego/cmd/rxego/internal/cmtest"
 	"github.com/rxego/rxego/transport"
 )
 

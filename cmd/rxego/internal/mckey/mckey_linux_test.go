@@ -15,9 +15,9 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/internal/exchange"
-	"github.com/rxego/rxego/cm/mckey"
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
+	"github.com/rxego/rxego/cmd/rxego/internal/mckey"
+	"github.com/rxego/rxego/internal/testenv/netns"
 )
 
 // wire is a veth pair between two network namespaces made for one test:

@@ -33,7 +33,7 @@ var mustFind = []string{"ip", "nft", "ethtool", "tcpdump", "tshark", "mergecap",
 // TestSetupInstallsEveryProgram fails when the Go code runs a program
 // that conformance/setup.sh does not install and check with command -v.
 func TestSetupInstallsEveryProgram(t *testing.T) {
-	root, err := filepath.Abs("../..")
+	root, err := filepath.Abs("../../..")
 	if err != nil {
 		t.Fatal(err)
 	}

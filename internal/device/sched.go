@@ -7,7 +7,7 @@
 // It imports neither the root package nor its Device: the Device composes
 // a Receiver per shard from the transport's Conn and the engine's input,
 // and attaches its CQs with Attach. Applications never see these hooks.
-package sched
+package device
 
 import (
 	"context"

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/cmd/rxego/internal/livecap"
 	"github.com/rxego/rxego/icrc"
 	"github.com/rxego/rxego/internal/capfile"
-	"github.com/rxego/rxego/internal/livecap"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/qp"
 )
 

@@ -25,8 +25,8 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/internal/exchange"
-	"github.com/rxego/rxego/cm/internal/udnode"
+	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
+	"github.com/rxego/rxego/cmd/rxego/internal/udnode"
 	"github.com/rxego/rxego/qp"
 )
 
