@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 
-	"github.com/rxego/rxego/internal/device"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -51,13 +50,7 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 // the first QP created with it, as its home: a goroutine waiting on the
 // CQ reads that shard's socket itself.
 func (c *CQ) attach(d *Device, s int) {
-	c.once.Do(func() {
-		home := 0
-		if len(d.rcvs) > 1 {
-			home = s
-		}
-		device.Attach(c.cq, d.rcvs, home)
-	})
+	c.once.Do(func() { d.dev.AttachCQ(c.cq, s) })
 }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many

@@ -251,7 +251,7 @@ type Options struct {
 // DefaultSourcePorts is how many source ports a shard sends from by
 // default: a connection's packets keep one port, and eight per shard are
 // enough entropy for a fabric's hash without a socket per QP.
-const DefaultSourcePorts = 8
+const DefaultSourcePorts = device.DefaultSourcePorts
 
 // MaxShards is the most shards a device has by default. More rarely pay:
 // each shard costs a socket, two goroutines and an engine.
@@ -261,35 +261,16 @@ const MaxShards = 16
 // engines serving its QPs. Methods are safe for concurrent use. Make one
 // with Open; the zero Device is closed (its methods return ErrClosed).
 type Device struct {
-	shards []*shard
-	rcvs   []*device.Receiver // one per Conn: per shard, or one for Options.Conn
-	demux  []*demux           // the Receivers' inputs on a sharded device
-	conns  []transport.Conn
-	mrs    *mr.Table
-	local  netip.AddrPort
-	gids   []netip.AddrPort   // the GID table: local first (gid.go)
-	xrcvs  []*device.Receiver // the Receivers of the GIDs after the first
-	routes routeTable
-	topts  transport.Options // the sockets' options; Conn set: a given Conn (no multicast)
-	given  bool
+	dev   *device.Device // shards, receive loops, routes, multicast input
+	mrs   *mr.Table
+	local netip.AddrPort
+	gids  []netip.AddrPort // the GID table: local first (gid.go)
 
-	mcMu  sync.Mutex                 // guards mcast
-	mcast map[netip.Addr]*mcastGroup // joined groups (mcast.go)
-	// mcastLeft sums the counters of the group sockets closed when their
-	// groups were left, so that the device's totals never go back.
-	mcastLeft transport.Stats
-	tap       transport.Tap // SetTap's, for the groups joined later
-
-	stop      chan struct{}
-	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closed    atomic.Bool
 	cqMu      sync.Mutex // guards cqs and, with closed, CreateCQ against Close
 	cqs       []*qp.CQ   // the CQs Close wakes (closed ones pruned in CreateCQ)
 	cqsLive   int        // len(cqs) after the last prune
-
-	qpnMu   sync.Mutex
-	nextQPN uint32 // the QP number CreateQP tries next
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
@@ -343,47 +324,6 @@ func (o *Options) shardCount() (int, error) {
 	return n, nil
 }
 
-// readBudget sizes a shard's READ budget and READ request size
-// (qp.Config.ReadBudget, ReadChunk; see qp/readsplit.go) from the receive
-// buffer the kernel gave the socket its READ responses arrive on, shared
-// by sharing shards: a quarter of it each, since the kernel counts every
-// datagram at its buffer's true size, about twice a packet's payload,
-// and the socket holds other traffic too; and no more than maxReadBudget,
-// since what is in flight when a response is lost is sent twice. Requests
-// are at most half the budget, so two can be in flight. A Conn that
-// cannot tell leaves both to the engine (no budget).
-func readBudget(c transport.Conn, sharing int) (budget, chunk int) {
-	rb, ok := c.(transport.RecvBufferer)
-	if !ok || rb.RecvBuffer() <= 0 {
-		return 0, 0
-	}
-	budget = min(rb.RecvBuffer()/4/max(sharing, 1), maxReadBudget)
-	return budget, min(qp.DefaultReadChunk, max(budget/2, 4096))
-}
-
-// maxReadBudget bounds a shard's READ responses in flight: 256 KiB keep
-// a READ at gigabytes per second over a path of 100 us and bound what a
-// lost response costs (docs/reliability.md).
-const maxReadBudget = 256 << 10
-
-// initialWindow is the congestion window a device's QPs start with
-// (qp.Config.InitialWindow), in PSNs: slow start opens it to
-// Options.Window within a few round trips. Eight QPs starting at once
-// with 64 each (rxe keeps up to 64 packets per QP in flight,
-// RXE_INFLIGHT_SKBS_PER_QP_HIGH) overran an emulated rxe guest's NIC on a
-// loaded host; 16, TCP's order of magnitude (RFC 6928: 10), did not.
-const initialWindow = 16
-
-// allLoopback reports whether every GID is a loopback address.
-func allLoopback(gids []netip.AddrPort) bool {
-	for _, g := range gids {
-		if !g.Addr().IsLoopback() {
-			return false
-		}
-	}
-	return true
-}
-
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
 // UDP port 4791 (or the given one) on that address and starts the
 // engines' receive loops and timers.
@@ -404,135 +344,24 @@ func Open(addr string, opts *Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	conns := []transport.Conn{o.Conn}
-	var xconns [][]transport.Conn // per further GID, one Conn per shard
-	if o.Conn == nil {
-		topts := o.Transport
-		switch {
-		case topts.SourcePorts != 0: // set in the transport options themselves
-		case o.SourcePorts == 0 && allLoopback(gids):
-			// Loopback has no fabric to spread over and no RSS: the
-			// ports would only cut GSO runs and split sendmmsg batches.
-		case o.SourcePorts == 0:
-			topts.SourcePorts = DefaultSourcePorts
-		case o.SourcePorts > 0:
-			topts.SourcePorts = o.SourcePorts
-		}
-		if conns, xconns, err = listenGIDs(gids, topts, n); err != nil {
-			return nil, err
-		}
-	} else {
-		local = Unmap(o.Conn.LocalAddr())
-		gids[0] = local
-	}
-	all := conns
-	for _, g := range xconns {
-		all = append(all[:len(all):len(all)], g...)
-	}
-	maxMTU, err := gidsMTU(gids, o.Conn == nil)
+	mrs := mr.NewTable()
+	dev, err := device.Open(device.Config{GIDs: gids, Shards: n, Transport: o.Transport, Conn: o.Conn,
+		SourcePorts: o.SourcePorts, Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
+		BusyPoll: o.BusyPoll, Tap: o.Tap, MRs: mrs, Destroyed: func(q *qp.QP) { qpDevices.Delete(q) }})
 	if err != nil {
-		for _, c := range all {
-			c.Close()
-		}
 		return nil, err
 	}
-	d := &Device{conns: all, mrs: mr.NewTable(), local: local, gids: gids, stop: make(chan struct{}), nextQPN: firstQPN,
-		topts: o.Transport, given: o.Conn != nil}
-	if o.Tap != nil {
-		d.SetTap(o.Tap)
-	}
-	var sendMu sync.Mutex // for a shared Conn: one sender at a time
-	for i := range n {
-		s := &shard{d: d, idx: i, conn: conns[min(i, len(conns)-1)], sendMu: &sendMu}
-		s.conns = []transport.Conn{s.conn}
-		for _, g := range xconns {
-			s.conns = append(s.conns, g[i])
-		}
-		if sp, ok := s.conn.(transport.SourcePorter); ok {
-			s.ports = len(sp.SourcePorts())
-		}
-		if len(conns) > 1 {
-			s.sendMu = new(sync.Mutex)
-		}
-		budget, chunk := readBudget(s.conn, n/len(conns))
-		s.eng, err = qp.NewEngine(qp.Config{
-			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
-			Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
-			Destroyed:  d.forgetQP,
-			ReadBudget: budget, ReadChunk: chunk, InitialWindow: initialWindow,
-		})
-		if err != nil {
-			for _, c := range all {
-				c.Close()
-			}
-			return nil, err
-		}
-		d.shards = append(d.shards, s)
-	}
-	for i, c := range conns {
-		in := device.Input(d.shards[i].eng)
-		if n > 1 {
-			x := newDemux(d, i)
-			d.demux = append(d.demux, x)
-			in = x
-		}
-		d.rcvs = append(d.rcvs, device.New(device.Config{Conn: c, In: in, Local: local.Addr(), BusyPoll: o.BusyPoll, Stop: d.stop}))
-	}
-	// A further GID's sockets are read by their own goroutines only: CQs
-	// attach to the first GID's Receivers (cq.go), and the completions
-	// these take in wake a CQ's waiters as another shard's would.
-	for g, cs := range xconns {
-		for i, c := range cs {
-			in := device.Input(d.shards[i].eng)
-			if n > 1 {
-				in = newDemux(d, i)
-			}
-			d.xrcvs = append(d.xrcvs, device.New(device.Config{Conn: c, In: in, Local: gids[g+1].Addr(), Stop: d.stop}))
-		}
-	}
-	for _, r := range append(d.rcvs[:len(d.rcvs):len(d.rcvs)], d.xrcvs...) {
-		d.wg.Add(1)
-		go func() { defer d.wg.Done(); r.Run() }()
-	}
-	for _, s := range d.shards {
-		d.wg.Add(1)
-		go func() { defer d.wg.Done(); s.eng.RunTimers(d.stop) }()
-	}
-	return d, nil
-}
-
-// firstQPN is the first QP number CreateQP hands out: 0 and 1 are the
-// special QPs, and rxe starts its own at 17.
-const firstQPN = 17
-
-// activeMTU is the port's active MTU: the largest path MTU whose packets
-// fit the MTU of the interface holding the device's address, as rxe takes
-// it from its netdev (1500 gives 1024, loopback's 65536 gives 4096). A
-// device on the unspecified address, or on a Conn it was given, has no one
-// interface: 0, which the engine reads as 4096.
-func activeMTU(local netip.AddrPort, own bool) (qp.MTU, error) {
-	if !own || local.Addr().IsUnspecified() {
-		return 0, nil
-	}
-	n, err := transport.InterfaceMTU(local.Addr())
-	if err != nil {
-		return 0, fmt.Errorf("rxego: open %v: %w", local, err)
-	}
-	m := qp.ActiveMTU(n)
-	if m == 0 {
-		return 0, fmt.Errorf("rxego: open %v: interface MTU %d is below the smallest RoCE MTU (256 + 80 bytes)", local, n)
-	}
-	return m, nil
+	return &Device{dev: dev, mrs: mrs, local: dev.Local(), gids: dev.GIDs()}, nil
 }
 
 // ActiveMTU returns the port's active MTU (ibv_port_attr.active_mtu): the
 // largest path MTU the interface the device sends on carries. Modifying a
 // QP to a larger path MTU fails, as packets that long would never leave.
 func (d *Device) ActiveMTU() MTU {
-	if len(d.shards) == 0 {
+	if d.dev == nil {
 		return 0
 	}
-	return d.shards[0].eng.MaxMTU()
+	return d.dev.MaxMTU()
 }
 
 // Close stops the device, as closing an RDMA device context tears down
@@ -548,7 +377,7 @@ func (d *Device) ActiveMTU() MTU {
 // PD.Dealloc, MW.Dealloc, SRQ.Destroy); Close of the zero Device returns
 // an error wrapping ErrClosed.
 func (d *Device) Close() error {
-	if d.shards == nil {
+	if d.dev == nil {
 		return errNotOpen
 	}
 	err := ErrClosed // unless this call is the one that closes
@@ -559,27 +388,11 @@ func (d *Device) Close() error {
 		cqs := d.cqs
 		d.cqs = nil
 		d.cqMu.Unlock()
-		// Each engine sends the ACKs it still holds (for a reply that will
-		// not come now: the peer would otherwise retransmit to a closed
-		// port and, with retry_cnt 7, wait forever), then flushes and
-		// destroys every QP, which leaves the CQs unused.
-		for _, s := range d.shards {
-			s.eng.Close()
-		}
-		close(d.stop)
-		for _, c := range d.conns {
-			if e := c.Close(); err == nil {
-				err = e
-			}
-		}
-		d.leaveAll()
+		err = d.dev.Stop()
 		for _, cq := range cqs {
 			cq.Close() // ErrClosed for one the application closed: fine
 		}
-		d.wg.Wait()
-		for _, r := range append(d.rcvs, d.xrcvs...) {
-			r.Close()
-		}
+		d.dev.Wait()
 		d.forgetQPs()
 	})
 	return err
@@ -588,7 +401,7 @@ func (d *Device) Close() error {
 // check returns ErrClosed (wrapped for the zero Device) once the device
 // is closed.
 func (d *Device) check() error {
-	if d == nil || d.shards == nil {
+	if d == nil || d.dev == nil {
 		return errNotOpen
 	}
 	if d.closed.Load() {
@@ -607,15 +420,19 @@ func (d *Device) Addr() netip.AddrPort { return d.local }
 func (d *Device) GID() [16]byte { return d.local.Addr().As16() }
 
 // Shards returns how many shards the device spreads its QPs over.
-func (d *Device) Shards() int { return len(d.shards) }
+func (d *Device) Shards() int {
+	if d.dev == nil {
+		return 0
+	}
+	return d.dev.Shards()
+}
 
 // Stats returns the sum of the shards' engine counters, read now.
 func (d *Device) Stats() *qp.Counters {
-	c := new(qp.Counters)
-	for _, s := range d.shards {
-		c.Add(&s.eng.Stats)
+	if d.dev == nil {
+		return new(qp.Counters)
 	}
-	return c
+	return d.dev.Counters()
 }
 
 // Count sums one engine counter over the shards, live and without the
@@ -623,38 +440,35 @@ func (d *Device) Stats() *qp.Counters {
 // func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdBytes }.
 func (d *Device) Count(pick func(*qp.Counters) *atomic.Uint64) uint64 {
 	var n uint64
-	for _, s := range d.shards {
-		n += pick(&s.eng.Stats).Load()
+	for i := range d.Shards() {
+		n += pick(d.dev.ShardCounters(i)).Load()
 	}
 	return n
 }
 
 // QPs returns the device's QPs, in no particular order.
 func (d *Device) QPs() []*QP {
-	var out []*QP
-	for _, s := range d.shards {
-		out = append(out, s.eng.QPs()...)
+	if d.dev == nil {
+		return nil
 	}
-	return out
+	return d.dev.QPs()
 }
 
 // Batch runs fn and sends the packets the PostSend calls inside it make
 // together when it returns (qp.Engine.Batch), on every shard: posts to
 // many QPs leave in a few system calls and GSO runs.
-func (d *Device) Batch(fn func()) { d.batch(0, fn) }
-
-func (d *Device) batch(i int, fn func()) {
-	if i == len(d.shards) {
+func (d *Device) Batch(fn func()) {
+	if d.dev == nil {
 		fn()
 		return
 	}
-	d.shards[i].eng.Batch(func() { d.batch(i+1, fn) })
+	d.dev.Batch(fn)
 }
 
 // Transport returns the device's UDP transport, for statistics and taps:
 // its Stats sum the shards' sockets, SetTap reaches them all.
 func (d *Device) Transport() Transport {
-	if d == nil || d.conns == nil {
+	if d == nil || d.dev == nil {
 		return nil // the zero Device has none
 	}
 	return (*deviceTransport)(d)
@@ -674,24 +488,7 @@ type Transport interface {
 
 type deviceTransport Device
 
-func (t *deviceTransport) Stats() transport.Stats {
-	var st transport.Stats
-	for i, c := range t.conns {
-		if i == 0 {
-			st = c.Stats()
-		} else {
-			st.Add(c.Stats())
-		}
-	}
-	d := (*Device)(t)
-	d.mcMu.Lock()
-	for _, g := range d.mcast {
-		st.Add(g.conn.Stats()) // the joined groups' sockets
-	}
-	st.Add(d.mcastLeft) // and those of the groups left
-	d.mcMu.Unlock()
-	return st
-}
+func (t *deviceTransport) Stats() transport.Stats { return t.dev.TransportStats() }
 
 func (t *deviceTransport) SetTap(tap transport.Tap) { (*Device)(t).SetTap(tap) }
 
@@ -706,8 +503,8 @@ func (t *deviceTransport) LocalAddr() netip.AddrPort { return t.local }
 // completion, a message over another socket); a completion polled from
 // this device's CQs already orders memory.
 func (d *Device) Sync() {
-	for _, s := range d.shards {
-		s.eng.Sync()
+	if d.dev != nil {
+		d.dev.Sync()
 	}
 }
 
@@ -798,7 +595,7 @@ func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := p.dev.shardOf(q.Num())
+	s := p.dev.dev.ShardOf(q.Num())
 	a.SendCQ.attach(p.dev, s)
 	a.RecvCQ.attach(p.dev, s)
 	return q, nil
@@ -808,43 +605,19 @@ func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 // or the device's next free one) and records its device for ConnectRC's
 // source GID.
 func (d *Device) createQP(a qp.InitAttr) (*QP, error) {
-	q, err := d.createQPOn(a)
+	q, err := d.dev.CreateQP(a)
 	if err == nil {
 		qpDevices.Store(q, d)
 	}
 	return q, err
 }
 
-// createQPOn creates the QP on its number's shard.
-func (d *Device) createQPOn(a qp.InitAttr) (*QP, error) {
-	if a.QPN != 0 {
-		return d.shards[d.shardOf(a.QPN)].eng.Create(a)
-	}
-	d.qpnMu.Lock()
-	defer d.qpnMu.Unlock()
-	for range 1 << 10 { // numbers in use are skipped; a full space gives up
-		a.QPN = d.nextQPN
-		d.nextQPN++
-		if d.nextQPN > 0xffffff {
-			d.nextQPN = firstQPN
-		}
-		q, err := d.shards[d.shardOf(a.QPN)].eng.Create(a)
-		if err == nil || !errors.Is(err, qp.ErrQPNTaken) {
-			return q, err
-		}
-	}
-	return nil, errors.New("rxego: no free QP number")
-}
-
-// shardOf returns the index of the shard QP number n lives on.
-func (d *Device) shardOf(n uint32) int { return int(n % uint32(len(d.shards))) }
-
 // CreateSRQ makes a shared receive queue; it serves QPs of every shard.
 func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.dev.shards[0].eng.NewSRQ(p.pd, depth, maxSGE)
+	return p.dev.dev.NewSRQ(p.pd, depth, maxSGE)
 }
 
 // CreateAH makes an address handle for UD sends to dest (port 4791 when 0)
@@ -868,7 +641,7 @@ func (p *PD) CreateAHFrom(sgid int, dest netip.AddrPort) (*AH, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.dev.setRoute(routeKey{ah.Dest, anyQPN}, sgid, nil); err != nil {
+	if err := p.dev.dev.SetRoute(ah.Dest, device.AnyQPN, sgid, nil); err != nil {
 		return nil, err
 	}
 	return ah, nil

@@ -1,6 +1,8 @@
 package rxego
 
-import "github.com/rxego/rxego/transport"
+import (
+	"github.com/rxego/rxego/transport"
+)
 
 // SetTap installs t as the observer of every packet the device sends,
 // receives and drops (nil removes it): a transport/pcaptap Writer records
@@ -9,13 +11,7 @@ import "github.com/rxego/rxego/transport"
 // still reach the previous Tap. The sockets of multicast groups the
 // device joins (AttachMcast) get it too.
 func (d *Device) SetTap(t transport.Tap) {
-	for _, c := range d.conns {
-		c.SetTap(t)
-	}
-	d.mcMu.Lock()
-	defer d.mcMu.Unlock()
-	d.tap = t
-	for _, g := range d.mcast {
-		g.conn.SetTap(t)
+	if d.dev != nil {
+		d.dev.SetTap(t)
 	}
 }

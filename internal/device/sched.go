@@ -1,12 +1,11 @@
-// Package sched is the receive scheduler of a device: who reads the
-// transport's socket, when, and on which goroutine. A Receiver takes in
-// packets from one transport.Conn and hands them to one engine Input, on
-// its own goroutine or on an application goroutine that polls or waits
-// on a CQ (busy polling; blocking waits that read the socket themselves).
-//
-// It imports neither the root package nor its Device: the Device composes
-// a Receiver per shard from the transport's Conn and the engine's input,
-// and attaches its CQs with Attach. Applications never see these hooks.
+// The receive scheduler: who reads a shard's socket, when, and on which
+// goroutine. A Receiver takes in packets from one transport.Conn and hands
+// them to one Input (an engine, or the shard demultiplexer in front of
+// several), on its own goroutine or on an application goroutine that
+// polls or waits on a CQ (busy polling; blocking waits that read the
+// socket themselves). Attach gives a CQ these hooks; applications never
+// see them.
+
 package device
 
 import (
@@ -35,8 +34,8 @@ type Input interface {
 	FlushAcks()
 }
 
-// Config configures a Receiver.
-type Config struct {
+// ReceiverConfig configures a Receiver.
+type ReceiverConfig struct {
 	Conn  transport.Conn
 	In    Input
 	Local netip.Addr // the address packets arrive at (InPacket.Dest)
@@ -80,8 +79,8 @@ type Receiver struct {
 	ctxStop func() bool
 }
 
-// New makes a Receiver; Run starts it.
-func New(c Config) *Receiver {
+// NewReceiver makes a Receiver; Run starts it.
+func NewReceiver(c ReceiverConfig) *Receiver {
 	r := &Receiver{conn: c.Conn, in: c.In, local: c.Local, stop: c.Stop, start: time.Now(),
 		msgs: make([]transport.Message, batch), pkts: make([]qp.InPacket, 0, batch)}
 	r.tryer, _ = c.Conn.(transport.Poller)

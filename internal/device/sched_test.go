@@ -81,7 +81,7 @@ func TestRunTakesIn(t *testing.T) {
 	a, b := pair(t)
 	in := &recorder{}
 	stop := make(chan struct{})
-	r := New(Config{Conn: b, In: in, Local: b.LocalAddr().Addr(), Stop: stop})
+	r := NewReceiver(ReceiverConfig{Conn: b, In: in, Local: b.LocalAddr().Addr(), Stop: stop})
 	done := make(chan struct{})
 	go func() { r.Run(); close(done) }()
 	send(t, a, b, 10)
@@ -110,7 +110,7 @@ func TestRunTakesIn(t *testing.T) {
 func TestSettle(t *testing.T) {
 	a, b := pair(t)
 	in := &recorder{}
-	r := New(Config{Conn: b, In: in, Local: b.LocalAddr().Addr(), Stop: make(chan struct{})})
+	r := NewReceiver(ReceiverConfig{Conn: b, In: in, Local: b.LocalAddr().Addr(), Stop: make(chan struct{})})
 	send(t, a, b, 5)
 	time.Sleep(10 * time.Millisecond) // loopback delivers synchronously; leave room anyway
 	r.Settle(time.Millisecond)

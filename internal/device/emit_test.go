@@ -1,4 +1,4 @@
-package rxego
+package device
 
 import (
 	"net/netip"

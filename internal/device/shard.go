@@ -1,4 +1,4 @@
-package rxego
+package device
 
 import (
 	"sync"
@@ -113,7 +113,7 @@ func firstPacket(pkts []qp.OutPacket, b []byte) *qp.OutPacket {
 	return nil
 }
 
-// demux is the sched.Input of a Conn of a sharded device: it hands each
+// demux is the Input of a Conn of a sharded device: it hands each
 // packet to its destination QP's shard. On a steered socket group every
 // packet is already on its shard and the batch goes to the engine as it
 // is; what the kernel could not steer (packets of another QP coalesced
@@ -172,7 +172,7 @@ func (x *demux) each(input func(*qp.Engine, []qp.InPacket) bool) bool {
 }
 
 // settleLimit bounds how long a CM message waits for another shard's
-// reader (sched.Receiver.Settle).
+// reader (Receiver.Settle).
 const settleLimit = 2 * time.Millisecond
 
 // settle makes the other shards take in what their sockets hold when
@@ -199,7 +199,7 @@ func (x *demux) settle(pkts []qp.InPacket) {
 // gsiQPN is the QP number of the General Services Interface (CM MADs).
 const gsiQPN = 1
 
-// InputWoke implements sched.Input.
+// InputWoke implements Input.
 func (x *demux) InputWoke(pkts []qp.InPacket) bool {
 	x.settle(pkts)
 	if x.split(pkts) {
@@ -208,7 +208,7 @@ func (x *demux) InputWoke(pkts []qp.InPacket) bool {
 	return x.each((*qp.Engine).InputWoke)
 }
 
-// InputPolled implements sched.Input.
+// InputPolled implements Input.
 func (x *demux) InputPolled(pkts []qp.InPacket) bool {
 	x.settle(pkts)
 	if x.split(pkts) {
@@ -217,7 +217,7 @@ func (x *demux) InputPolled(pkts []qp.InPacket) bool {
 	return x.each((*qp.Engine).InputPolled)
 }
 
-// FlushAcks implements sched.Input: the ACKs of every shard this Conn
+// FlushAcks implements Input: the ACKs of every shard this Conn
 // handed packets to may be held.
 func (x *demux) FlushAcks() {
 	for _, s := range x.d.shards {
