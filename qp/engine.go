@@ -50,6 +50,13 @@ type OutPacket struct {
 	Buf  []byte // BTH through ICRC; the ICRC bytes are left for the transport
 	Dest netip.AddrPort
 	TOS  uint8
+	// QPN is the local QP the packet belongs to (the requester's for a
+	// request, the responder's for an ACK or READ response, the QP that
+	// saw the CE mark for a CNP): SendFailed finds it without parsing.
+	QPN uint32
+	// DestQPN is the destination QP in the packet's BTH: the device
+	// routes by it (source GID) without parsing.
+	DestQPN uint32
 }
 
 // Output sends packets. The engine reuses each Buf once Emit returns.
@@ -420,22 +427,14 @@ func (e *Engine) QPs() []*QP {
 // pass, between packets, not inside Emit. Responses (ACKs, READ responses)
 // are only counted: the peer's requester times out on them.
 func (e *Engine) SendFailed(pkt *OutPacket) {
-	p, err := bth.Parse(pkt.Buf)
-	if err != nil || !p.Info.Has(bth.Request) {
+	if len(pkt.Buf) < bth.Len {
 		return
 	}
-	h := p.BTH()
-	var q *QP
-	if p.Info.Ext&bth.ExtDETH != 0 {
-		q = e.qps[p.DETH().SrcQP()] // UD names the sending QP
-	} else {
-		for _, c := range e.qps {
-			if c.typ != UD && c.attr.DestQPN == h.DestQP() && c.attr.Dest == pkt.Dest {
-				q = c
-				break
-			}
-		}
+	h := bth.BTH(pkt.Buf)
+	if in, ok := bth.Lookup(h.Opcode()); !ok || !in.Has(bth.Request) {
+		return
 	}
+	q := e.qps[pkt.QPN]
 	if q == nil || q.destroyed || q.sendFailed {
 		return
 	}

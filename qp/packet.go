@@ -6,9 +6,9 @@ import (
 	"github.com/rxego/rxego/bth"
 )
 
-// emit queues a packet built in buf[:n] for sending.
-func (e *Engine) emit(buf []byte, dest netip.AddrPort, tos uint8) {
-	e.outq = append(e.outq, OutPacket{Buf: buf, Dest: dest, TOS: tos})
+// emit queues a packet of q's, built in buf, for sending.
+func (e *Engine) emit(q *QP, buf []byte, dest netip.AddrPort, tos uint8) {
+	e.outq = append(e.outq, OutPacket{Buf: buf, Dest: dest, TOS: tos, QPN: q.num, DestQPN: bth.BTH(buf).DestQP()})
 	e.Stats.SentPkts.Add(1)
 	if len(e.outq) >= outBatch {
 		e.flush()

@@ -263,7 +263,7 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 	if q.typ == UD {
 		tos = w.wr.AH.TrafficClass | e.cfg.DataTOS&3
 	}
-	e.emit(buf, dest, tos)
+	e.emit(q, buf, dest, tos)
 	e.Stats.SentBytes.Add(uint64(n))
 	r.psn = r.psn.Next()
 	r.off += uint32(n)
@@ -348,7 +348,7 @@ func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 	if h := p.FETH(); h != nil {
 		h.Set(w.wr.FlushLevel, w.wr.FlushType)
 	}
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	e.emit(q, buf, q.attr.Dest, e.cfg.DataTOS)
 	r.noAck = 0
 	if next < w.npkts {
 		r.psn = w.firstPSN.Add(next) // the next chunk's request follows

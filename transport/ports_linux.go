@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rxego/rxego/bth"
 )
 
 // withSourcePorts returns c, or, when opts.SourcePorts asks for source
@@ -74,7 +76,7 @@ func (p *portsConn) pick(b []byte) int {
 	if len(b) < minPacket {
 		return 0 // Send rejects it
 	}
-	return FlowPort(destQP(b), len(p.pool))
+	return FlowPort(bth.BTH(b).DestQP(), len(p.pool))
 }
 
 // Send implements Conn. It first regroups msgs in place by pool socket,

@@ -53,7 +53,7 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 }
 
 // emitGIDs sends pkts on a device with several GIDs, each packet from its
-// route's Conn (Device.route, by the BTH's destination QP).
+// route's Conn (Device.route, by its destination QP).
 func (s *shard) emitGIDs(pkts []qp.OutPacket) {
 	if s.gmsgs == nil {
 		s.gmsgs = make([][]transport.Message, len(s.conns))
@@ -61,11 +61,7 @@ func (s *shard) emitGIDs(pkts []qp.OutPacket) {
 	s.d.routes.mu.RLock() // once per batch
 	for i := range pkts {
 		p := &pkts[i]
-		var qpn uint32
-		if len(p.Buf) >= 8 {
-			qpn = uint32(p.Buf[5])<<16 | uint32(p.Buf[6])<<8 | uint32(p.Buf[7])
-		}
-		g := s.d.route(p.Dest, qpn)
+		g := s.d.route(p.Dest, p.DestQPN)
 		s.gmsgs[g] = append(s.gmsgs[g], transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
 	}
 	s.d.routes.mu.RUnlock()
