@@ -23,7 +23,7 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	}
 	c, err := qp.NewCQ(depth)
 	if err != nil {
-		return nil, err
+		return nil, apiErr(err)
 	}
 	d.cqMu.Lock()
 	defer d.cqMu.Unlock()
@@ -65,11 +65,14 @@ func (c *CQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
 // wrapping ErrCQOverrun once the CQ has overrun and is empty (see
 // ErrCQOverrun). With nil or empty wcs it returns 0 at once, as
 // ibv_poll_cq asked for 0 entries does.
-func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) { return c.cq.PollWait(ctx, wcs) }
+func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
+	n, err := c.cq.PollWait(ctx, wcs)
+	return n, apiErr(err)
+}
 
 // Wait blocks until at least one completion is waiting, ctx is done, or
 // the CQ is closed (ErrClosed) or has overrun (ErrCQOverrun) and is empty.
-func (c *CQ) Wait(ctx context.Context) error { return c.cq.Wait(ctx) }
+func (c *CQ) Wait(ctx context.Context) error { return apiErr(c.cq.Wait(ctx)) }
 
 // Len returns how many completions are waiting.
 func (c *CQ) Len() int { return c.cq.Len() }
@@ -78,14 +81,14 @@ func (c *CQ) Len() int { return c.cq.Len() }
 func (c *CQ) Depth() int { return c.cq.Depth() }
 
 // Err returns an error wrapping ErrCQOverrun once the CQ has overrun.
-func (c *CQ) Err() error { return c.cq.Err() }
+func (c *CQ) Err() error { return apiErr(c.cq.Err()) }
 
 // Close closes the CQ (ibv_destroy_cq): goroutines waiting in PollWait,
 // Wait or on Notify's channel wake up; completions still queued can be
 // polled, and then waits fail with ErrClosed. While a QP that is not
 // destroyed uses the CQ, Close fails with ErrBusy and changes nothing. A
 // second Close returns ErrClosed.
-func (c *CQ) Close() error { return c.cq.Close() }
+func (c *CQ) Close() error { return apiErr(c.cq.Close()) }
 
 // Closed reports whether the CQ has been closed.
 func (c *CQ) Closed() bool { return c.cq.Closed() }
@@ -95,5 +98,5 @@ func (c *CQ) Closed() bool { return c.cq.Closed() }
 // (ibv_req_notify_cq, then ibv_get_cq_event). Call it again before each
 // wait; after a wake-up, Poll until it returns 0. The channel is closed
 // when the CQ is. An overrun signals it too: when Poll then finds
-// nothing, Err says why. See qp.CQ.Notify.
+// nothing, Err says why.
 func (c *CQ) Notify() <-chan struct{} { return c.cq.Notify() }

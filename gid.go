@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sync"
 )
 
 // A device's GID table is the addresses it serves, in order: Open's
@@ -13,7 +12,7 @@ import (
 // (one socket per shard on its address, port 4791); the shards' engines
 // serve every GID, and a packet leaves from the GID its QP chose:
 //
-//   - an RC or UC QP connected with ConnectRC, RemoteQP.SGIDIndex (the
+//   - an RC or UC QP connected with QP.Connect, RemoteQP.SGIDIndex (the
 //     sgid_index of ibv_ah_attr's GRH);
 //   - a UD send, the SGIDIndex of the AH (CreateAHFrom);
 //   - a QP moved by hand with QP.Modify, the index SetSourceGID gave;
@@ -75,45 +74,6 @@ func (d *Device) QueryGID(i int) ([16]byte, error) {
 
 // gidIndex checks that i indexes the GID table.
 func (d *Device) gidIndex(i int) error { return d.dev.GIDIndex(i) }
-
-// qpDevices maps a QP to its device, so that ConnectRC, which takes only
-// the QP, finds the routes to set. Entries go when the QP is destroyed
-// (the engine's Destroyed hook), or the device closes.
-var qpDevices sync.Map // *qp.QP -> *Device
-
-// forgetQPs drops d's entries from qpDevices.
-func (d *Device) forgetQPs() {
-	qpDevices.Range(func(k, v any) bool {
-		if v == d {
-			qpDevices.Delete(k)
-		}
-		return true
-	})
-}
-
-// connectRoute records that q's packets to remote leave from its
-// SGIDIndex.
-func connectRoute(q *QP, remote RemoteQP) error {
-	v, ok := qpDevices.Load(q)
-	if !ok && q.Destroyed() {
-		return fmt.Errorf("QP destroyed: %w", ErrClosed)
-	}
-	if !ok {
-		if remote.SGIDIndex != 0 {
-			return fmt.Errorf("SGID index %d on a QP of no open device", remote.SGIDIndex)
-		}
-		return nil
-	}
-	d := v.(*Device)
-	if err := d.dev.SetRoute(remote.Addr, remote.QPN, remote.SGIDIndex, q); err != nil {
-		return err
-	}
-	if q.Destroyed() { // destroyed meanwhile, maybe before the route was set
-		d.dev.ForgetQP(q)
-		return fmt.Errorf("QP destroyed: %w", ErrClosed)
-	}
-	return nil
-}
 
 // InterfaceGIDs returns the GID table rxe would have on the network
 // interface name, in its order (ib_core's roce_gid_mgmt: the default GID,

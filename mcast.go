@@ -1,12 +1,9 @@
 package rxego
 
 import (
-	"errors"
-	"fmt"
 	"net/netip"
 
 	"github.com/rxego/rxego/internal/device"
-	"github.com/rxego/rxego/qp"
 )
 
 // UD multicast, as rxe does it: a multicast GID is an IP multicast group
@@ -23,54 +20,6 @@ import (
 // MulticastQPN is the destination QP number of a datagram to a multicast
 // group (IB_MULTICAST_QPN).
 const MulticastQPN = device.MulticastQPN
-
-// AttachMcast attaches the UD QP q to the multicast group mgid
-// (ibv_attach_mcast): an IPv4-mapped (::ffff:224.0.0.0/100) or IPv6
-// (ff00::/8) multicast GID, or the IPv4 group itself. The device joins
-// the group on its first GID of that family; attaching a QP twice is
-// allowed and changes nothing. The group's socket is made in the network
-// namespace of the calling thread, as Open's are.
-func AttachMcast(q *QP, mgid netip.Addr) error {
-	d, g, err := mcastArgs(q, mgid)
-	if err != nil {
-		return err
-	}
-	return d.dev.AttachMcast(q, g)
-}
-
-// DetachMcast detaches q from the group (ibv_detach_mcast); the device
-// leaves the group when no QP is attached any more. Detaching a QP that
-// is not attached fails. While q is attached to any group, q.Destroy
-// fails with ErrBusy (verbs: EBUSY) and changes nothing; Device.Close
-// detaches and destroys all the same.
-func DetachMcast(q *QP, mgid netip.Addr) error {
-	d, g, err := mcastArgs(q, mgid)
-	if err != nil {
-		return err
-	}
-	return d.dev.DetachMcast(q, g)
-}
-
-// mcastArgs checks an attach or detach and returns q's device and the
-// group address.
-func mcastArgs(q *QP, mgid netip.Addr) (*Device, netip.Addr, error) {
-	g := mgid.Unmap()
-	if !g.IsMulticast() {
-		return nil, g, fmt.Errorf("rxego: %v is not a multicast GID", mgid)
-	}
-	if q == nil || q.Type() != qp.UD {
-		return nil, g, errors.New("rxego: only UD QPs attach to multicast groups")
-	}
-	v, ok := qpDevices.Load(q)
-	if !ok && q.Destroyed() {
-		return nil, g, fmt.Errorf("rxego: QP %d was destroyed: %w", q.Num(), ErrClosed)
-	}
-	if !ok {
-		return nil, g, fmt.Errorf("rxego: QP %d belongs to no open device", q.Num())
-	}
-	d := v.(*Device)
-	return d, g, d.check()
-}
 
 // McastNoRecvDrops returns, for each multicast group the device has
 // joined, how many of its datagrams an attached QP dropped because it had

@@ -29,10 +29,10 @@ func TestCQOverrunReachesPollWait(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
+			if err := q.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
 				t.Fatal(err)
 			}
-			if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: q.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200}); err != nil {
+			if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: q.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200}); err != nil {
 				t.Fatal(err)
 			}
 			for i := range 5 {

@@ -49,7 +49,7 @@ func TestQPsLeaveNoTrace(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: addr, QPN: uint32(100 + i), SGIDIndex: sgid}, nil); err != nil {
+				if err := q.Connect(rxego.RemoteQP{Addr: addr, QPN: uint32(100 + i), SGIDIndex: sgid}, nil); err != nil {
 					t.Fatal(err)
 				}
 				if err := q.Destroy(); err != nil {

@@ -12,7 +12,7 @@
 //	mr, _ := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite)
 //	cq, _ := dev.CreateCQ(64)
 //	qp, _ := pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cq, RecvCQ: cq, Caps: ...})
-//	_ = rxego.ConnectRC(qp, rxego.RemoteQP{...}, nil)
+//	_ = qp.Connect(rxego.RemoteQP{...}, nil)
 //	_ = qp.PostSend(rxego.SendWR{Opcode: rxego.WRWrite, ...})
 //
 // The swapWrite example is this, whole and runnable, as the README shows
@@ -28,22 +28,26 @@
 // goroutine waiting on the device's CQs, and makes later calls fail with
 // ErrClosed (test with errors.Is, as for net.ErrClosed). CQ.Close refuses
 // with ErrBusy while a QP uses the CQ, as ibv_destroy_cq does. A post the
-// QP's state does not allow fails with qp.ErrInvalidWR.
+// QP's state does not allow fails with ErrInvalidWR.
 //
 // Addresses: a peer's GID is an IPv4-mapped IPv6 address for an IPv4
 // peer (::ffff:a.b.c.d); every address that enters the API (Open,
-// ConnectRC, CreateAH, QP.Modify) is normalised to the IPv4 form.
+// QP.Connect, CreateAH, QP.Modify) is normalised to the IPv4 form.
 // A device may serve several GIDs (Options.GIDs, Device.QueryGID): a
 // connection's or AH's source GID is chosen by RemoteQP.SGIDIndex or
 // PD.CreateAHFrom, as ibv_ah_attr's sgid_index.
 //
-// Work requests, completions, QP attributes and their numeric values are
-// those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
-// code and intuition carry over. The engine behind them lives in package
-// qp; memory registration in package mr; the UDP transport in package
-// transport. A device spreads its QPs over shards, one engine, socket and
-// receive loop each (Options.Shards); CQs, SRQs, PDs and MRs are
-// device-wide.
+// Work requests, completions, QP states, attribute masks, statuses and
+// their numeric values are those of verbs (ibv_wr_opcode, ibv_wc_status,
+// ibv_qp_attr_mask, ...), so code and intuition carry over; all of them,
+// and the errors (ErrInvalidWR, ErrQueueFull, ErrInvalidModify,
+// ErrCQOverrun, ...), are in this package: a verbs program needs no
+// other. Every error a call returns reads "rxego: ...". The engine behind
+// them lives in package qp; memory registration in package mr; the UDP
+// transport in package transport; what lies between the sockets and the
+// engines in internal/device. A device spreads its QPs over shards, one
+// engine, socket and receive loop each (Options.Shards); CQs, SRQs, PDs
+// and MRs are device-wide.
 package rxego
 
 import (
@@ -65,10 +69,6 @@ import (
 // Types shared with the engine, re-exported so applications need only this
 // package.
 type (
-	// QP is a queue pair.
-	QP = qp.QP
-	// SRQ is a shared receive queue.
-	SRQ = qp.SRQ
 	// MR is a registered memory region.
 	MR = mr.MR
 	// Access is a set of memory access rights (ibv_access_flags).
@@ -101,8 +101,22 @@ type (
 	MTU = qp.MTU
 	// QPType is RC, UC or UD.
 	QPType = qp.Type
-	// QPState is a QP state.
+	// QPState is a QP state (ibv_qp_state): StateReset, StateInit, ...
 	QPState = qp.State
+	// WROpcode is a send work request's opcode (ibv_wr_opcode): WRWrite, ...
+	WROpcode = qp.WROpcode
+	// WCOpcode is a completion's opcode (ibv_wc_opcode): WCSend, ...
+	WCOpcode = qp.WCOpcode
+	// SendFlags are a send work request's flags (ibv_send_flags).
+	SendFlags = qp.SendFlags
+	// WCFlags are a completion's flags (ibv_wc_flags).
+	WCFlags = qp.WCFlags
+	// DropReason says why a device dropped a received packet (Stats.Drops).
+	DropReason = qp.DropReason
+	// CongestionConfig configures DCQCN (Options.Congestion).
+	CongestionConfig = qp.CongestionConfig
+	// CCStats are a QP's DCQCN figures (QP.CongestionStats).
+	CCStats = qp.CCStats
 )
 
 // Access flags (ibv_access_flags).
@@ -144,13 +158,6 @@ const (
 	WRAtomicWrite = qp.WRAtomicWrite
 )
 
-// Completion statuses most programs test for; the others are package
-// qp's WC* constants (ibv_wc_status values).
-const (
-	WCSuccess    = qp.WCSuccess
-	WCWRFlushErr = qp.WCWRFlushErr
-)
-
 // Completion flags (WC.Flags): the GRH is in the receive buffer's first
 // 40 bytes (UD), an immediate (WC.Imm) or an invalidated rkey came.
 const (
@@ -169,25 +176,6 @@ const (
 
 // DefaultPort is RoCEv2's UDP port.
 const DefaultPort = transport.Port
-
-// ErrClosed is what calls on a closed Device, and on the PDs, CQs, QPs
-// and SRQs it made, return (wrapped or as is; test with errors.Is), as
-// net.ErrClosed is for connections. The zero Device counts as closed.
-var ErrClosed = qp.ErrClosed
-
-// ErrCQOverrun is what CQ.PollWait and CQ.Wait return (wrapped, naming
-// the QPs hit) once a completion arrived while the CQ was full, after the
-// completions it holds are polled; verbs raises IBV_EVENT_CQ_ERR. The
-// completion is lost and the QP that generated it moves to ERR, so its
-// other work completes with WR_FLUSH_ERR; other QPs on the CQ go on. Poll
-// returns 0 on such a CQ: check CQ.Err.
-var ErrCQOverrun = qp.ErrCQOverrun
-
-// ErrBusy is what CQ.Close returns while a QP still uses the CQ (verbs:
-// EBUSY from ibv_destroy_cq; destroy the QP first), and QP.Destroy while
-// the QP is attached to a multicast group (EBUSY from ibv_destroy_qp;
-// DetachMcast first), wrapped: test with errors.Is.
-var ErrBusy = qp.ErrBusy
 
 // errNotOpen is the zero Device's error.
 var errNotOpen = fmt.Errorf("rxego: device not opened (use rxego.Open): %w", ErrClosed)
@@ -225,7 +213,7 @@ type Options struct {
 	// pacing); nil means on with NVIDIA's defaults
 	// (congestion.NVIDIAParams at qp.DefaultLineRate). Set Off to disable
 	// it, or RP to congestion.PaperParams for the DCQCN paper's values.
-	Congestion *qp.CongestionConfig
+	Congestion *CongestionConfig
 	// BusyPoll, when positive, turns on busy polling: polling one of the
 	// device's CQs (CQ.Poll) while it is empty also takes in whatever
 	// packets the socket holds, on the polling goroutine, and CQ.PollWait
@@ -245,7 +233,7 @@ type Options struct {
 	// Tap, when set, sees every packet the device sends, receives and
 	// drops from the moment it opens: a transport/pcaptap Writer records
 	// them as pcapng. Device.SetTap changes it later.
-	Tap transport.Tap
+	Tap Tap
 }
 
 // DefaultSourcePorts is how many source ports a shard sends from by
@@ -271,6 +259,7 @@ type Device struct {
 	cqMu      sync.Mutex // guards cqs and, with closed, CreateCQ against Close
 	cqs       []*qp.CQ   // the CQs Close wakes (closed ones pruned in CreateCQ)
 	cqsLive   int        // len(cqs) after the last prune
+	qps       sync.Map   // *qp.QP -> *QP: the facade of each live QP
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
@@ -291,7 +280,7 @@ func ParseAddr(s string) (netip.AddrPort, error) {
 // into the IPv4 address. RoCE names an IPv4 peer by such a GID
 // (Device.GID returns one), but packets from it arrive from the IPv4
 // address: rxego normalises every address where it enters (Open,
-// ConnectRC, CreateAH, QP.Modify), so one peer never looks like two.
+// QP.Connect, CreateAH, QP.Modify), so one peer never looks like two.
 func Unmap(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
@@ -345,13 +334,15 @@ func Open(addr string, opts *Options) (*Device, error) {
 		return nil, err
 	}
 	mrs := mr.NewTable()
+	d := &Device{mrs: mrs} // the QPs' Destroyed hook forgets them here
 	dev, err := device.Open(device.Config{GIDs: gids, Shards: n, Transport: o.Transport, Conn: o.Conn,
 		SourcePorts: o.SourcePorts, Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
-		BusyPoll: o.BusyPoll, Tap: o.Tap, MRs: mrs, Destroyed: func(q *qp.QP) { qpDevices.Delete(q) }})
+		BusyPoll: o.BusyPoll, Tap: o.Tap, MRs: mrs, Destroyed: func(q *qp.QP) { d.qps.Delete(q) }})
 	if err != nil {
 		return nil, err
 	}
-	return &Device{dev: dev, mrs: mrs, local: dev.Local(), gids: dev.GIDs()}, nil
+	d.dev, d.local, d.gids = dev, dev.Local(), dev.GIDs()
+	return d, nil
 }
 
 // ActiveMTU returns the port's active MTU (ibv_port_attr.active_mtu): the
@@ -393,7 +384,7 @@ func (d *Device) Close() error {
 			cq.Close() // ErrClosed for one the application closed: fine
 		}
 		d.dev.Wait()
-		d.forgetQPs()
+		d.qps.Clear()
 	})
 	return err
 }
@@ -427,35 +418,22 @@ func (d *Device) Shards() int {
 	return d.dev.Shards()
 }
 
-// Stats returns the sum of the shards' engine counters, read now.
-func (d *Device) Stats() *qp.Counters {
-	if d.dev == nil {
-		return new(qp.Counters)
-	}
-	return d.dev.Counters()
-}
-
-// Count sums one engine counter over the shards, live and without the
-// copy Stats makes: pick names it, as in
-// func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdBytes }.
-func (d *Device) Count(pick func(*qp.Counters) *atomic.Uint64) uint64 {
-	var n uint64
-	for i := range d.Shards() {
-		n += pick(d.dev.ShardCounters(i)).Load()
-	}
-	return n
-}
-
 // QPs returns the device's QPs, in no particular order.
 func (d *Device) QPs() []*QP {
 	if d.dev == nil {
 		return nil
 	}
-	return d.dev.QPs()
+	var out []*QP
+	for _, q := range d.dev.QPs() {
+		if v, ok := d.qps.Load(q); ok {
+			out = append(out, v.(*QP))
+		}
+	}
+	return out
 }
 
 // Batch runs fn and sends the packets the PostSend calls inside it make
-// together when it returns (qp.Engine.Batch), on every shard: posts to
+// together when it returns, on every shard: posts to
 // many QPs leave in a few system calls and GSO runs.
 func (d *Device) Batch(fn func()) {
 	if d.dev == nil {
@@ -481,7 +459,7 @@ type Transport interface {
 	// sockets of the multicast groups it has joined included.
 	Stats() transport.Stats
 	// SetTap is Device.SetTap.
-	SetTap(transport.Tap)
+	SetTap(Tap)
 	// LocalAddr is Device.Addr.
 	LocalAddr() netip.AddrPort
 }
@@ -490,7 +468,7 @@ type deviceTransport Device
 
 func (t *deviceTransport) Stats() transport.Stats { return t.dev.TransportStats() }
 
-func (t *deviceTransport) SetTap(tap transport.Tap) { (*Device)(t).SetTap(tap) }
+func (t *deviceTransport) SetTap(tap Tap) { (*Device)(t).SetTap(tap) }
 
 func (t *deviceTransport) LocalAddr() netip.AddrPort { return t.local }
 
@@ -536,7 +514,7 @@ func (p *PD) Dealloc() error {
 	if p == nil || p.pd == nil {
 		return errNotOpen
 	}
-	return p.pd.Dealloc()
+	return apiErr(p.pd.Dealloc())
 }
 
 // RegMR registers buf for access: its lkey and rkey name it in work
@@ -547,7 +525,8 @@ func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.pd.Register(buf, access)
+	m, err := p.pd.Register(buf, access)
+	return m, apiErr(err)
 }
 
 // RegMRInvalidatable registers buf so that SEND with Invalidate and
@@ -556,24 +535,28 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.pd.Register(buf, access, mr.WithInvalidate())
+	m, err := p.pd.Register(buf, access, mr.WithInvalidate())
+	return m, apiErr(err)
 }
 
 // AllocMW allocates an unbound memory window (ibv_alloc_mw). Bind a type
 // 1 window with QP.BindMW (ibv_bind_mw), a type 2 window with a WRBindMW
 // work request; LOCAL_INV or a peer's SEND with Invalidate on its rkey
 // unbinds a type 2 window. Windows reach MRs registered with AccessMWBind.
-func (p *PD) AllocMW(typ MWType) (*MW, error) { return p.pd.AllocMW(typ) }
+func (p *PD) AllocMW(typ MWType) (*MW, error) {
+	w, err := p.pd.AllocMW(typ)
+	return w, apiErr(err)
+}
 
-// QPInitAttr describes a QP to create: qp.InitAttr's fields, with the
-// device's CQ type and the PD taken from the one CreateQP is called on.
+// QPInitAttr describes a QP to create (ibv_qp_init_attr); its PD is the
+// one CreateQP is called on.
 type QPInitAttr struct {
 	Type   QPType
 	SendCQ *CQ
 	RecvCQ *CQ
-	SRQ    *SRQ
+	SRQ    *SRQ // receives come from the SRQ (nil: the QP's own receive queue)
 	Caps   Caps
-	SigAll bool
+	SigAll bool // every send work request completes, signalled or not
 	// QPN asks for a specific QP number, e.g. 1 for the GSI QP a
 	// connection manager sends its MADs on; 0 lets the device pick one.
 	QPN uint32
@@ -589,27 +572,21 @@ func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	if a.SendCQ == nil || a.RecvCQ == nil {
 		return nil, errors.New("rxego: a QP needs a send CQ and a receive CQ")
 	}
-	attr := qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ.cq, RecvCQ: a.RecvCQ.cq, SRQ: a.SRQ, Caps: a.Caps,
+	attr := qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ.cq, RecvCQ: a.RecvCQ.cq, Caps: a.Caps,
 		SigAll: a.SigAll, QPN: a.QPN}
-	q, err := p.dev.createQP(attr)
-	if err != nil {
-		return nil, err
+	if a.SRQ != nil {
+		attr.SRQ = a.SRQ.srq
 	}
+	q, err := p.dev.dev.CreateQP(attr)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	fq := &QP{q: q, dev: p.dev, pd: p}
+	p.dev.qps.Store(q, fq)
 	s := p.dev.dev.ShardOf(q.Num())
 	a.SendCQ.attach(p.dev, s)
 	a.RecvCQ.attach(p.dev, s)
-	return q, nil
-}
-
-// createQP creates the QP on its number's shard (the number asked for,
-// or the device's next free one) and records its device for ConnectRC's
-// source GID.
-func (d *Device) createQP(a qp.InitAttr) (*QP, error) {
-	q, err := d.dev.CreateQP(a)
-	if err == nil {
-		qpDevices.Store(q, d)
-	}
-	return q, err
+	return fq, nil
 }
 
 // CreateSRQ makes a shared receive queue; it serves QPs of every shard.
@@ -617,8 +594,54 @@ func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.dev.dev.NewSRQ(p.pd, depth, maxSGE)
+	srq, err := p.dev.dev.NewSRQ(p.pd, depth, maxSGE)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return &SRQ{srq: srq}, nil
 }
+
+// SRQ is a shared receive queue (ibv_srq): the QPs created with it take
+// their receives from it, whichever shard they are on.
+type SRQ struct {
+	srq *qp.SRQ
+}
+
+// PostRecv posts receive work requests to the SRQ (ibv_post_srq_recv),
+// all or nothing, as QP.PostRecv.
+func (s *SRQ) PostRecv(wrs ...RecvWR) error { return apiErr(s.srq.PostRecv(wrs...)) }
+
+// Len returns how many receives are posted and not yet taken.
+func (s *SRQ) Len() int { return s.srq.Len() }
+
+// Depth returns how many receive WQEs the SRQ holds at most (max_wr).
+func (s *SRQ) Depth() int { return s.srq.Depth() }
+
+// Arm sets the SRQ's limit (ibv_modify_srq with IBV_SRQ_LIMIT): when a
+// receive taken from the SRQ leaves fewer than limit WQEs posted, the
+// channel of LimitReached gets a value once and the limit disarms, as
+// IBV_EVENT_SRQ_LIMIT_REACHED does (rxe's rule: the count after the take
+// is below the limit). Arm again after each event to keep watching. limit
+// 0 disarms; a limit of the depth or more is refused, as verbs refuses
+// one above max_wr.
+func (s *SRQ) Arm(limit int) error { return apiErr(s.srq.Arm(limit)) }
+
+// Limit returns the armed limit, 0 when disarmed (ibv_query_srq's
+// srq_limit).
+func (s *SRQ) Limit() int { return s.srq.Limit() }
+
+// LimitReached returns the channel that receives a value when the armed
+// limit is reached (see Arm): the SRQ's IBV_EVENT_SRQ_LIMIT_REACHED, for
+// a select beside the application's other channels. It is closed when the
+// SRQ is destroyed.
+func (s *SRQ) LimitReached() <-chan struct{} { return s.srq.LimitReached() }
+
+// Destroy destroys the SRQ (ibv_destroy_srq): the receives still posted
+// are dropped without completions, and PostRecv fails with ErrClosed.
+// While a QP that is not destroyed uses the SRQ, Destroy fails with
+// ErrBusy and changes nothing, as ibv_destroy_srq does. A second Destroy
+// returns ErrClosed. The channel of LimitReached is closed.
+func (s *SRQ) Destroy() error { return apiErr(s.srq.Destroy()) }
 
 // CreateAH makes an address handle for UD sends to dest (port 4791 when 0)
 // from the first GID of dest's address family.

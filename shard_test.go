@@ -54,10 +54,10 @@ func TestSteering(t *testing.T) {
 	}
 	for i := range nqp {
 		o := &ConnectOptions{MTU: qp.MTU4096}
-		if err := ConnectRC(qps[0][i], RemoteQP{Addr: devs[1].Addr(), QPN: qps[1][i].Num()}, o); err != nil {
+		if err := qps[0][i].Connect(RemoteQP{Addr: devs[1].Addr(), QPN: qps[1][i].Num()}, o); err != nil {
 			t.Fatal(err)
 		}
-		if err := ConnectRC(qps[1][i], RemoteQP{Addr: devs[0].Addr(), QPN: qps[0][i].Num()}, o); err != nil {
+		if err := qps[1][i].Connect(RemoteQP{Addr: devs[0].Addr(), QPN: qps[0][i].Num()}, o); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -58,7 +58,7 @@ func newMcastQP(dev *rxego.Device, pd *rxego.PD) (mb mcastQP, err error) {
 		Caps: rxego.Caps{MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return mb, err
 	}
-	return mb, rxego.ActivateUD(mb.q, cm.UDPQKey, 0)
+	return mb, mb.q.ActivateUD(cm.UDPQKey, 0)
 }
 
 // postRecvs posts n receives of 2 KiB slots of mr from slot first on;
@@ -296,7 +296,7 @@ func (p *Peer) mcastVerbs(t *testing.T, rxegoSends bool) Outcome {
 			if err := mb.postRecvs(mr, i*count, count); err != nil {
 				return err
 			}
-			if err := rxego.AttachMcast(mb.q, group); err != nil {
+			if err := mb.q.AttachMcast(group); err != nil {
 				return err
 			}
 		}

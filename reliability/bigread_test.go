@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -24,7 +23,7 @@ func TestBigReadSmallSocket(t *testing.T) {
 	for i := range b.buf {
 		b.buf[i] = byte(i*7 + i>>13)
 	}
-	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU1024, Timeout: 14, RetryCnt: 7, MaxRdAtomic: 16})
+	connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU1024, Timeout: 14, RetryCnt: 7, MaxRdAtomic: 16})
 	if err := a.qp.PostSend(rxego.SendWR{ID: 1, Opcode: rxego.WRRead, Flags: rxego.SendSignaled, SGL: a.sge(0, size),
 		RemoteAddr: b.addr(0), RKey: b.mr.RKey()}); err != nil {
 		t.Fatal(err)

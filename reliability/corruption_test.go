@@ -14,8 +14,8 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/icrc"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // recvMode is one way the receiving side reads and checks packets.
@@ -168,7 +168,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	// burst of retries while a receiver slowed by the race detector drains
 	// it: an overflowing socket would make the count of drops inexact.
 	opts := transport.Options{Mode: m.mode, SocketRecvBuffer: 32 << 20}
-	corrupt := &transport.ImpairConfig{Seed: uint64(len(phase)), Dir: transport.ImpairSend, Corrupt: 1}
+	corrupt := &impair.Config{Seed: uint64(len(phase)), Dir: impair.Send, Corrupt: 1}
 	ca := endConfig{addr: addrA, opts: opts, size: slot*wrs + 64, depth: wrs + 16, window: 8 * wrs}
 	cb := ca
 	cb.addr = addrB
@@ -188,13 +188,13 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	// requester resends only its oldest request (its congestion window
 	// restarts at one PSN, and no ACK ever opens it), so the timeout
 	// sets the rate of corrupted packets.
-	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU256, Timeout: 2, RetryCnt: 7, MaxRdAtomic: 128})
+	connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU256, Timeout: 2, RetryCnt: 7, MaxRdAtomic: 128})
 	pattern(a.buf, 0x31)
 	pattern(b.buf, 0x42)
 	// Requests are corrupted as multi-packet messages. Responses are best
 	// provoked by short requests that each ask for many: one-packet SENDs
 	// and WRITEs, eight-packet READs.
-	size := func(op qp.WROpcode) int {
+	size := func(op rxego.WROpcode) int {
 		if phase == "responses" && op != rxego.WRRead {
 			return 256
 		}
@@ -237,7 +237,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	}
 	// Stop the requester (its WRs complete flushed) and let what is in
 	// flight arrive: then every corrupted packet sent has been received.
-	if err := a.qp.Modify(&rxego.QPAttr{State: qp.Err}, qp.AttrState); err != nil {
+	if err := a.qp.Modify(&rxego.QPAttr{State: rxego.StateErr}, rxego.AttrState); err != nil {
 		t.Fatal(err)
 	}
 	// Every corrupted packet sent is then either dropped or delivered: the
@@ -303,7 +303,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	}
 	n := a.scq.Poll(wcs)
 	for _, wc := range wcs[:n] {
-		if wc.Status != qp.WCWRFlushErr {
+		if wc.Status != rxego.WCWRFlushErr {
 			t.Fatalf("requester completion %+v: only flushes are possible", wc)
 		}
 	}

@@ -25,7 +25,6 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
-	"github.com/rxego/rxego/qp"
 )
 
 // Defaults of ucmatose.
@@ -92,7 +91,7 @@ func newNode(dev *rxego.Device, cfg Config) (*node, error) {
 	if n.mr, err = pd.RegMR(make([]byte, cfg.Size), rxego.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	if err := rxego.InitQP(n.q, 0); err != nil {
+	if err := n.q.Init(0); err != nil {
 		return nil, err
 	}
 	for range cfg.Count {
@@ -125,7 +124,7 @@ func poll(ctx context.Context, cq *rxego.CQ, count int, check func(rxego.WC) err
 			return err
 		}
 		for _, wc := range wcs[:k] {
-			if wc.Status != qp.WCSuccess {
+			if wc.Status != rxego.WCSuccess {
 				return fmt.Errorf("cmatose: completion %v: %v", wc.Opcode, wc.Status)
 			}
 			if err := check(wc); err != nil {

@@ -15,7 +15,6 @@ import (
 	"github.com/rxego/rxego/icrc"
 	"github.com/rxego/rxego/internal/capfile"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
-	"github.com/rxego/rxego/qp"
 )
 
 // TestGSOOnLoopback captures on lo while rxego sends 4 KiB WRITEs at a
@@ -55,7 +54,7 @@ func TestGSOOnLoopback(t *testing.T) {
 	devs := []*rxego.Device{a, b}
 	for i := range 2 {
 		o := 1 - i
-		if err := rxego.ConnectRC(qps[i], rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, &rxego.ConnectOptions{MTU: qp.MTU1024}); err != nil {
+		if err := qps[i].Connect(rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, &rxego.ConnectOptions{MTU: rxego.MTU1024}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
 	"github.com/rxego/rxego/cmd/rxego/internal/udnode"
-	"github.com/rxego/rxego/qp"
 )
 
 // Defaults of mckey.
@@ -154,7 +153,7 @@ func Run(ctx context.Context, m *cm.Manager, cfg Config) (res Result, err error)
 			}
 			// Unlike mckey, wait for the last send to complete: a QP
 			// destroyed with sends queued may never put them on the wire.
-			if err := mb.n.Poll(ctx, 1, qp.WCSend, func(rxego.WC) error { return nil }); err != nil {
+			if err := mb.n.Poll(ctx, 1, rxego.WCSend, func(rxego.WC) error { return nil }); err != nil {
 				return res, err
 			}
 			res.Sent += cfg.Count
@@ -162,12 +161,12 @@ func Run(ctx context.Context, m *cm.Manager, cfg Config) (res Result, err error)
 	} else {
 		fmt.Fprintln(cfg.Out, "receiving data transfers")
 		for _, mb := range members {
-			err := mb.n.Poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
-				if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) || wc.Flags&qp.WCWithImm == 0 {
-					return fmt.Errorf("%w: %d bytes, flags %#x (want %d with an immediate)", ErrMismatch, wc.ByteLen, wc.Flags, cfg.Size+qp.GRHLen)
+			err := mb.n.Poll(ctx, cfg.Count, rxego.WCRecv, func(wc rxego.WC) error {
+				if wc.ByteLen != uint32(cfg.Size+rxego.GRHLen) || wc.Flags&rxego.WCWithImm == 0 {
+					return fmt.Errorf("%w: %d bytes, flags %#x (want %d with an immediate)", ErrMismatch, wc.ByteLen, wc.Flags, cfg.Size+rxego.GRHLen)
 				}
 				res.Received++
-				data := mb.n.At(int(wc.ID))[qp.GRHLen:]
+				data := mb.n.At(int(wc.ID))[rxego.GRHLen:]
 				for i, b := range data {
 					if b != pattern(wc.Imm, i) {
 						return nil // not an rxego sender's: cannot be checked

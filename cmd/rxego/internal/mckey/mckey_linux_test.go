@@ -224,10 +224,10 @@ func TestJoinMulticastChecks(t *testing.T) {
 		if rc, err = pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cq, RecvCQ: cq, Caps: caps}); err != nil {
 			return err
 		}
-		if err := rxego.ActivateUD(other, 0x1111, 0); err != nil {
+		if err := other.ActivateUD(0x1111, 0); err != nil {
 			return err
 		}
-		return rxego.ActivateUD(ud, cm.UDPQKey, 0)
+		return ud.ActivateUD(cm.UDPQKey, 0)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -280,7 +280,7 @@ func TestJoinMulticastChecks(t *testing.T) {
 		t.Errorf("second leave: %v, want ErrClosed", err)
 	}
 	// Leave detached the QP.
-	if err := rxego.DetachMcast(ud, ms.MGID); err == nil || !strings.Contains(err.Error(), "not attached") {
+	if err := ud.DetachMcast(ms.MGID); err == nil || !strings.Contains(err.Error(), "not attached") {
 		t.Errorf("detach after leave: %v, want not attached", err)
 	}
 	if err := s.m.Close(); err != nil {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/qp"
 )
 
 // Kind is which of the four tools to mimic.
@@ -145,7 +144,7 @@ func (c *Config) defaults() error {
 	if err := c.checkLimits(); err != nil {
 		return err
 	}
-	if _, ok := qp.MTUFromBytes(c.MTU); !ok {
+	if _, ok := rxego.MTUFromBytes(c.MTU); !ok {
 		return fmt.Errorf("pingpong: MTU %d is not 256, 512, 1024, 2048 or 4096", c.MTU)
 	}
 	if c.Kind == UD && c.Size > c.MTU {
@@ -182,7 +181,7 @@ func (c *Config) checkLimits() error {
 	if c.TCPPort < 0 || c.TCPPort > 0xffff {
 		return fmt.Errorf("pingpong: port %d: want 0 to 65535", c.TCPPort)
 	}
-	if b := (c.Size + qp.GRHLen) * (c.RxDepth + c.NumQP); b > maxBuffer {
+	if b := (c.Size + rxego.GRHLen) * (c.RxDepth + c.NumQP); b > maxBuffer {
 		return fmt.Errorf("pingpong: message size %d x (rx depth %d + %d QPs) needs a %d-byte buffer (one slot per receive and per sender), over rxego's %d; lower -s or -r",
 			c.Size, c.RxDepth, c.NumQP, b, maxBuffer)
 	}
@@ -254,7 +253,7 @@ func (c *conn) setup() error {
 	c.pd, _ = c.dev.AllocPD()
 	c.slot = cfg.Size
 	if cfg.Kind == UD {
-		c.slot = cfg.Size + qp.GRHLen
+		c.slot = cfg.Size + rxego.GRHLen
 	}
 	// Each QP sends from its own buffer (the C tools share one): a QP's
 	// next message must not overwrite another's still going out, or what
@@ -303,9 +302,9 @@ func (c *conn) setup() error {
 	c.psn = rand.Uint32() & 0xffffff
 	for _, q := range c.qps {
 		if cfg.Kind == UD {
-			err = rxego.ActivateUD(q, udQKey, c.psn)
+			err = q.ActivateUD(udQKey, c.psn)
 		} else {
-			err = rxego.InitQP(q, 0)
+			err = q.Init(0)
 		}
 		if err != nil {
 			return err
@@ -449,7 +448,7 @@ func (c *conn) exchange(ctx context.Context) error {
 }
 
 func (c *conn) connect() error {
-	mtu, _ := qp.MTUFromBytes(c.cfg.MTU)
+	mtu, _ := rxego.MTUFromBytes(c.cfg.MTU)
 	if c.cfg.Kind == UD {
 		var err error
 		c.ah, err = c.pd.CreateAHFrom(c.cfg.GIDIndex, netip.AddrPortFrom(c.remote[0].Addr(), rxego.DefaultPort))
@@ -458,7 +457,7 @@ func (c *conn) connect() error {
 	for i, q := range c.qps {
 		r := rxego.RemoteQP{Addr: netip.AddrPortFrom(c.remote[i].Addr(), rxego.DefaultPort), QPN: c.remote[i].QPN, PSN: c.remote[i].PSN,
 			SGIDIndex: c.cfg.GIDIndex}
-		if err := rxego.ConnectRC(q, r, &rxego.ConnectOptions{MTU: mtu, LocalPSN: c.psn, MinRNRTimer: 12}); err != nil {
+		if err := q.Connect(r, &rxego.ConnectOptions{MTU: mtu, LocalPSN: c.psn, MinRNRTimer: 12}); err != nil {
 			return err
 		}
 	}
@@ -742,8 +741,8 @@ func (c *conn) checkRecv(wc rxego.WC) {
 	slot := c.buf[i*c.slot : (i+1)*c.slot]
 	n := int(wc.ByteLen)
 	if c.cfg.Kind == UD {
-		slot = slot[qp.GRHLen:]
-		n -= qp.GRHLen
+		slot = slot[rxego.GRHLen:]
+		n -= rxego.GRHLen
 	}
 	if n < 0 || n > len(slot) {
 		c.mismatch++

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/qp"
 )
 
 // With Config.RDMACM the QPs connect with rdma_cm (package cm) instead of
@@ -44,7 +44,7 @@ func (c *conn) connectCM(ctx context.Context) error {
 		return err
 	}
 	c.cm = m
-	mtu, _ := qp.MTUFromBytes(cfg.MTU)
+	mtu, _ := rxego.MTUFromBytes(cfg.MTU)
 	p := &cm.Params{MTU: mtu, MinRNRTimer: 12}
 	port := uint16(cfg.TCPPort)
 	if cfg.Server == "" {

@@ -31,7 +31,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/qp"
 )
 
 // Defaults and limits of rping.
@@ -128,7 +127,7 @@ func newPeer(dev *rxego.Device, rdmaSize, srcSize int) (*peer, error) {
 			return nil, err
 		}
 	}
-	if err := rxego.InitQP(p.q, 0); err != nil {
+	if err := p.q.Init(0); err != nil {
 		return nil, err
 	}
 	return p, p.postRecv()
@@ -151,7 +150,7 @@ func (p *peer) sendInfo(mr *rxego.MR, n int) error {
 }
 
 // rdmaOp posts an RDMA READ or WRITE of n bytes of p.rdma.
-func (p *peer) rdmaOp(op qp.WROpcode, n int, addr uint64, rkey uint32) error {
+func (p *peer) rdmaOp(op rxego.WROpcode, n int, addr uint64, rkey uint32) error {
 	return p.q.PostSend(rxego.SendWR{ID: 3, Opcode: op, Flags: rxego.SendSignaled,
 		SGL:        []rxego.SGE{{Addr: p.rdma.IOVA(), Length: uint32(n), LKey: p.rdma.LKey()}},
 		RemoteAddr: addr, RKey: rkey})
@@ -161,21 +160,21 @@ func (p *peer) rdmaOp(op qp.WROpcode, n int, addr uint64, rkey uint32) error {
 // the way are checked and skipped. A received record is checked for size
 // and the receive reposted. A flushed completion after the peer
 // disconnected returns errPeerGone.
-func (p *peer) await(ctx context.Context, c *cm.Conn, want qp.WCOpcode) (rxego.WC, error) {
+func (p *peer) await(ctx context.Context, c *cm.Conn, want rxego.WCOpcode) (rxego.WC, error) {
 	for {
 		if _, err := p.cq.PollWait(ctx, p.wcs); err != nil {
 			return rxego.WC{}, err
 		}
 		wc := p.wcs[0]
-		if wc.Status != qp.WCSuccess {
-			if wc.Status == qp.WCWRFlushErr && c != nil && errors.Is(c.Err(), cm.ErrDisconnected) {
+		if wc.Status != rxego.WCSuccess {
+			if wc.Status == rxego.WCWRFlushErr && c != nil && errors.Is(c.Err(), cm.ErrDisconnected) {
 				return wc, errPeerGone
 			}
 			return wc, fmt.Errorf("rping: completion %v: %v", wc.Opcode, wc.Status)
 		}
 		switch {
 		case wc.Opcode == want:
-			if want == qp.WCRecv {
+			if want == rxego.WCRecv {
 				if wc.ByteLen != infoSize {
 					return wc, fmt.Errorf("rping: received bogus data, size %d", wc.ByteLen)
 				}
@@ -184,7 +183,7 @@ func (p *peer) await(ctx context.Context, c *cm.Conn, want qp.WCOpcode) (rxego.W
 				}
 			}
 			return wc, nil
-		case wc.Opcode == qp.WCSend:
+		case wc.Opcode == rxego.WCSend:
 		default:
 			return wc, fmt.Errorf("rping: unexpected %v completion waiting for %v", wc.Opcode, want)
 		}
@@ -237,10 +236,10 @@ func accept(ctx context.Context, m *cm.Manager, l *cm.Listener) (*peer, *cm.Conn
 		if errors.Is(err, cm.ErrHalfOpen) {
 			// The QP went to ERR: back to INIT with its receive, the
 			// flushed completions drained.
-			if err = p.q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err == nil {
+			if err = p.q.Modify(&rxego.QPAttr{State: rxego.StateReset}, rxego.AttrState); err == nil {
 				for p.cq.Poll(p.wcs) > 0 {
 				}
-				if err = rxego.InitQP(p.q, 0); err == nil {
+				if err = p.q.Init(0); err == nil {
 					if err = p.postRecv(); err == nil {
 						continue
 					}
@@ -257,7 +256,7 @@ func (p *peer) serve(ctx context.Context, c *cm.Conn, cfg Config, res *Result) e
 	want := make([]byte, 0, len(buf))
 	for ping := 0; ; ping++ {
 		// The client's source buffer: READ it.
-		if _, err := p.await(ctx, c, qp.WCRecv); err != nil {
+		if _, err := p.await(ctx, c, rxego.WCRecv); err != nil {
 			return err
 		}
 		info := p.recv.Buffer()
@@ -265,10 +264,10 @@ func (p *peer) serve(ctx context.Context, c *cm.Conn, cfg Config, res *Result) e
 		if n > len(buf) {
 			return fmt.Errorf("rping: client buffer of %d bytes exceeds %d", n, len(buf))
 		}
-		if err := p.rdmaOp(qp.WRRead, n, addr, rkey); err != nil {
+		if err := p.rdmaOp(rxego.WRRead, n, addr, rkey); err != nil {
 			return err
 		}
-		if _, err := p.await(ctx, c, qp.WCRead); err != nil {
+		if _, err := p.await(ctx, c, rxego.WCRead); err != nil {
 			return err
 		}
 		want = want[:n]
@@ -284,14 +283,14 @@ func (p *peer) serve(ctx context.Context, c *cm.Conn, cfg Config, res *Result) e
 			return err
 		}
 		// The client's sink: WRITE the ping back.
-		if _, err := p.await(ctx, c, qp.WCRecv); err != nil {
+		if _, err := p.await(ctx, c, rxego.WCRecv); err != nil {
 			return err
 		}
 		addr, rkey = binary.BigEndian.Uint64(info), binary.BigEndian.Uint32(info[8:])
-		if err := p.rdmaOp(qp.WRWrite, len(cstring(buf[:n]))+1, addr, rkey); err != nil {
+		if err := p.rdmaOp(rxego.WRWrite, len(cstring(buf[:n]))+1, addr, rkey); err != nil {
 			return err
 		}
-		if _, err := p.await(ctx, c, qp.WCWrite); err != nil {
+		if _, err := p.await(ctx, c, rxego.WCWrite); err != nil {
 			return err
 		}
 		if err := p.sendInfo(nil, 0); err != nil { // go ahead
@@ -341,13 +340,13 @@ func (p *peer) ping(ctx context.Context, c *cm.Conn, cfg Config, size int, res *
 		if err := p.sendInfo(p.src, size); err != nil {
 			return err
 		}
-		if _, err := p.await(ctx, c, qp.WCRecv); err != nil {
+		if _, err := p.await(ctx, c, rxego.WCRecv); err != nil {
 			return err
 		}
 		if err := p.sendInfo(p.rdma, size); err != nil {
 			return err
 		}
-		if _, err := p.await(ctx, c, qp.WCRecv); err != nil {
+		if _, err := p.await(ctx, c, rxego.WCRecv); err != nil {
 			return err
 		}
 		if cfg.Validate {

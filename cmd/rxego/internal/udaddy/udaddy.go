@@ -29,7 +29,6 @@ import (
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
 	"github.com/rxego/rxego/cmd/rxego/internal/udnode"
-	"github.com/rxego/rxego/qp"
 )
 
 // Defaults of udaddy.
@@ -100,8 +99,8 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Re
 	}
 	fmt.Fprintln(cfg.Out, "receiving data transfers")
 	for _, n := range nodes {
-		err := n.Poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
-			if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) || wc.Flags&qp.WCWithImm == 0 || (n.AH != nil && wc.Imm != n.QPN) {
+		err := n.Poll(ctx, cfg.Count, rxego.WCRecv, func(wc rxego.WC) error {
+			if wc.ByteLen != uint32(cfg.Size+rxego.GRHLen) || wc.Flags&rxego.WCWithImm == 0 || (n.AH != nil && wc.Imm != n.QPN) {
 				return fmt.Errorf("%w: %d bytes, immediate %#x (flags %#x)", ErrMismatch, wc.ByteLen, wc.Imm, wc.Flags)
 			}
 			if n.AH == nil { // create_reply_ah
@@ -122,7 +121,7 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Re
 		if err := n.Send(0, cfg.Count, cfg.Size); err != nil {
 			return res, err
 		}
-		if err := n.Poll(ctx, 1, qp.WCSend, func(rxego.WC) error { return nil }); err != nil {
+		if err := n.Poll(ctx, 1, rxego.WCSend, func(rxego.WC) error { return nil }); err != nil {
 			return res, err
 		}
 		res.Sent += cfg.Count
@@ -171,19 +170,19 @@ func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) 
 		res.Sent += cfg.Count
 	}
 	fmt.Fprintln(cfg.Out, "receiving data transfers")
-	want := make([]byte, max(cfg.Size-qp.GRHLen, 0))
+	want := make([]byte, max(cfg.Size-rxego.GRHLen, 0))
 	for i := range want {
 		want[i] = pattern(i)
 	}
 	for _, n := range nodes {
-		err := n.Poll(ctx, cfg.Count, qp.WCRecv, func(wc rxego.WC) error {
-			if wc.ByteLen != uint32(cfg.Size+qp.GRHLen) {
+		err := n.Poll(ctx, cfg.Count, rxego.WCRecv, func(wc rxego.WC) error {
+			if wc.ByteLen != uint32(cfg.Size+rxego.GRHLen) {
 				return fmt.Errorf("%w: reply of %d bytes", ErrMismatch, wc.ByteLen)
 			}
 			res.Received++
 			// The reply is the server's buffer: the GRH it received, then
 			// our message; it landed after our own GRH.
-			if !bytes.Equal(n.At(int(wc.ID))[2*qp.GRHLen:qp.GRHLen+cfg.Size], want) {
+			if !bytes.Equal(n.At(int(wc.ID))[2*rxego.GRHLen:rxego.GRHLen+cfg.Size], want) {
 				return fmt.Errorf("%w: reply does not carry our message", ErrMismatch)
 			}
 			res.Verified++

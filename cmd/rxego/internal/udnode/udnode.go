@@ -9,7 +9,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/qp"
 )
 
 // Node is one UD QP, activated with Q_Key cm.UDPQKey, with Count receives
@@ -33,7 +32,7 @@ func New(dev *rxego.Device, tool string, count, size int) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	slot := size + qp.GRHLen
+	slot := size + rxego.GRHLen
 	n := &Node{Tool: tool, PD: pd, slot: slot, buf: make([]byte, (count+1)*slot)}
 	if n.CQ, err = dev.CreateCQ(2 * count); err != nil {
 		return nil, err
@@ -45,7 +44,7 @@ func New(dev *rxego.Device, tool string, count, size int) (*Node, error) {
 	if n.MR, err = pd.RegMR(n.buf, rxego.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	if err := rxego.ActivateUD(n.QP, cm.UDPQKey, 0); err != nil {
+	if err := n.QP.ActivateUD(cm.UDPQKey, 0); err != nil {
 		return nil, err
 	}
 	for i := range count {
@@ -78,7 +77,7 @@ func (n *Node) Send(from, count, size int) error {
 
 // Poll waits for count successful completions of kind op; check sees
 // each. Any other status fails.
-func (n *Node) Poll(ctx context.Context, count int, op qp.WCOpcode, check func(rxego.WC) error) error {
+func (n *Node) Poll(ctx context.Context, count int, op rxego.WCOpcode, check func(rxego.WC) error) error {
 	wcs := make([]rxego.WC, 8)
 	for done := 0; done < count; {
 		k, err := n.CQ.PollWait(ctx, wcs[:min(len(wcs), count-done)])
@@ -86,7 +85,7 @@ func (n *Node) Poll(ctx context.Context, count int, op qp.WCOpcode, check func(r
 			return err
 		}
 		for _, wc := range wcs[:k] {
-			if wc.Status != qp.WCSuccess {
+			if wc.Status != rxego.WCSuccess {
 				return fmt.Errorf("%s: completion %v: %v", n.Tool, wc.Opcode, wc.Status)
 			}
 			if wc.Opcode != op {
