@@ -121,3 +121,15 @@ const NumDropReasons = qp.NumDropReasons
 
 // DropReasons lists every drop reason, in index order.
 func DropReasons() []DropReason { return qp.DropReasons() }
+
+// GRHLen is the space a UD receive buffer reserves for the GRH: the first
+// 40 bytes of every UD receive (WCWithGRH).
+const GRHLen = qp.GRHLen
+
+// MaxRdAtomicLimit is the largest max_rd_atomic and max_dest_rd_atomic a
+// QP accepts (rxe advertises 128).
+const MaxRdAtomicLimit = qp.MaxRdAtomicLimit
+
+// MTUFromBytes returns the ibv_mtu for 256, 512, 1024, 2048 or 4096; ok
+// is false for any other size.
+func MTUFromBytes(n int) (m MTU, ok bool) { return qp.MTUFromBytes(n) }
