@@ -1,4 +1,10 @@
-package transport
+// Package impair is the seeded impairment shim: Wrap puts loss, bursts,
+// duplication, reordering, delay, corruption and CE marking between an
+// engine and any transport.Conn, each decision drawn from one PCG stream
+// per direction seeded by Config.Seed, so the same packets in the same
+// order meet the same fate. Tests, the reliability suite and the demo use
+// it; it lives beside the production transport, not in it.
+package impair
 
 import (
 	"fmt"
@@ -11,31 +17,32 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/transport"
 )
 
-// ImpairDir selects the directions an Impaired Conn impairs.
-type ImpairDir uint8
+// Dir selects the directions an impaired Conn impairs.
+type Dir uint8
 
 // Impairment directions.
 const (
-	ImpairRecv ImpairDir = 1 << iota // received packets, after the inner Conn verified them
-	ImpairSend                       // sent packets, before the inner Conn sends them
-	ImpairBoth = ImpairRecv | ImpairSend
+	Recv Dir = 1 << iota // received packets, after the inner Conn verified them
+	Send                 // sent packets, before the inner Conn sends them
+	Both = Recv | Send
 )
 
-// Defaults of ImpairConfig.
+// Defaults of Config.
 const (
 	DefaultReorderTimeout = 10 * time.Millisecond
-	DefaultImpairQueue    = 4096
+	DefaultQueue          = 4096
 )
 
-// ImpairConfig describes what an Impaired Conn does to packets. Every
+// Config describes what an impaired Conn does to packets. Every
 // probability is per packet, in [0, 1]; every decision comes from one
 // PCG stream per direction seeded with Seed, so the same packets in the
 // same order meet the same fate.
-type ImpairConfig struct {
+type Config struct {
 	Seed uint64
-	Dir  ImpairDir // 0 means ImpairRecv
+	Dir  Dir // 0 means Recv
 
 	Loss float64 // independent random loss
 	// BurstEnter and BurstExit make a Gilbert-Elliott channel: before each
@@ -64,12 +71,12 @@ type ImpairConfig struct {
 	// ECN-capable, or sent with TOS 0 (the Conn default), are left alone.
 	CE float64
 	// QueueLen bounds the packets held for delay or reordering; 0 means
-	// DefaultImpairQueue. Packets beyond it are dropped and counted.
+	// DefaultQueue. Packets beyond it are dropped and counted.
 	QueueLen int
 }
 
-// ImpairCounts count what an Impaired Conn did in one direction.
-type ImpairCounts struct {
+// Counts count what an impaired Conn did in one direction.
+type Counts struct {
 	Seen       uint64 // packets that entered
 	Lost       uint64 // dropped by Loss
 	BurstLost  uint64 // dropped in a burst
@@ -82,29 +89,29 @@ type ImpairCounts struct {
 	Passed     uint64 // left the queue (duplicates and corrupted ones included)
 }
 
-// ImpairStats are an Impaired Conn's counters by direction.
-type ImpairStats struct {
-	Send, Recv ImpairCounts
+// Stats are an impaired Conn's counters by direction.
+type Stats struct {
+	Send, Recv Counts
 }
 
-// Impaired wraps a Conn with loss, bursts, duplication, reordering, delay,
+// Conn wraps a transport.Conn with loss, bursts, duplication, reordering, delay,
 // corruption and CE marking, for tests. Send-side delays are served by a
 // timer goroutine and receive-side ones by a goroutine reading the inner
 // Conn; both stop on Close.
-type Impaired struct {
-	inner  Conn
-	ep     endpoint
-	filled filledSender // nil when the inner Conn is not ours
+type Conn struct {
+	inner  transport.Conn
+	ep     *transport.ICRCs
+	filled transport.FilledSender // nil when the inner Conn is not ours
 	send   *stage
 	recv   *stage
-	tap    tapSlot
-	drops  [NumDropReasons]atomic.Uint64 // receive-side corruption caught
+	tap    transport.TapSlot
+	drops  [transport.NumDropReasons]atomic.Uint64 // receive-side corruption caught
 	done   chan struct{}
 	once   sync.Once
 	wg     sync.WaitGroup
 
 	smu    sync.Mutex // serialises inner sends
-	sbatch []Message
+	sbatch []transport.Message
 	sitems []*item
 
 	rmu   sync.Mutex
@@ -112,25 +119,25 @@ type Impaired struct {
 	timer *time.Timer
 }
 
-// Impair wraps c. The returned Conn owns c: closing it closes c.
-func Impair(c Conn, cfg ImpairConfig) *Impaired {
+// Wrap wraps c. The returned Conn owns c: closing it closes c.
+func Wrap(c transport.Conn, cfg Config) *Conn {
 	if cfg.Dir == 0 {
-		cfg.Dir = ImpairRecv
+		cfg.Dir = Recv
 	}
 	if cfg.ReorderTimeout <= 0 {
 		cfg.ReorderTimeout = DefaultReorderTimeout
 	}
 	if cfg.QueueLen <= 0 {
-		cfg.QueueLen = DefaultImpairQueue
+		cfg.QueueLen = DefaultQueue
 	}
-	im := &Impaired{inner: c, ep: newEndpoint(c.LocalAddr()), done: make(chan struct{})}
-	im.filled, _ = c.(filledSender)
-	if cfg.Dir&ImpairSend != 0 {
+	im := &Conn{inner: c, ep: transport.NewICRCs(c.LocalAddr()), done: make(chan struct{})}
+	im.filled, _ = c.(transport.FilledSender)
+	if cfg.Dir&Send != 0 {
 		im.send = newStage(cfg, 2)
 		im.wg.Add(1)
 		go im.sendLoop()
 	}
-	if cfg.Dir&ImpairRecv != 0 {
+	if cfg.Dir&Recv != 0 {
 		im.recv = newStage(cfg, 1)
 		im.timer = time.NewTimer(time.Hour)
 		im.timer.Stop()
@@ -141,18 +148,18 @@ func Impair(c Conn, cfg ImpairConfig) *Impaired {
 }
 
 // LocalAddr implements Conn.
-func (c *Impaired) LocalAddr() netip.AddrPort { return c.inner.LocalAddr() }
+func (c *Conn) LocalAddr() netip.AddrPort { return c.inner.LocalAddr() }
 
 // SetTap implements Conn: the inner Conn shows packets as it sends and
-// receives them; the Impaired Conn shows the corrupted ones it drops.
-func (c *Impaired) SetTap(t Tap) {
-	c.tap.set(t)
+// receives them; the impaired Conn shows the corrupted ones it drops.
+func (c *Conn) SetTap(t transport.Tap) {
+	c.tap.Set(t)
 	c.inner.SetTap(t)
 }
 
 // Stats implements Conn: the inner Conn's counters plus the received
 // packets this Conn corrupted and then dropped.
-func (c *Impaired) Stats() Stats {
+func (c *Conn) Stats() transport.Stats {
 	s := c.inner.Stats()
 	for i := range c.drops {
 		s.Drops[i] += c.drops[i].Load()
@@ -161,8 +168,8 @@ func (c *Impaired) Stats() Stats {
 }
 
 // ImpairStats returns what the impairments did so far.
-func (c *Impaired) ImpairStats() ImpairStats {
-	var s ImpairStats
+func (c *Conn) ImpairStats() Stats {
+	var s Stats
 	if c.send != nil {
 		s.Send = c.send.counts()
 	}
@@ -174,7 +181,7 @@ func (c *Impaired) ImpairStats() ImpairStats {
 
 // Close implements Conn: it closes the inner Conn, discards held packets
 // and waits for the goroutines to stop.
-func (c *Impaired) Close() error {
+func (c *Conn) Close() error {
 	err := net.ErrClosed
 	c.once.Do(func() {
 		close(c.done)
@@ -184,7 +191,7 @@ func (c *Impaired) Close() error {
 	return err
 }
 
-func (c *Impaired) isClosed() bool {
+func (c *Conn) isClosed() bool {
 	select {
 	case <-c.done:
 		return true
@@ -197,7 +204,7 @@ func (c *Impaired) isClosed() bool {
 // (their ICRCs computed first, so corruption comes after) and sent as
 // separate datagrams, now or when their delay is up; errors of delayed
 // sends are not reported.
-func (c *Impaired) Send(msgs []Message) (int, error) {
+func (c *Conn) Send(msgs []transport.Message) (int, error) {
 	if c.send == nil {
 		return c.inner.Send(msgs)
 	}
@@ -211,12 +218,12 @@ func (c *Impaired) Send(msgs []Message) (int, error) {
 	now := time.Now()
 	for i := range msgs {
 		m := &msgs[i]
-		peer, ok := c.ep.peer(m.Peer)
+		peer, ok := c.ep.Peer(m.Peer)
 		if !ok {
-			n, err = i, fmt.Errorf("%w: %v", ErrPeer, m.Peer)
+			n, err = i, fmt.Errorf("%w: %v", transport.ErrPeer, m.Peer)
 			break
 		}
-		k, e := c.ep.runSegments(len(m.Buf), m.Seg)
+		k, e := c.ep.RunSegments(len(m.Buf), m.Seg)
 		if e != nil {
 			n, err = i, e
 			break
@@ -227,7 +234,7 @@ func (c *Impaired) Send(msgs []Message) (int, error) {
 		}
 		for off := 0; off < len(m.Buf); off += seg {
 			p := m.Buf[off:min(off+seg, len(m.Buf))]
-			c.ep.fill(p, peer, 0) // sent alone, it will carry ID 0
+			c.ep.Fill(p, peer, 0) // sent alone, it will carry ID 0
 			s.admit(p, nil, peer, m.TOS, 0, now)
 		}
 	}
@@ -237,7 +244,7 @@ func (c *Impaired) Send(msgs []Message) (int, error) {
 }
 
 // flushSend sends the packets whose time has come.
-func (c *Impaired) flushSend() {
+func (c *Conn) flushSend() {
 	s := c.send
 	c.smu.Lock()
 	defer c.smu.Unlock()
@@ -247,12 +254,12 @@ func (c *Impaired) flushSend() {
 		if it.corrupt && c.filled == nil {
 			return // the inner Conn would recompute the ICRC: drop instead
 		}
-		c.sbatch = append(c.sbatch, Message{Buf: it.buf, Peer: it.peer, TOS: it.tos})
+		c.sbatch = append(c.sbatch, transport.Message{Buf: it.buf, Peer: it.peer, TOS: it.tos})
 	})
 	s.mu.Unlock()
 	if len(c.sbatch) > 0 {
 		if c.filled != nil {
-			c.filled.sendFilled(c.sbatch)
+			c.filled.SendFilled(c.sbatch)
 		} else {
 			c.inner.Send(c.sbatch)
 		}
@@ -268,7 +275,7 @@ func (c *Impaired) flushSend() {
 }
 
 // sendLoop sends delayed and held-back packets when they are due.
-func (c *Impaired) sendLoop() {
+func (c *Conn) sendLoop() {
 	defer c.wg.Done()
 	s := c.send
 	t := time.NewTimer(time.Hour)
@@ -292,10 +299,10 @@ func (c *Impaired) sendLoop() {
 }
 
 // pump reads the inner Conn and feeds the receive stage until it closes.
-func (c *Impaired) pump() {
+func (c *Conn) pump() {
 	defer c.wg.Done()
 	s := c.recv
-	buf := make([]Message, 64)
+	buf := make([]transport.Message, 64)
 	for {
 		n, err := c.inner.Recv(buf)
 		s.mu.Lock()
@@ -316,7 +323,7 @@ func (c *Impaired) pump() {
 }
 
 // Recv implements Conn.
-func (c *Impaired) Recv(msgs []Message) (int, error) {
+func (c *Conn) Recv(msgs []transport.Message) (int, error) {
 	if c.recv == nil {
 		return c.inner.Recv(msgs)
 	}
@@ -344,23 +351,23 @@ func (c *Impaired) Recv(msgs []Message) (int, error) {
 		s.popDue(time.Now(), len(msgs), func(it *item) {
 			pk := bth.Packet{Raw: it.buf, Info: it.info}
 			if it.corrupt {
-				var reason DropReason
+				var reason transport.DropReason
 				var ok bool
-				if pk, reason, ok = c.ep.check(it.buf, it.peer, it.id); !ok {
+				if pk, reason, ok = c.ep.Check(it.buf, it.peer, it.id); !ok {
 					c.drops[reason].Add(1)
 					drops = append(drops, it)
 					return
 				}
 			}
-			msgs[n] = Message{Buf: it.buf, Pkt: pk, Peer: it.peer, TOS: it.tos, IPID: it.id}
+			msgs[n] = transport.Message{Buf: it.buf, Pkt: pk, Peer: it.peer, TOS: it.tos, IPID: it.id}
 			c.cur = append(c.cur, it)
 			n++
 		})
 		err, next := s.err, s.nextDue()
 		s.mu.Unlock()
-		if tap, at := c.tap.get(); tap != nil {
+		if tap, at := c.tap.Get(); tap != nil {
 			for _, it := range drops {
-				tap.Drop(DropBadICRC, at, c.ep.local, it.peer, it.tos, it.buf)
+				tap.Drop(transport.DropBadICRC, at, c.ep.Local(), it.peer, it.tos, it.buf)
 			}
 		}
 		if len(drops) > 0 {
@@ -404,7 +411,7 @@ type item struct {
 // stage applies the impairments of one direction and holds packets until
 // they are due. Its fields are guarded by mu.
 type stage struct {
-	cfg  ImpairConfig
+	cfg  Config
 	rng  *rand.Rand
 	wake chan struct{}
 
@@ -414,15 +421,15 @@ type stage struct {
 	held *item
 	seq  uint64
 	free []*item
-	ctr  ImpairCounts
+	ctr  Counts
 	err  error // receive side: the inner Conn's last error
 }
 
-func newStage(cfg ImpairConfig, stream uint64) *stage {
+func newStage(cfg Config, stream uint64) *stage {
 	return &stage{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, stream)), wake: make(chan struct{}, 1)}
 }
 
-func (s *stage) counts() ImpairCounts {
+func (s *stage) counts() Counts {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ctr
