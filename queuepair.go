@@ -44,7 +44,8 @@ func (q *QP) Modify(a *QPAttr, mask AttrMask) error { return apiErr(q.q.Modify(a
 
 // PostSend posts send work requests (ibv_post_send). The whole batch is
 // checked first: on error (wrapping ErrInvalidWR, ErrQueueFull or
-// ErrClosed) nothing is posted.
+// ErrClosed) nothing is posted, where verbs would keep the WRs before the
+// bad one.
 func (q *QP) PostSend(wrs ...SendWR) error { return apiErr(q.q.PostSend(wrs...)) }
 
 // PostRecv posts receive work requests (ibv_post_recv); as PostSend, all
@@ -67,7 +68,8 @@ func (q *QP) BindMW(w *MW, id uint64, flags SendFlags, m *MR, addr, length uint6
 func (q *QP) CongestionStats() (s CCStats, ok bool) { return q.q.CongestionStats() }
 
 // Destroy destroys the QP (ibv_destroy_qp): outstanding work requests are
-// dropped without completions. It fails with ErrBusy while the QP is
+// dropped without completions (Modify it to StateErr first to have them
+// complete with WR_FLUSH_ERR). It fails with ErrBusy while the QP is
 // attached to a multicast group, and with ErrClosed the second time.
 func (q *QP) Destroy() error {
 	return apiErr(q.q.Destroy()) // the device forgets it (Options' Destroyed hook)
