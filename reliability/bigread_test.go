@@ -43,8 +43,8 @@ func TestBigReadSmallSocket(t *testing.T) {
 	if n := ts.Drops[transport.DropOverflow]; n != 0 {
 		t.Fatalf("the reader's socket overflowed %d times: %s", n, a.stats())
 	}
-	if st.ReadBudgetWaits.Load() == 0 || st.RDMASends.Load() < 2 {
+	if st.ReadBudgetWaits == 0 || st.RDMASends < 2 {
 		t.Fatalf("read_budget_waits %d, rdma_sends %d: the READ was not split into requests within the budget",
-			st.ReadBudgetWaits.Load(), st.RDMASends.Load())
+			st.ReadBudgetWaits, st.RDMASends)
 	}
 }

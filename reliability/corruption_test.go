@@ -258,7 +258,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	t.Logf("%s/%s: %d corrupted packets sent in %v; receiver dropped %v (overflow %d), delivered %d to its engine (ids outside 0..63: %v); "+
 		"receiver engine: rcvd %d, executed %d; a: %s; b: %s",
 		m.name, phase, sent, time.Since(start).Round(time.Millisecond), ts.Drops, ts.Drops[transport.DropOverflow], ts.RecvPackets,
-		tap.ids(), es.RcvdPkts.Load(), es.RDMARecvs.Load(), a.stats(), b.stats())
+		tap.ids(), es.RcvdPkts, es.RDMARecvs, a.stats(), b.stats())
 	if ts.Drops[transport.DropOverflow] != 0 {
 		t.Fatalf("the receiver's socket overflowed (%d): the count cannot be exact", ts.Drops[transport.DropOverflow])
 	}
@@ -270,8 +270,8 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 		}
 		return sent, missed
 	}
-	if missed != 0 || es.RcvdPkts.Load() != 0 {
-		t.Fatalf("%d corrupted packets, %d dropped, %d delivered, %d reached the engine", sent, ts.Dropped(), ts.RecvPackets, es.RcvdPkts.Load())
+	if missed != 0 || es.RcvdPkts != 0 {
+		t.Fatalf("%d corrupted packets, %d dropped, %d delivered, %d reached the engine", sent, ts.Dropped(), ts.RecvPackets, es.RcvdPkts)
 	}
 	wcs := make([]rxego.WC, wrs+16)
 	if phase == "requests" {
@@ -289,13 +289,13 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	// sent what its congestion window allowed, which no ACK ever opened
 	// (qp/window.go), and a READ work request is as many READ requests as
 	// it sent (qp/readsplit.go): rdma_sends counts each request once.
-	want := a.dev.Stats().RDMASends.Load()
-	if got := b.dev.Stats().RDMARecvs.Load(); got != want || got == 0 {
+	want := a.dev.Stats().RDMASends
+	if got := b.dev.Stats().RDMARecvs; got != want || got == 0 {
 		t.Fatalf("responder executed %d RDMA requests, want %d", got, want)
 	}
 	// Each message that consumes a receive and arrived completed one,
 	// once: as many as the responder generated, at most one per receive.
-	if n, gen := b.rcq.Poll(wcs), b.dev.Stats().CompletionsGenerated.Load(); n > sends || uint64(n) != gen {
+	if n, gen := b.rcq.Poll(wcs), b.dev.Stats().CompletionsGenerated; n > sends || uint64(n) != gen {
 		t.Fatalf("responder produced %d receive completions (generated %d), want at most %d", n, gen, sends)
 	}
 	if !bytes.Equal(a.buf, beforeA) {

@@ -101,7 +101,7 @@ func runOp(t testing.TB, a, b *end, r opRun) time.Duration {
 	// above before them (the network is a path the race detector cannot see).
 	a.dev.Sync()
 	b.dev.Sync()
-	execBefore, readsBefore := b.dev.Stats().RDMARecvs.Load(), a.dev.Stats().RDMASends.Load()
+	execBefore, readsBefore := b.dev.Stats().RDMARecvs, a.dev.Stats().RDMASends
 	mk := func(i int) rxego.SendWR {
 		wr := rxego.SendWR{ID: uint64(i), Opcode: r.op, Flags: rxego.SendSignaled, Imm: uint32(i)}
 		switch r.op {
@@ -176,9 +176,9 @@ func runOp(t testing.TB, a, b *end, r opRun) time.Duration {
 		// many as the requester sent.
 		want := uint64(r.n)
 		if r.op == rxego.WRRead {
-			want = a.dev.Stats().RDMASends.Load() - readsBefore
+			want = a.dev.Stats().RDMASends - readsBefore
 		}
-		if got := b.dev.Stats().RDMARecvs.Load() - execBefore; got != want || got < uint64(r.n) {
+		if got := b.dev.Stats().RDMARecvs - execBefore; got != want || got < uint64(r.n) {
 			t.Fatalf("%v: responder executed %d requests, want %d (%d work requests)", r.op, got, want, r.n)
 		}
 	}

@@ -75,11 +75,11 @@ func TestRetryExhaustion(t *testing.T) {
 			// The first attempt sent all n WRITEs; each retry, after a
 			// timeout, only the oldest (the congestion window restarts at
 			// one PSN, qp/window.go), which no ACK ever opens further.
-			if got, want := s.Retransmits.Load(), uint64(c.retry); got != want {
+			if got, want := s.Retransmits, uint64(c.retry); got != want {
 				t.Errorf("%d retransmissions, want %d", got, want)
 			}
-			if s.RetryExceededErr.Load() != 1 {
-				t.Errorf("retry_exceeded_err = %d, want 1", s.RetryExceededErr.Load())
+			if s.RetryExceededErr != 1 {
+				t.Errorf("retry_exceeded_err = %d, want 1", s.RetryExceededErr)
 			}
 			// Work posted to a QP in ERR completes at once, flushed.
 			if err := a.qp.PostSend(writeWRs(a, b, 1)...); err != nil {
@@ -90,7 +90,7 @@ func TestRetryExhaustion(t *testing.T) {
 					t.Fatalf("WR posted in ERR completed with %v", wc.Status)
 				}
 			})
-			if got := b.dev.Stats().RcvdPkts.Load(); got != 0 {
+			if got := b.dev.Stats().RcvdPkts; got != 0 {
 				t.Fatalf("the lossy peer's engine saw %d packets", got)
 			}
 		})
@@ -117,9 +117,9 @@ func TestRetryInfinite(t *testing.T) {
 	}
 	// Ten timeouts without an answer: more than any finite retry_cnt allows.
 	deadline := time.Now().Add(10 * time.Second)
-	for a.dev.Stats().Retransmits.Load() < 10 {
+	for a.dev.Stats().Retransmits < 10 {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d retransmissions in 10 s", a.dev.Stats().Retransmits.Load())
+			t.Fatalf("only %d retransmissions in 10 s", a.dev.Stats().Retransmits)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -142,8 +142,8 @@ func TestRetryInfinite(t *testing.T) {
 	if string(b.buf[:64]) != string(a.buf[:64]) {
 		t.Fatal("WRITE data differs")
 	}
-	retrans := a.dev.Stats().Retransmits.Load()
-	dropped := b.dev.Stats().Drops[rxego.DropBadState].Load()
+	retrans := a.dev.Stats().Retransmits
+	dropped := b.dev.Stats().Drops[rxego.DropBadState]
 	t.Logf("completed after %v, %d retransmissions, %d dropped by the peer before RTR", time.Since(start), retrans, dropped)
 	if dropped < 10 {
 		t.Fatalf("%d bad-state drops at the peer, want at least the 10 attempts before it came up", dropped)
@@ -179,10 +179,10 @@ func TestRNRExhaustion(t *testing.T) {
 			if st := a.qp.State(); st != rxego.StateErr {
 				t.Fatalf("QP in %v after RNR retry exhaustion, want ERR", st)
 			}
-			if got := a.dev.Stats().RcvdRNRErr.Load(); got != uint64(rnrRetry)+1 {
+			if got := a.dev.Stats().RcvdRNRErr; got != uint64(rnrRetry)+1 {
 				t.Errorf("%d RNR NAKs received, want rnr_retry+1 = %d", got, rnrRetry+1)
 			}
-			if got := b.dev.Stats().SendRNRErr.Load(); got != uint64(rnrRetry)+1 {
+			if got := b.dev.Stats().SendRNRErr; got != uint64(rnrRetry)+1 {
 				t.Errorf("peer sent %d RNR NAKs, want %d", got, rnrRetry+1)
 			}
 		})
@@ -203,9 +203,9 @@ func TestRNRInfinite(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for a.dev.Stats().RcvdRNRErr.Load() < 10 {
+	for a.dev.Stats().RcvdRNRErr < 10 {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d RNR NAKs in 10 s", a.dev.Stats().RcvdRNRErr.Load())
+			t.Fatalf("only %d RNR NAKs in 10 s", a.dev.Stats().RcvdRNRErr)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -228,5 +228,5 @@ func TestRNRInfinite(t *testing.T) {
 	if string(b.buf[:100]) != string(a.buf[:100]) {
 		t.Fatal("SEND data differs")
 	}
-	t.Logf("SEND completed after %d RNR NAKs", a.dev.Stats().RcvdRNRErr.Load())
+	t.Logf("SEND completed after %d RNR NAKs", a.dev.Stats().RcvdRNRErr)
 }
