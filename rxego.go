@@ -207,6 +207,12 @@ type Options struct {
 	SourcePorts int
 	// Window is the most unacknowledged PSNs per QP (default 256).
 	Window int
+	// RetryStallTime bounds retransmissions without progress on a QP
+	// whose retry_cnt is 7, which rxe retries for ever: after more than
+	// 64 of them, the first at least this long ago, the oldest WR fails
+	// with RETRY_EXC_ERR (docs/rnic.md). 0 means qp.DefaultStallTime
+	// (10 s); negative means never, rxe's rule.
+	RetryStallTime time.Duration
 	// DataTOS is the IP TOS of data packets: DSCP<<2 | ECN bits.
 	DataTOS uint8
 	// Congestion configures DCQCN (reaction point, notification point,
@@ -336,7 +342,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 	mrs := mr.NewTable()
 	d := &Device{mrs: mrs} // the QPs' Destroyed hook forgets them here
 	dev, err := device.Open(device.Config{GIDs: gids, Shards: n, Transport: o.Transport, Conn: o.Conn,
-		SourcePorts: o.SourcePorts, Window: o.Window, DataTOS: o.DataTOS, Congestion: o.Congestion,
+		SourcePorts: o.SourcePorts, Window: o.Window, StallTime: o.RetryStallTime, DataTOS: o.DataTOS, Congestion: o.Congestion,
 		BusyPoll: o.BusyPoll, Tap: o.Tap, MRs: mrs, Destroyed: func(q *qp.QP) { d.qps.Delete(q) }})
 	if err != nil {
 		return nil, err

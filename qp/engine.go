@@ -114,6 +114,11 @@ type Config struct {
 	// RNRTick is the grain the RNR wait is rounded up to, as rxe rounds
 	// it to jiffies (0: DefaultRNRTick; negative: the IBTA time exactly).
 	RNRTick time.Duration
+	// StallTime is how long retransmissions without progress may go on
+	// when retry_cnt is 7, before the oldest WQE fails with RETRY_EXC_ERR
+	// (stall.go): 0 means DefaultStallTime; negative means never, rxe's
+	// rule (retry for ever).
+	StallTime time.Duration
 	// Destroyed, if set, is called with each QP as it is destroyed
 	// (QP.Destroy, Close), with the engine lock held, so that the owner
 	// of the engine can forget what it keeps about the QP. It must not

@@ -105,7 +105,7 @@ func (t *idTap) ids() []uint16 {
 // arrive intact and execute once, every ACK, READ response and atomic
 // response is corrupted, so the requester must complete nothing and write
 // no READ data or atomic result. The requester retries forever (retry_cnt
-// 7), which keeps the corrupted packets coming.
+// 7 with the stall bound off), which keeps the corrupted packets coming.
 func TestCorruption(t *testing.T) {
 	total := corruptionPackets()
 	for _, m := range recvModes {
@@ -169,7 +169,9 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	// it: an overflowing socket would make the count of drops inexact.
 	opts := transport.Options{Mode: m.mode, SocketRecvBuffer: 32 << 20}
 	corrupt := &impair.Config{Seed: uint64(len(phase)), Dir: impair.Send, Corrupt: 1}
-	ca := endConfig{addr: addrA, opts: opts, size: slot*wrs + 64, depth: wrs + 16, window: 8 * wrs}
+	// The requester retries for ever (rxe's rule for retry_cnt 7, without
+	// rxego's stall bound), which keeps the corrupted packets coming.
+	ca := endConfig{addr: addrA, opts: opts, size: slot*wrs + 64, depth: wrs + 16, window: 8 * wrs, stall: -1}
 	cb := ca
 	cb.addr = addrB
 	if phase == "requests" {

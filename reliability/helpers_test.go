@@ -87,6 +87,7 @@ type endConfig struct {
 	depth  int            // send queue and CQ depth
 	rdepth int            // receive queue depth (0: depth)
 	window int            // engine window (0: default)
+	stall  time.Duration  // rxego.Options.RetryStallTime (0: default)
 }
 
 // openEnd opens a device on c.addr with an RC QP in RESET.
@@ -101,7 +102,7 @@ func openEnd(t testing.TB, c endConfig) *end {
 		e.imp = impair.Wrap(conn, *c.impair)
 		conn = e.imp
 	}
-	dev, err := rxego.Open(conn.LocalAddr().String(), &rxego.Options{Conn: conn, Window: c.window})
+	dev, err := rxego.Open(conn.LocalAddr().String(), &rxego.Options{Conn: conn, Window: c.window, RetryStallTime: c.stall})
 	if err != nil {
 		conn.Close()
 		t.Fatal(err)

@@ -131,7 +131,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"perf", "write_bw", "-R", "--tclass", "104", "--addr", "127.0.0.1"}, "--tclass 104: with -R give the TOS with -T"},
 		{[]string{"perf", "write_bw", "--tclass", "256"}, "--tclass 256: want 0 to 255"},
 		{[]string{"rping", "-a", "127.0.0.1"}, "give exactly one of -s and -c"},
-		{[]string{"rping", "-c", "-a", "127.0.0.1", "-S", "100000"}, "-S 100000: want 24 to 65535"},
+		{[]string{"rping", "-c", "-a", "127.0.0.1", "-S", "100000"}, "-S 100000: want 23 to 65535"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "-C", "-1"}, "-C -1: want 0 to"},
 		{[]string{"rping", "-c", "-a", "127.0.0.1", "-S", "22"}, "-S 22: want 23 to 65535"},
 		{[]string{"ucmatose", "-b", "127.0.0.1", "-C", "99999"}, "count 99999"},

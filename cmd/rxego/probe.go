@@ -104,7 +104,7 @@ func probeTo(out io.Writer, args []string) error {
 	fs.DurationVar(&f.timeout, "timeout", 2*time.Minute, "give up after this long")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), probeUsage)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	pos, err := parseArgs(fs, args)
 	if err != nil {

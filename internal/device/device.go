@@ -39,8 +39,10 @@ type Config struct {
 	// SourcePorts is rxego.Options.SourcePorts: 0 means
 	// DefaultSourcePorts except on loopback, negative one port.
 	SourcePorts int
-	// Window, DataTOS and Congestion configure the engines (qp.Config).
+	// Window, StallTime, DataTOS and Congestion configure the engines
+	// (qp.Config).
 	Window     int
+	StallTime  time.Duration
 	DataTOS    uint8
 	Congestion *qp.CongestionConfig
 	// BusyPoll is rxego.Options.BusyPoll.
@@ -188,7 +190,7 @@ func Open(c Config) (*Device, error) {
 		budget, chunk := readBudget(s.conn, n/len(conns))
 		s.eng, err = qp.NewEngine(qp.Config{
 			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: c.MRs,
-			Window: c.Window, DataTOS: c.DataTOS, Congestion: c.Congestion, MaxMTU: maxMTU,
+			Window: c.Window, StallTime: c.StallTime, DataTOS: c.DataTOS, Congestion: c.Congestion, MaxMTU: maxMTU,
 			ReadBudget: budget, ReadChunk: chunk, InitialWindow: initialWindow,
 			Destroyed: func(q *qp.QP) {
 				d.ForgetQP(q)
