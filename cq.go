@@ -54,10 +54,22 @@ func (c *CQ) attach(d *Device, s int) {
 }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many
-// (ibv_poll_cq). It has no error result: on a CQ that has overrun it
-// returns the completions it still holds, then 0; Err (and PollWait)
-// report the overrun.
-func (c *CQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
+// (ibv_poll_cq). It never waits. On a CQ that has overrun it returns the
+// completions it still holds, then 0 and an error wrapping ErrCQOverrun
+// (verbs raises IBV_EVENT_CQ_ERR); on a closed, empty CQ, 0 and
+// ErrClosed. An empty, healthy CQ gives 0 and nil.
+func (c *CQ) Poll(wcs []WC) (int, error) {
+	if n := c.cq.Poll(wcs); n > 0 {
+		return n, nil
+	}
+	if err := c.cq.Err(); err != nil {
+		return 0, apiErr(err)
+	}
+	if c.cq.Closed() {
+		return 0, ErrClosed
+	}
+	return 0, nil
+}
 
 // PollWait polls, waiting first when nothing is there: the blocking
 // equivalent of a completion-channel loop. It returns ctx's error when ctx

@@ -34,13 +34,12 @@ var (
 	// attribute mask ibv_modify_qp refuses (verbs: EINVAL); the QP is
 	// unchanged.
 	ErrInvalidModify = errors.New("rxego: invalid modify")
-	// ErrCQOverrun is what CQ.PollWait and CQ.Wait return (wrapped,
+	// ErrCQOverrun is what CQ.Poll, CQ.PollWait and CQ.Wait return (wrapped,
 	// naming the QPs hit) once a completion arrived while the CQ was full,
 	// after the completions it holds are polled; verbs raises
 	// IBV_EVENT_CQ_ERR. The completion is lost and the QP that generated
 	// it moves to ERR, so its other work completes with WR_FLUSH_ERR;
-	// other QPs on the CQ go on. Poll returns 0 on such a CQ: check
-	// CQ.Err, which returns it too.
+	// other QPs on the CQ go on. CQ.Err returns it too.
 	ErrCQOverrun = errors.New("rxego: completion queue overrun")
 	// ErrQPNTaken is what CreateQP returns when the QP number asked for
 	// (QPInitAttr.QPN) is in use or reserved.

@@ -89,6 +89,10 @@ func TestSecondCloseIsErrClosed(t *testing.T) {
 			t.Errorf("second %s: %v; want ErrClosed", c.name, err)
 		}
 	}
+	// A closed, empty CQ says so to Poll as to PollWait.
+	if n, err := a.cq.Poll(make([]rxego.WC, 4)); n != 0 || !errors.Is(err, rxego.ErrClosed) {
+		t.Errorf("Poll on a closed CQ: %d, %v; want 0 and ErrClosed", n, err)
+	}
 }
 
 // TestPollWaitNoRoom: PollWait with nil or empty wcs returns 0 at once,

@@ -13,8 +13,8 @@ import (
 // TestCQOverrunReachesPollWait: a CQ of depth 2 and five signalled
 // WRITEs: PollWait returns the two completions the CQ holds, then an
 // error wrapping ErrCQOverrun that names the QP (not a wait until the
-// context ends), and the QP that lost its completions is in ERR. In each
-// of the device's receive modes.
+// context ends), Poll and Wait return it too, and the QP that lost its
+// completions is in ERR. In each of the device's receive modes.
 func TestCQOverrunReachesPollWait(t *testing.T) {
 	for _, mode := range lifecycleModes {
 		t.Run(mode.name, func(t *testing.T) {
@@ -76,6 +76,9 @@ func TestCQOverrunReachesPollWait(t *testing.T) {
 			}
 			if err := small.Wait(ctx); !errors.Is(err, rxego.ErrCQOverrun) {
 				t.Errorf("Wait on the overrun, empty CQ: %v", err)
+			}
+			if n, err := small.Poll(wcs); n != 0 || !errors.Is(err, rxego.ErrCQOverrun) {
+				t.Errorf("Poll on the overrun, empty CQ: %d, %v; want 0 and ErrCQOverrun", n, err)
 			}
 		})
 	}

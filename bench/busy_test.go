@@ -35,7 +35,10 @@ func TestBusyPollPingPong(t *testing.T) {
 		for {
 			var n int
 			if spin {
-				n = p.cqs[i].Poll(wcs)
+				var err error
+				if n, err = p.cqs[i].Poll(wcs); err != nil {
+					t.Fatal(err)
+				}
 				if ctx.Err() != nil {
 					t.Fatal(ctx.Err())
 				}

@@ -69,7 +69,7 @@ func (r *fuzzRig) rearm(t *testing.T) {
 		}
 	}
 	wcs := make([]rxego.WC, 64)
-	for g.cq.Poll(wcs) > 0 {
+	for n, _ := g.cq.Poll(wcs); n > 0; n, _ = g.cq.Poll(wcs) {
 	}
 }
 

@@ -177,8 +177,8 @@ func waitCQ(ctx context.Context, cq *rxego.CQ, wcs []rxego.WC, busy bool) (int, 
 		return cq.PollWait(ctx, wcs)
 	}
 	for i := 0; ; i++ {
-		if n := cq.Poll(wcs); n > 0 {
-			return n, nil
+		if n, err := cq.Poll(wcs); n > 0 || err != nil {
+			return n, err
 		}
 		if i&1023 == 1023 && ctx.Err() != nil {
 			return 0, ctx.Err()

@@ -62,7 +62,7 @@ func TestMapAndSettle(t *testing.T) {
 	}
 	wcs := make([]rxego.WC, 1)
 	deadline := time.Now().Add(5 * time.Second)
-	for qa.cq.Poll(wcs) == 0 {
+	for n, _ := qa.cq.Poll(wcs); n == 0; n, _ = qa.cq.Poll(wcs) {
 		if time.Now().After(deadline) {
 			t.Fatal("no completion")
 		}

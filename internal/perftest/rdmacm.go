@@ -80,7 +80,9 @@ func newCMChannel(ctx context.Context, dev *rxego.Device, pd *rxego.PD) (*cmChan
 // the QP goes to INIT with its receive posted again.
 func (c *cmChannel) reset() error {
 	var wc [4]rxego.WC
-	for c.rcq.Poll(wc[:]) > 0 || c.scq.Poll(wc[:]) > 0 {
+	for _, cq := range []*rxego.CQ{c.rcq, c.scq} {
+		for n, _ := cq.Poll(wc[:]); n > 0; n, _ = cq.Poll(wc[:]) {
+		}
 	}
 	if err := c.q.Init(rxego.AccessLocalWrite); err != nil {
 		return err

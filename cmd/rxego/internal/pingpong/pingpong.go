@@ -653,7 +653,10 @@ func (c *conn) loop(ctx context.Context) (Result, error) {
 			// (it then polls only from sysmon, every 10 ms: 9 ms per round
 			// trip was measured), so after a short spin the poll blocks.
 			for spin := time.Now(); n == 0 && time.Since(spin) < pollSpin; {
-				if n = c.cq.Poll(wcs); n == 0 {
+				var err error
+				if n, err = c.cq.Poll(wcs); err != nil {
+					return Result{}, c.waitError(scnt, rcnt, err)
+				} else if n == 0 {
 					runtime.Gosched()
 				}
 			}

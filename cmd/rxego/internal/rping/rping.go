@@ -237,7 +237,7 @@ func accept(ctx context.Context, m *cm.Manager, l *cm.Listener) (*peer, *cm.Conn
 			// The QP went to ERR: back to INIT with its receive, the
 			// flushed completions drained.
 			if err = p.q.Modify(&rxego.QPAttr{State: rxego.StateReset}, rxego.AttrState); err == nil {
-				for p.cq.Poll(p.wcs) > 0 {
+				for n, _ := p.cq.Poll(p.wcs); n > 0; n, _ = p.cq.Poll(p.wcs) {
 				}
 				if err = p.q.Init(0); err == nil {
 					if err = p.postRecv(); err == nil {
