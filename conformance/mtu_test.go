@@ -90,6 +90,14 @@ func (p *Peer) linkMTU(t *testing.T) Outcome {
 	if !errors.Is(err, rxego.ErrInvalidModify) {
 		t.Fatalf("path MTU 4096 over a %d-byte active MTU: %v, want ErrInvalidModify", rxeMTU, err)
 	}
+	// The failed connect moved the QP back to RESET (rxego's rollback):
+	// INIT again, where it can take the receive.
+	if st := q.State(); st != rxego.StateReset {
+		t.Fatalf("QP in %v after the refused connect, want RESET", st)
+	}
+	if err := q.Init(0); err != nil {
+		t.Fatal(err)
+	}
 	if err := q.PostRecv(rxego.RecvWR{ID: 1, SGL: sge(0)}); err != nil {
 		t.Fatal(err)
 	}
