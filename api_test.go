@@ -86,7 +86,7 @@ func TestNotifySelect(t *testing.T) {
 			for done < n || others < 3 {
 				select {
 				case <-a.cq.Notify():
-					for k := a.cq.Poll(wcs); k > 0; k = a.cq.Poll(wcs) {
+					for k, _ := a.cq.Poll(wcs); k > 0; k, _ = a.cq.Poll(wcs) {
 						for _, wc := range wcs[:k] {
 							if wc.Status != qp.WCSuccess || wc.ID != uint64(done) {
 								t.Fatalf("completion %+v, want wr_id %d success", wc, done)

@@ -1,7 +1,6 @@
 package rxego
 
 import (
-	"fmt"
 	"net/netip"
 
 	"github.com/rxego/rxego/qp"
@@ -20,7 +19,7 @@ type RemoteQP struct {
 	SGIDIndex int
 }
 
-// ConnectOptions tune ConnectRC (and ConnectRC on a UC QP).
+// ConnectOptions tune QP.Connect (RC and UC).
 //
 // Every verbs value can be expressed. Start from DefaultConnectOptions,
 // which sets Exact, and change what you need: each field is then used as
@@ -29,7 +28,7 @@ type RemoteQP struct {
 //
 //	o := rxego.DefaultConnectOptions()
 //	o.RNRRetry, o.Timeout = 0, 0
-//	err := rxego.ConnectRC(q, remote, &o)
+//	err := q.Connect(remote, &o)
 //
 // In a ConnectOptions without Exact (a literal naming a few fields, as
 // &rxego.ConnectOptions{LocalPSN: psn, Timeout: 12}), a zero MTU, Timeout,
@@ -96,110 +95,4 @@ func (o *ConnectOptions) withDefaults() ConnectOptions {
 	}
 	c.TrafficClass = o.TrafficClass
 	return c
-}
-
-// ConnectRC moves a fresh RC (or UC) QP through INIT, RTR and RTS towards
-// the remote QP, with the attribute masks ibv_rc_pingpong uses. A QP
-// already in INIT (InitQP, to post receives early) starts from there.
-//
-// When a step fails (a value out of range, an MTU above the port's), the
-// error says which attribute and where the QP is: one that was in RESET
-// is moved back to RESET; one that was in INIT stays in INIT or, when the
-// move to RTS failed, in RTR (its posted receives are kept; the way back
-// is a move to RESET, which drops them).
-func ConnectRC(q *QP, remote RemoteQP, opts *ConnectOptions) error {
-	o := opts.withDefaults()
-	remote.Addr = peerAddr(remote.Addr)
-	if err := connectRoute(q, remote); err != nil {
-		return fmt.Errorf("rxego: connect QP %d: %w", q.Num(), err)
-	}
-	rc := q.Type() == qp.RC
-	steps := []struct {
-		attr qp.Attr
-		mask qp.AttrMask
-	}{
-		{qp.Attr{State: qp.Init, Port: 1, AccessFlags: o.Access},
-			qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrAccessFlags},
-		{qp.Attr{State: qp.RTR, PathMTU: o.MTU, DestQPN: remote.QPN, RQPSN: remote.PSN, Dest: remote.Addr,
-			TrafficClass: o.TrafficClass, MaxDestRdAtomic: o.MaxRdAtomic, MinRNRTimer: o.MinRNRTimer},
-			qp.AttrState | qp.AttrAV | qp.AttrPathMTU | qp.AttrDestQPN | qp.AttrRQPSN},
-		{qp.Attr{State: qp.RTS, SQPSN: o.LocalPSN, Timeout: o.Timeout, RetryCnt: o.RetryCnt, RNRRetry: o.RNRRetry,
-			MaxRdAtomic: o.MaxRdAtomic}, qp.AttrState | qp.AttrSQPSN},
-	}
-	if rc {
-		steps[1].mask |= qp.AttrMaxDestRdAtomic | qp.AttrMinRNRTimer
-		steps[2].mask |= qp.AttrTimeout | qp.AttrRetryCnt | qp.AttrRNRRetry | qp.AttrMaxQPRdAtomic
-	}
-	start := q.State()
-	if start == qp.Init {
-		steps = steps[1:] // already initialised, e.g. to post receives early
-	}
-	for i := range steps {
-		if err := q.Modify(&steps[i].attr, steps[i].mask); err != nil {
-			return fmt.Errorf("rxego: connect QP %d (%s): %w", q.Num(), rollBack(q, start), err)
-		}
-	}
-	return nil
-}
-
-// rollBack undoes a ConnectRC that failed part way, as far as verbs
-// allows, and says where the QP is: one that started in RESET goes back
-// to RESET (nothing can have been posted); one that started in INIT stays
-// where the failed step left it, INIT or RTR, because the only way back
-// is RESET, which would drop the receives the application posted.
-func rollBack(q *QP, start qp.State) string {
-	now := q.State()
-	if now == start {
-		return "left in " + now.String()
-	}
-	if start == qp.Reset {
-		if err := q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err == nil {
-			return "moved back to RESET"
-		}
-	}
-	return "left in " + now.String() + ", not moved back: its posted receives would be dropped"
-}
-
-// SetSourceGID makes q's packets to the remote QP leave from the
-// device's GID remote.SGIDIndex, for a QP moved to RTR with QP.Modify by
-// hand (the sgid_index of the ibv_ah_attr given to ibv_modify_qp);
-// ConnectRC does the same itself.
-func SetSourceGID(q *QP, remote RemoteQP) error {
-	remote.Addr = peerAddr(remote.Addr)
-	if err := connectRoute(q, remote); err != nil {
-		return fmt.Errorf("rxego: QP %d: %w", q.Num(), err)
-	}
-	return nil
-}
-
-// InitQP moves a fresh RC or UC QP to INIT with the given remote access
-// (all of it when 0), so receives can be posted before the connection is
-// made, as the rdma-core examples do.
-func InitQP(q *QP, access Access) error {
-	if access == 0 {
-		access = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
-	}
-	a := qp.Attr{State: qp.Init, Port: 1, AccessFlags: access}
-	if err := q.Modify(&a, qp.AttrState|qp.AttrPKeyIndex|qp.AttrPort|qp.AttrAccessFlags); err != nil {
-		return fmt.Errorf("rxego: init QP %d: %w", q.Num(), err)
-	}
-	return nil
-}
-
-// ActivateUD moves a fresh UD QP to RTS with the given Q_Key.
-func ActivateUD(q *QP, qkey uint32, sqPSN uint32) error {
-	steps := []struct {
-		attr qp.Attr
-		mask qp.AttrMask
-	}{
-		{qp.Attr{State: qp.Init, Port: 1, QKey: qkey}, qp.AttrState | qp.AttrPKeyIndex | qp.AttrPort | qp.AttrQKey},
-		{qp.Attr{State: qp.RTR}, qp.AttrState},
-		{qp.Attr{State: qp.RTS, SQPSN: sqPSN}, qp.AttrState | qp.AttrSQPSN},
-	}
-	for i := range steps {
-		if err := q.Modify(&steps[i].attr, steps[i].mask); err != nil {
-			return fmt.Errorf("rxego: activate UD QP %d: %w", q.Num(), err)
-		}
-	}
-	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync"
 
-	"github.com/rxego/rxego/internal/sched"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -24,7 +23,7 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 	}
 	c, err := qp.NewCQ(depth)
 	if err != nil {
-		return nil, err
+		return nil, apiErr(err)
 	}
 	d.cqMu.Lock()
 	defer d.cqMu.Unlock()
@@ -51,20 +50,26 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 // the first QP created with it, as its home: a goroutine waiting on the
 // CQ reads that shard's socket itself.
 func (c *CQ) attach(d *Device, s int) {
-	c.once.Do(func() {
-		home := 0
-		if len(d.rcvs) > 1 {
-			home = s
-		}
-		sched.Attach(c.cq, d.rcvs, home)
-	})
+	c.once.Do(func() { d.dev.AttachCQ(c.cq, s) })
 }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many
-// (ibv_poll_cq). It has no error result: on a CQ that has overrun it
-// returns the completions it still holds, then 0; Err (and PollWait)
-// report the overrun.
-func (c *CQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
+// (ibv_poll_cq). It never waits. On a CQ that has overrun it returns the
+// completions it still holds, then 0 and an error wrapping ErrCQOverrun
+// (verbs raises IBV_EVENT_CQ_ERR); on a closed, empty CQ, 0 and
+// ErrClosed. An empty, healthy CQ gives 0 and nil.
+func (c *CQ) Poll(wcs []WC) (int, error) {
+	if n := c.cq.Poll(wcs); n > 0 {
+		return n, nil
+	}
+	if err := c.cq.Err(); err != nil {
+		return 0, apiErr(err)
+	}
+	if c.cq.Closed() {
+		return 0, ErrClosed
+	}
+	return 0, nil
+}
 
 // PollWait polls, waiting first when nothing is there: the blocking
 // equivalent of a completion-channel loop. It returns ctx's error when ctx
@@ -72,11 +77,14 @@ func (c *CQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
 // wrapping ErrCQOverrun once the CQ has overrun and is empty (see
 // ErrCQOverrun). With nil or empty wcs it returns 0 at once, as
 // ibv_poll_cq asked for 0 entries does.
-func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) { return c.cq.PollWait(ctx, wcs) }
+func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
+	n, err := c.cq.PollWait(ctx, wcs)
+	return n, apiErr(err)
+}
 
 // Wait blocks until at least one completion is waiting, ctx is done, or
 // the CQ is closed (ErrClosed) or has overrun (ErrCQOverrun) and is empty.
-func (c *CQ) Wait(ctx context.Context) error { return c.cq.Wait(ctx) }
+func (c *CQ) Wait(ctx context.Context) error { return apiErr(c.cq.Wait(ctx)) }
 
 // Len returns how many completions are waiting.
 func (c *CQ) Len() int { return c.cq.Len() }
@@ -85,14 +93,14 @@ func (c *CQ) Len() int { return c.cq.Len() }
 func (c *CQ) Depth() int { return c.cq.Depth() }
 
 // Err returns an error wrapping ErrCQOverrun once the CQ has overrun.
-func (c *CQ) Err() error { return c.cq.Err() }
+func (c *CQ) Err() error { return apiErr(c.cq.Err()) }
 
 // Close closes the CQ (ibv_destroy_cq): goroutines waiting in PollWait,
 // Wait or on Notify's channel wake up; completions still queued can be
 // polled, and then waits fail with ErrClosed. While a QP that is not
 // destroyed uses the CQ, Close fails with ErrBusy and changes nothing. A
 // second Close returns ErrClosed.
-func (c *CQ) Close() error { return c.cq.Close() }
+func (c *CQ) Close() error { return apiErr(c.cq.Close()) }
 
 // Closed reports whether the CQ has been closed.
 func (c *CQ) Closed() bool { return c.cq.Closed() }
@@ -102,5 +110,5 @@ func (c *CQ) Closed() bool { return c.cq.Closed() }
 // (ibv_req_notify_cq, then ibv_get_cq_event). Call it again before each
 // wait; after a wake-up, Poll until it returns 0. The channel is closed
 // when the CQ is. An overrun signals it too: when Poll then finds
-// nothing, Err says why. See qp.CQ.Notify.
+// nothing, Err says why.
 func (c *CQ) Notify() <-chan struct{} { return c.cq.Notify() }

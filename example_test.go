@@ -40,10 +40,10 @@ func setup(addr string) (*endpoint, error) {
 // connect joins two endpoints, as an out-of-band exchange of QP numbers
 // and PSNs would.
 func connect(a, b *endpoint) error {
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 2000}, &rxego.ConnectOptions{LocalPSN: 1000}); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 2000}, &rxego.ConnectOptions{LocalPSN: 1000}); err != nil {
 		return err
 	}
-	return rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 1000}, &rxego.ConnectOptions{LocalPSN: 2000})
+	return b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 1000}, &rxego.ConnectOptions{LocalPSN: 2000})
 }
 
 // pair sets up and connects endpoints on two addresses.
@@ -172,7 +172,7 @@ func swapWrite(ctx context.Context, addr string, msg []byte, swap func(Peer) Pee
 	}
 	copy(buf[2048:], msg)
 	peer := swap(Peer{QP: rxego.RemoteQP{Addr: dev.Addr(), QPN: qp.Num()}, VA: mr.IOVA(), RKey: mr.RKey()})
-	if err := rxego.ConnectRC(qp, peer.QP, nil); err != nil {
+	if err := qp.Connect(peer.QP, nil); err != nil {
 		return "", err
 	}
 	err = qp.PostSend(rxego.SendWR{ID: 1, Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,

@@ -5,11 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"slices"
-	"sync"
-
-	"github.com/rxego/rxego/qp"
-	"github.com/rxego/rxego/transport"
 )
 
 // A device's GID table is the addresses it serves, in order: Open's
@@ -17,15 +12,15 @@ import (
 // (one socket per shard on its address, port 4791); the shards' engines
 // serve every GID, and a packet leaves from the GID its QP chose:
 //
-//   - an RC or UC QP connected with ConnectRC, RemoteQP.SGIDIndex (the
+//   - an RC or UC QP connected with QP.Connect, RemoteQP.SGIDIndex (the
 //     sgid_index of ibv_ah_attr's GRH);
 //   - a UD send, the SGIDIndex of the AH (CreateAHFrom);
 //   - a QP moved by hand with QP.Modify, the index SetSourceGID gave;
 //   - anything else (the connection manager's replies), the first GID of
 //     the peer's address family.
 //
-// The choice is made where packets leave the engine (shardOut.Emit), by
-// the peer's address and QP number: see routeTable.
+// The choice is made where packets leave the engine, by the peer's
+// address and QP number (internal/device's route.go).
 
 // gidTable parses the further addresses and returns the table, local
 // first. A device on a given Conn has the Conn's one address.
@@ -56,41 +51,6 @@ func gidTable(local netip.AddrPort, more []string, conn bool) ([]netip.AddrPort,
 // rxego's costs a socket group.
 const maxGIDs = 16
 
-// listenGIDs opens a socket group of n on every GID: the first GID's
-// Conns, and per further GID its own.
-func listenGIDs(gids []netip.AddrPort, opts transport.Options, n int) ([]transport.Conn, [][]transport.Conn, error) {
-	var groups [][]transport.Conn
-	for _, g := range gids {
-		cs, err := transport.ListenGroup(g, opts, n)
-		if err != nil {
-			for _, done := range groups {
-				for _, c := range done {
-					c.Close()
-				}
-			}
-			return nil, nil, fmt.Errorf("rxego: open %v: %w", g, err)
-		}
-		groups = append(groups, cs)
-	}
-	return groups[0], groups[1:], nil
-}
-
-// gidsMTU is the port's active MTU over every GID's interface: the
-// smallest, since one engine serves them all.
-func gidsMTU(gids []netip.AddrPort, own bool) (qp.MTU, error) {
-	var m qp.MTU
-	for _, g := range gids {
-		v, err := activeMTU(g, own)
-		if err != nil {
-			return 0, err
-		}
-		if v != 0 && (m == 0 || v < m) {
-			m = v
-		}
-	}
-	return m, nil
-}
-
 // GIDs returns the device's GID table as addresses (IPv4 ones unmapped),
 // index order: Options.GIDs after Open's address.
 func (d *Device) GIDs() []netip.AddrPort {
@@ -113,149 +73,7 @@ func (d *Device) QueryGID(i int) ([16]byte, error) {
 }
 
 // gidIndex checks that i indexes the GID table.
-func (d *Device) gidIndex(i int) error {
-	if i < 0 || i >= len(d.gids) {
-		return fmt.Errorf("rxego: GID index %d: the device has %d GIDs (0..%d)", i, len(d.gids), len(d.gids)-1)
-	}
-	return nil
-}
-
-// routeKey is a peer: its address and the QP number packets to it carry
-// (anyQPN for every QP there, as an AH names).
-type routeKey struct {
-	peer netip.AddrPort
-	qpn  uint32
-}
-
-// anyQPN is the QP number of an AH's route: beyond the 24-bit QPNs.
-const anyQPN = 1 << 24
-
-// routeTable maps peers to the GID index their packets leave from. A
-// route set for a QP (ConnectRC, SetSourceGID) goes when the last QP that
-// set it is destroyed; an AH's route (anyQPN) stays. Emit takes the read
-// lock once per batch of packets, and connections change the map in
-// place, so neither copies the table.
-type routeTable struct {
-	mu sync.RWMutex
-	m  map[routeKey]int
-	// refs counts the QPs that set each QP route, and byQP has the
-	// routes each QP set.
-	refs map[routeKey]int
-	byQP map[*qp.QP][]routeKey
-}
-
-// setRoute makes packets to k leave from GID i, for QP q (nil for an
-// AH). An AH's route (anyQPN) may not change while it stands: two AHs to
-// one peer from different GIDs would make that peer's datagrams
-// ambiguous.
-func (d *Device) setRoute(k routeKey, i int, q *qp.QP) error {
-	if err := d.gidIndex(i); err != nil {
-		return err
-	}
-	if len(d.gids) == 1 {
-		return nil // one GID: nothing to choose, as before GID tables
-	}
-	if g := d.gids[i].Addr(); g.Is4() != k.peer.Addr().Is4() {
-		return fmt.Errorf("rxego: GID %d (%v) is %s and cannot reach %v", i, g, family(g), k.peer.Addr())
-	}
-	t := &d.routes
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if j, ok := t.m[k]; ok && k.qpn == anyQPN && j != i {
-		return fmt.Errorf("rxego: peer %v already has an address handle from GID %d; rxego sends to one peer from one GID", k.peer, j)
-	}
-	if t.m == nil {
-		t.m, t.refs, t.byQP = make(map[routeKey]int), make(map[routeKey]int), make(map[*qp.QP][]routeKey)
-	}
-	t.m[k] = i
-	if q != nil && !slices.Contains(t.byQP[q], k) {
-		t.byQP[q] = append(t.byQP[q], k)
-		t.refs[k]++
-	}
-	return nil
-}
-
-// forgetQP drops what the device keeps about q, which is being destroyed:
-// its entry in qpDevices and the routes no other QP set.
-func (d *Device) forgetQP(q *qp.QP) {
-	qpDevices.Delete(q)
-	t := &d.routes
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, k := range t.byQP[q] {
-		if t.refs[k]--; t.refs[k] == 0 {
-			delete(t.refs, k)
-			delete(t.m, k)
-		}
-	}
-	delete(t.byQP, q)
-}
-
-// family names a's address family.
-func family(a netip.Addr) string {
-	if a.Is4() {
-		return "IPv4"
-	}
-	return "IPv6"
-}
-
-// route returns the GID index a packet to peer for QP qpn leaves from.
-// The caller holds d.routes.mu for reading.
-func (d *Device) route(peer netip.AddrPort, qpn uint32) int {
-	m := d.routes.m
-	if i, ok := m[routeKey{peer, qpn}]; ok {
-		return i
-	}
-	if i, ok := m[routeKey{peer, anyQPN}]; ok {
-		return i
-	}
-	v4 := peer.Addr().Is4()
-	for i, g := range d.gids {
-		if g.Addr().Is4() == v4 {
-			return i
-		}
-	}
-	return 0
-}
-
-// qpDevices maps a QP to its device, so that ConnectRC, which takes only
-// the QP, finds the routes to set. Entries go when the QP is destroyed
-// (forgetQP), or the device closes.
-var qpDevices sync.Map // *qp.QP -> *Device
-
-// forgetQPs drops d's entries from qpDevices.
-func (d *Device) forgetQPs() {
-	qpDevices.Range(func(k, v any) bool {
-		if v == d {
-			qpDevices.Delete(k)
-		}
-		return true
-	})
-}
-
-// connectRoute records that q's packets to remote leave from its
-// SGIDIndex.
-func connectRoute(q *QP, remote RemoteQP) error {
-	v, ok := qpDevices.Load(q)
-	if !ok && q.Destroyed() {
-		return fmt.Errorf("QP destroyed: %w", ErrClosed)
-	}
-	if !ok {
-		if remote.SGIDIndex != 0 {
-			return fmt.Errorf("SGID index %d on a QP of no open device", remote.SGIDIndex)
-		}
-		return nil
-	}
-	d := v.(*Device)
-	if err := d.setRoute(routeKey{remote.Addr, remote.QPN}, remote.SGIDIndex, q); err != nil {
-		return err
-	}
-	if q.Destroyed() { // destroyed meanwhile, maybe before the route was set
-		d.forgetQP(q)
-		return fmt.Errorf("QP destroyed: %w", ErrClosed)
-	}
-	return nil
-}
+func (d *Device) gidIndex(i int) error { return d.dev.GIDIndex(i) }
 
 // InterfaceGIDs returns the GID table rxe would have on the network
 // interface name, in its order (ib_core's roce_gid_mgmt: the default GID,

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
@@ -103,10 +103,10 @@ func TestRCOverEachGID(t *testing.T) {
 	for g := range pairs {
 		pa, pb := sideOn(t, a, rxego.RC, 2*size), sideOn(t, b, rxego.RC, 2*size)
 		pairs[g] = pair{pa, pb}
-		if err := rxego.ConnectRC(pa.qp, rxego.RemoteQP{Addr: b.GIDs()[g], QPN: pb.qp.Num(), PSN: 1, SGIDIndex: g}, nil); err != nil {
+		if err := pa.qp.Connect(rxego.RemoteQP{Addr: b.GIDs()[g], QPN: pb.qp.Num(), PSN: 1, SGIDIndex: g}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := rxego.ConnectRC(pb.qp, rxego.RemoteQP{Addr: a.GIDs()[g], QPN: pa.qp.Num(), PSN: 0, SGIDIndex: g},
+		if err := pb.qp.Connect(rxego.RemoteQP{Addr: a.GIDs()[g], QPN: pa.qp.Num(), PSN: 0, SGIDIndex: g},
 			&rxego.ConnectOptions{LocalPSN: 1}); err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +141,7 @@ func TestRCOverEachGID(t *testing.T) {
 			t.Errorf("GID %d: QP %d received from %v, want only %v", g, p.b.qp.Num(), src, a.GIDs()[g].Addr())
 		}
 	}
-	if err := rxego.ConnectRC(pairs[0].a.qp, rxego.RemoteQP{Addr: b.Addr(), QPN: 99, SGIDIndex: 2}, nil); err == nil ||
+	if err := pairs[0].a.qp.Connect(rxego.RemoteQP{Addr: b.Addr(), QPN: 99, SGIDIndex: 2}, nil); err == nil ||
 		!strings.Contains(err.Error(), "GID index 2") {
 		t.Errorf("SGID index 2 of 2 GIDs: %v", err)
 	}
@@ -156,7 +156,7 @@ func TestUDAHPerGID(t *testing.T) {
 	b := openTwoGIDs(t, rxego.Options{})
 	sa, sb := sideOn(t, a, rxego.UD, 4096), sideOn(t, b, rxego.UD, 4096)
 	for _, s := range []*side{sa, sb} {
-		if err := rxego.ActivateUD(s.qp, 0x2222, 0); err != nil {
+		if err := s.qp.ActivateUD(0x2222, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
@@ -185,7 +185,7 @@ func TestDeviceCloseFlushes(t *testing.T) {
 			if nsend != sends || nrecv != recvs {
 				t.Fatalf("flushed %d sends and %d receives; want %d and %d", nsend, nrecv, sends, recvs)
 			}
-			if got := a.dev.Stats().FlushedWorkRequests.Load(); got != sends+recvs {
+			if got := a.dev.Stats().FlushedWorkRequests; got != sends+recvs {
 				t.Errorf("FlushedWorkRequests = %d, want %d", got, sends+recvs)
 			}
 			if st := a.qp.State(); st != qp.Err {
@@ -289,24 +289,26 @@ func TestCQCloseBusy(t *testing.T) {
 }
 
 // TestPostWrongState: a post the QP's state does not allow is an invalid
-// work request, and says so with the qp: prefix.
+// work request, and says so with the rxego: prefix; the engine's error
+// stays in the chain.
 func TestPostWrongState(t *testing.T) {
 	a := openSide(t, nil)
 	wr := rxego.SendWR{Opcode: rxego.WRSend, SGL: []rxego.SGE{{Addr: a.mr.IOVA(), Length: 1, LKey: a.mr.LKey()}}}
 	check := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(err, qp.ErrInvalidWR) || !strings.HasPrefix(err.Error(), "qp: ") {
-			t.Errorf("%s: %v; want a qp: error matching qp.ErrInvalidWR", what, err)
+		if !errors.Is(err, rxego.ErrInvalidWR) || !errors.Is(err, qp.ErrInvalidWR) || !strings.HasPrefix(err.Error(), "rxego: ") ||
+			strings.Contains(err.Error(), "qp:") {
+			t.Errorf("%s: %v; want an rxego: error matching ErrInvalidWR", what, err)
 		}
 	}
 	check("PostSend in RESET", a.qp.PostSend(wr))
 	check("PostRecv in RESET", a.qp.PostRecv(rxego.RecvWR{}))
-	if err := rxego.InitQP(a.qp, 0); err != nil {
+	if err := a.qp.Init(0); err != nil {
 		t.Fatal(err)
 	}
 	check("PostSend in INIT", a.qp.PostSend(wr))
-	if !strings.HasPrefix(qp.ErrInvalidWR.Error(), "qp: ") {
-		t.Errorf("ErrInvalidWR reads %q", qp.ErrInvalidWR)
+	if !strings.HasPrefix(rxego.ErrInvalidWR.Error(), "rxego: ") {
+		t.Errorf("ErrInvalidWR reads %q", rxego.ErrInvalidWR)
 	}
 }
 
@@ -348,10 +350,10 @@ func TestIPv4MappedPeer(t *testing.T) {
 	if !mapped(b.dev).Addr().Is4In6() {
 		t.Fatalf("GID %v is not IPv4-mapped", mapped(b.dev))
 	}
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: mapped(b.dev), QPN: b.qp.Num(), PSN: 7}, nil); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: mapped(b.dev), QPN: b.qp.Num(), PSN: 7}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: mapped(a.dev), QPN: a.qp.Num()}, &rxego.ConnectOptions{LocalPSN: 7}); err != nil {
+	if err := b.qp.Connect(rxego.RemoteQP{Addr: mapped(a.dev), QPN: a.qp.Num()}, &rxego.ConnectOptions{LocalPSN: 7}); err != nil {
 		t.Fatal(err)
 	}
 	if got := a.qp.Query().Dest; got != b.dev.Addr() {
@@ -369,7 +371,7 @@ func TestIPv4MappedPeer(t *testing.T) {
 	if string(b.buf[:17]) != "over a mapped GID" {
 		t.Fatalf("peer holds %q", b.buf[:17])
 	}
-	if n := a.dev.Stats().Drops[qp.DropWrongSource].Load(); n != 0 {
+	if n := a.dev.Stats().Drops[qp.DropWrongSource]; n != 0 {
 		t.Errorf("%d packets dropped as wrong_source", n)
 	}
 
@@ -387,7 +389,7 @@ func TestIPv4MappedPeer(t *testing.T) {
 	}
 	buf := make([]byte, 256)
 	mr, _ := pd.RegMR(buf, rxego.AccessLocalWrite)
-	if err := rxego.ActivateUD(ud, 0x1111, 0); err != nil {
+	if err := ud.ActivateUD(0x1111, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := ud.PostRecv(rxego.RecvWR{ID: 3, SGL: []rxego.SGE{{Addr: mr.IOVA(), Length: 256, LKey: mr.LKey()}}}); err != nil {
@@ -399,7 +401,7 @@ func TestIPv4MappedPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ActivateUD(bud, 0x1111, 0); err != nil {
+	if err := bud.ActivateUD(0x1111, 0); err != nil {
 		t.Fatal(err)
 	}
 	ah, err := bpd.CreateAH(netip.AddrPortFrom(netip.AddrFrom16(m.GID()), 0))
@@ -426,10 +428,10 @@ func TestConnectOptionsZeros(t *testing.T) {
 	a, b := openSide(t, nil), openSide(t, nil)
 	o := rxego.DefaultConnectOptions()
 	o.RNRRetry, o.Timeout, o.RetryCnt, o.MinRNRTimer, o.LocalPSN = 0, 0, 0, 0, 100
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &o); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &o); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 100},
+	if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 100},
 		&rxego.ConnectOptions{LocalPSN: 200}); err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +450,7 @@ func TestConnectOptionsZeros(t *testing.T) {
 	if wc := wait1(t, a.cq); wc.ID != 5 || wc.Status != qp.WCRNRRetryExcErr {
 		t.Fatalf("SEND with rnr_retry 0 into no receive: %+v; want RNR_RETRY_EXC_ERR", wc)
 	}
-	if n := a.dev.Stats().RcvdRNRErr.Load(); n != 1 {
+	if n := a.dev.Stats().RcvdRNRErr; n != 1 {
 		t.Errorf("%d RNR NAKs received, want 1", n)
 	}
 }

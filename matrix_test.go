@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -109,19 +109,19 @@ func runMatrix(t *testing.T, da, db *rxego.Device, typ rxego.QPType, mtu qp.MTU)
 	a, b := newNode(t, da, typ, big), newNode(t, db, typ, big)
 	const psnA, psnB = 0xfffff0, 0xffffe0 // both wrap within the first messages
 	if typ == rxego.UD {
-		if err := rxego.ActivateUD(a.qp, 0x1234, psnA); err != nil {
+		if err := a.qp.ActivateUD(0x1234, psnA); err != nil {
 			t.Fatal(err)
 		}
-		if err := rxego.ActivateUD(b.qp, 0x1234, psnB); err != nil {
+		if err := b.qp.ActivateUD(0x1234, psnB); err != nil {
 			t.Fatal(err)
 		}
 	} else {
 		o := &rxego.ConnectOptions{MTU: mtu, LocalPSN: psnA, MaxRdAtomic: 4, Timeout: 12}
-		if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: db.Addr(), QPN: b.qp.Num(), PSN: psnB}, o); err != nil {
+		if err := a.qp.Connect(rxego.RemoteQP{Addr: db.Addr(), QPN: b.qp.Num(), PSN: psnB}, o); err != nil {
 			t.Fatal(err)
 		}
 		o.LocalPSN = psnB
-		if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: da.Addr(), QPN: a.qp.Num(), PSN: psnA}, o); err != nil {
+		if err := b.qp.Connect(rxego.RemoteQP{Addr: da.Addr(), QPN: a.qp.Num(), PSN: psnA}, o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -180,7 +180,7 @@ func runMatrix(t *testing.T, da, db *rxego.Device, typ rxego.QPType, mtu qp.MTU)
 					t.Fatalf("%s: data differs", what)
 				}
 			case rxego.WRWrite, rxego.WRWriteImm:
-				rcvd0 := b.dev.Stats().RcvdBytes.Load()
+				rcvd0 := b.dev.Stats().RcvdBytes
 				if op == rxego.WRWriteImm {
 					if err := b.qp.PostRecv(rxego.RecvWR{ID: 3}); err != nil {
 						t.Fatal(err)
@@ -274,7 +274,7 @@ func opsFor(typ rxego.QPType) []qp.WROpcode {
 func waitBytes(t *testing.T, b *node, n uint64, what string) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if b.dev.Stats().RcvdBytes.Load() >= n {
+		if b.dev.Stats().RcvdBytes >= n {
 			return
 		}
 	}
@@ -289,10 +289,10 @@ func TestLargeMessages(t *testing.T) {
 	const size = 64 << 20
 	a, b := newNode(t, testaddr.Open(t, nil), rxego.RC, size), newNode(t, testaddr.Open(t, nil), rxego.RC, size)
 	o := &rxego.ConnectOptions{MTU: qp.MTU4096, MaxRdAtomic: 4}
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num()}, o); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num()}, o); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num()}, o); err != nil {
+	if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num()}, o); err != nil {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
@@ -329,11 +329,11 @@ func TestManyQPs(t *testing.T) {
 	for i := range as {
 		as[i], bs[i] = newNode(t, da, rxego.RC, size), newNode(t, db, rxego.RC, size)
 		o := &rxego.ConnectOptions{LocalPSN: uint32(i * 1000)}
-		if err := rxego.ConnectRC(as[i].qp, rxego.RemoteQP{Addr: db.Addr(), QPN: bs[i].qp.Num(), PSN: uint32(i * 77)}, o); err != nil {
+		if err := as[i].qp.Connect(rxego.RemoteQP{Addr: db.Addr(), QPN: bs[i].qp.Num(), PSN: uint32(i * 77)}, o); err != nil {
 			t.Fatal(err)
 		}
 		o.LocalPSN = uint32(i * 77)
-		if err := rxego.ConnectRC(bs[i].qp, rxego.RemoteQP{Addr: da.Addr(), QPN: as[i].qp.Num(), PSN: uint32(i * 1000)}, o); err != nil {
+		if err := bs[i].qp.Connect(rxego.RemoteQP{Addr: da.Addr(), QPN: as[i].qp.Num(), PSN: uint32(i * 1000)}, o); err != nil {
 			t.Fatal(err)
 		}
 	}

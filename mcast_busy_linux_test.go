@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/internal/testenv/netns"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -34,16 +34,16 @@ func TestMcastDestroyBusy(t *testing.T) {
 		}
 		a, b, c = sideOn(t, devs[0], rxego.UD, 8192), sideOn(t, devs[1], rxego.UD, 8192), sideOn(t, devs[2], rxego.UD, 8192)
 		for _, s := range []*side{a, b, c} {
-			if err := rxego.ActivateUD(s.qp, 0x3333, 0); err != nil {
+			if err := s.qp.ActivateUD(0x3333, 0); err != nil {
 				return err
 			}
 		}
 		for _, g := range []netip.Addr{g1, g2} {
-			if err := rxego.AttachMcast(b.qp, g); err != nil {
+			if err := b.qp.AttachMcast(g); err != nil {
 				return err
 			}
 		}
-		return rxego.AttachMcast(c.qp, g1)
+		return c.qp.AttachMcast(g1)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -79,19 +79,19 @@ func TestMcastDestroyBusy(t *testing.T) {
 		t.Errorf("b received %q, want %q", b.buf[off:off+len(msg)], msg)
 	}
 
-	if err := rxego.DetachMcast(b.qp, g1); err != nil {
+	if err := b.qp.DetachMcast(g1); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.qp.Destroy(); !errors.Is(err, rxego.ErrBusy) || !strings.Contains(err.Error(), "attached to 1 multicast group") {
 		t.Fatalf("Destroy of a QP attached to one group: %v; want ErrBusy naming 1 group", err)
 	}
-	if err := rxego.DetachMcast(b.qp, g2); err != nil {
+	if err := b.qp.DetachMcast(g2); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.qp.Destroy(); err != nil {
 		t.Fatalf("Destroy after detaching: %v", err)
 	}
-	if err := netns.Do(ns, func() error { return rxego.AttachMcast(b.qp, g1) }); !errors.Is(err, rxego.ErrClosed) {
+	if err := netns.Do(ns, func() error { return b.qp.AttachMcast(g1) }); !errors.Is(err, rxego.ErrClosed) {
 		t.Errorf("attach of a destroyed QP: %v; want ErrClosed", err)
 	}
 	// b's CQ is free again: its QP is gone.

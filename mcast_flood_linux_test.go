@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/internal/testenv/netns"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -34,11 +34,11 @@ func TestMcastNoRecvCounted(t *testing.T) {
 		}
 		a, b = sideOn(t, devs[0], rxego.UD, 8192), sideOn(t, devs[1], rxego.UD, 8192)
 		for _, s := range []*side{a, b} {
-			if err := rxego.ActivateUD(s.qp, 0x3333, 0); err != nil {
+			if err := s.qp.ActivateUD(0x3333, 0); err != nil {
 				return err
 			}
 		}
-		return rxego.AttachMcast(b.qp, mgid)
+		return b.qp.AttachMcast(mgid)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -73,10 +73,10 @@ func TestMcastNoRecvCounted(t *testing.T) {
 	if got := b.dev.McastNoRecvDrops()[g]; got != sent-posted {
 		t.Errorf("group %v: %d datagrams counted as dropped for want of a receive, want %d", g, got, sent-posted)
 	}
-	if got := st.Drops[qp.DropMcastNoRecvWQE].Load(); got != sent-posted {
+	if got := st.Drops[qp.DropMcastNoRecvWQE]; got != sent-posted {
 		t.Errorf("%d mcast_no_recv_wqe drops, want %d", got, sent-posted)
 	}
-	if got := st.Drops[qp.DropNoRecvWQE].Load(); got != 0 {
+	if got := st.Drops[qp.DropNoRecvWQE]; got != 0 {
 		t.Errorf("%d no_recv_wqe drops, want 0 (the loss is multicast's)", got)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/internal/testenv/netns"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -103,16 +103,16 @@ func TestUDMulticast(t *testing.T) {
 		}
 		a, b1, b2, c = sideOn(t, devs[0], rxego.UD, 8192), sideOn(t, devs[1], rxego.UD, 8192), sideOn(t, devs[1], rxego.UD, 8192), sideOn(t, devs[2], rxego.UD, 8192)
 		for _, s := range []*side{a, b1, b2, c} {
-			if err := rxego.ActivateUD(s.qp, 0x3333, 0); err != nil {
+			if err := s.qp.ActivateUD(0x3333, 0); err != nil {
 				return err
 			}
 		}
 		for _, s := range []*side{b1, b2, c} {
-			if err := rxego.AttachMcast(s.qp, mgid); err != nil {
+			if err := s.qp.AttachMcast(mgid); err != nil {
 				return err
 			}
 		}
-		return rxego.AttachMcast(b1.qp, mgid) // again: no change
+		return b1.qp.AttachMcast(mgid) // again: no change
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func TestUDMulticast(t *testing.T) {
 	if src := tap.sources(rxego.MulticastQPN); len(src) != 1 || src[0] != a.dev.Addr().Addr() {
 		t.Errorf("device b's tap saw multicast from %v, want %v", src, a.dev.Addr().Addr())
 	}
-	if err := rxego.DetachMcast(b2.qp, mgid); err != nil {
+	if err := b2.qp.DetachMcast(mgid); err != nil {
 		t.Fatal(err)
 	}
 	send("b2 left")
@@ -164,27 +164,27 @@ func TestUDMulticast(t *testing.T) {
 	for name, s := range map[string]*side{"a (the sender)": a, "b2 (detached)": b2, "b1 (one copy)": b1, "c (one copy)": c} {
 		noCompletion(t, name, s.cq, 100*time.Millisecond)
 	}
-	if err := rxego.DetachMcast(b2.qp, mgid); err == nil {
+	if err := b2.qp.DetachMcast(mgid); err == nil {
 		t.Error("a second detach succeeded")
 	}
-	if err := rxego.DetachMcast(b1.qp, mgid); err != nil { // device b leaves the group
+	if err := b1.qp.DetachMcast(mgid); err != nil { // device b leaves the group
 		t.Fatal(err)
 	}
 	send("c only")
 	check("c", c, "c only")
 	noCompletion(t, "b1 after leaving", b1.cq, 100*time.Millisecond)
 
-	if err := rxego.AttachMcast(c.qp, netip.MustParseAddr("198.18.0.1")); err == nil || !strings.Contains(err.Error(), "not a multicast GID") {
+	if err := c.qp.AttachMcast(netip.MustParseAddr("198.18.0.1")); err == nil || !strings.Contains(err.Error(), "not a multicast GID") {
 		t.Errorf("attach to a unicast GID: %v", err)
 	}
 	var rc *side
 	if err := netns.Do(ns, func() error { rc = sideOn(t, c.dev, rxego.RC, 64); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.AttachMcast(rc.qp, mgid); err == nil || !strings.Contains(err.Error(), "only UD") {
+	if err := rc.qp.AttachMcast(mgid); err == nil || !strings.Contains(err.Error(), "only UD") {
 		t.Errorf("attach an RC QP: %v", err)
 	}
-	if err := rxego.AttachMcast(c.qp, netip.MustParseAddr("ff0e::1")); err == nil || !strings.Contains(err.Error(), "no IPv6 GID") {
+	if err := c.qp.AttachMcast(netip.MustParseAddr("ff0e::1")); err == nil || !strings.Contains(err.Error(), "no IPv6 GID") {
 		t.Errorf("attach to an IPv6 group on an IPv4-only device: %v", err)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/internal/testenv/netns"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -91,7 +91,7 @@ func TestLinkMTU(t *testing.T) {
 	if m := a.dev.ActiveMTU(); m != qp.MTU1024 {
 		t.Fatalf("active MTU %d bytes on a 1500-byte link, want 1024", m.Bytes())
 	}
-	err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100, MTU: qp.MTU4096})
+	err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100, MTU: qp.MTU4096})
 	if !errors.Is(err, qp.ErrInvalidModify) {
 		t.Fatalf("path MTU 4096 on a 1500-byte link: %v, want ErrInvalidModify", err)
 	}
@@ -119,7 +119,7 @@ func TestLinkMTU(t *testing.T) {
 	if out, err := exec.Command("ip", "-n", nsA, "link", "set", "mtua", "mtu", "576").CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	errs := a.dev.Stats().SendErr.Load()
+	errs := a.dev.Stats().SendErr
 	start := time.Now()
 	write(2, 8192) // eight 1024-byte packets: one GSO run
 	write(3, 100)
@@ -134,7 +134,7 @@ func TestLinkMTU(t *testing.T) {
 	if s := a.qp.State(); s != qp.Err {
 		t.Fatalf("QP state %v, want ERR", s)
 	}
-	if a.dev.Stats().SendErr.Load() == errs {
+	if a.dev.Stats().SendErr == errs {
 		t.Fatal("send_err did not count the refused send")
 	}
 	sent := a.dev.Transport().Stats().SentPackets

@@ -17,7 +17,7 @@ import (
 // in use by 1 QP, not 2.
 func TestErrorsNameWhatIsWrong(t *testing.T) {
 	a := openSide(t, nil)
-	if err := rxego.InitQP(a.qp, 0); err != nil {
+	if err := a.qp.Init(0); err != nil {
 		t.Fatal(err)
 	}
 	err := a.qp.Modify(&qp.Attr{State: qp.RTR}, qp.AttrState)
@@ -89,6 +89,10 @@ func TestSecondCloseIsErrClosed(t *testing.T) {
 			t.Errorf("second %s: %v; want ErrClosed", c.name, err)
 		}
 	}
+	// A closed, empty CQ says so to Poll as to PollWait.
+	if n, err := a.cq.Poll(make([]rxego.WC, 4)); n != 0 || !errors.Is(err, rxego.ErrClosed) {
+		t.Errorf("Poll on a closed CQ: %d, %v; want 0 and ErrClosed", n, err)
+	}
 }
 
 // TestPollWaitNoRoom: PollWait with nil or empty wcs returns 0 at once,
@@ -113,7 +117,7 @@ func TestConnectRCRollsBack(t *testing.T) {
 	o := rxego.DefaultConnectOptions()
 	o.RetryCnt = 9
 	remote := rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num()}
-	err := rxego.ConnectRC(a.qp, remote, &o)
+	err := a.qp.Connect(remote, &o)
 	if err == nil || !strings.Contains(err.Error(), "(moved back to RESET)") || !strings.Contains(err.Error(), "retry_cnt 9 exceeds 7") {
 		t.Errorf("ConnectRC with retry_cnt 9: %v", err)
 	}
@@ -121,17 +125,17 @@ func TestConnectRCRollsBack(t *testing.T) {
 		t.Errorf("QP in %v after the failed ConnectRC; want RESET", st)
 	}
 	// It can be connected afterwards, as a fresh QP.
-	if err := rxego.ConnectRC(a.qp, remote, nil); err != nil {
+	if err := a.qp.Connect(remote, nil); err != nil {
 		t.Fatalf("ConnectRC after the rollback: %v", err)
 	}
 	c := openSide(t, nil)
-	if err := rxego.InitQP(c.qp, 0); err != nil {
+	if err := c.qp.Init(0); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.qp.PostRecv(rxego.RecvWR{ID: 1, SGL: []rxego.SGE{{Addr: c.mr.IOVA(), Length: 8, LKey: c.mr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	err = rxego.ConnectRC(c.qp, remote, &o)
+	err = c.qp.Connect(remote, &o)
 	if err == nil || !strings.Contains(err.Error(), "(left in RTR, not moved back: its posted receives would be dropped)") {
 		t.Errorf("ConnectRC from INIT: %v", err)
 	}
@@ -159,10 +163,10 @@ func TestSRQDestroyAndLimit(t *testing.T) {
 	if err := srq.Destroy(); !errors.Is(err, rxego.ErrBusy) {
 		t.Errorf("SRQ.Destroy while a QP uses it: %v; want ErrBusy", err)
 	}
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: q.Num(), PSN: 1}, &rxego.ConnectOptions{LocalPSN: 2}); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: q.Num(), PSN: 1}, &rxego.ConnectOptions{LocalPSN: 2}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 2}, &rxego.ConnectOptions{LocalPSN: 1}); err != nil {
+	if err := q.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 2}, &rxego.ConnectOptions{LocalPSN: 1}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 4 {

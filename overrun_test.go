@@ -13,8 +13,8 @@ import (
 // TestCQOverrunReachesPollWait: a CQ of depth 2 and five signalled
 // WRITEs: PollWait returns the two completions the CQ holds, then an
 // error wrapping ErrCQOverrun that names the QP (not a wait until the
-// context ends), and the QP that lost its completions is in ERR. In each
-// of the device's receive modes.
+// context ends), Poll and Wait return it too, and the QP that lost its
+// completions is in ERR. In each of the device's receive modes.
 func TestCQOverrunReachesPollWait(t *testing.T) {
 	for _, mode := range lifecycleModes {
 		t.Run(mode.name, func(t *testing.T) {
@@ -29,10 +29,10 @@ func TestCQOverrunReachesPollWait(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
+			if err := q.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
 				t.Fatal(err)
 			}
-			if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: q.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200}); err != nil {
+			if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: q.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200}); err != nil {
 				t.Fatal(err)
 			}
 			for i := range 5 {
@@ -76,6 +76,9 @@ func TestCQOverrunReachesPollWait(t *testing.T) {
 			}
 			if err := small.Wait(ctx); !errors.Is(err, rxego.ErrCQOverrun) {
 				t.Errorf("Wait on the overrun, empty CQ: %v", err)
+			}
+			if n, err := small.Poll(wcs); n != 0 || !errors.Is(err, rxego.ErrCQOverrun) {
+				t.Errorf("Poll on the overrun, empty CQ: %d, %v; want 0 and ErrCQOverrun", n, err)
 			}
 		})
 	}

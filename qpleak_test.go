@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestQPsLeaveNoTrace (issue 24): 50,000 cycles of create, ConnectRC and
@@ -49,7 +49,7 @@ func TestQPsLeaveNoTrace(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: addr, QPN: uint32(100 + i), SGIDIndex: sgid}, nil); err != nil {
+				if err := q.Connect(rxego.RemoteQP{Addr: addr, QPN: uint32(100 + i), SGIDIndex: sgid}, nil); err != nil {
 					t.Fatal(err)
 				}
 				if err := q.Destroy(); err != nil {

@@ -12,7 +12,7 @@
 //	mr, _ := pd.RegMR(buf, rxego.AccessLocalWrite|rxego.AccessRemoteWrite)
 //	cq, _ := dev.CreateCQ(64)
 //	qp, _ := pd.CreateQP(rxego.QPInitAttr{Type: rxego.RC, SendCQ: cq, RecvCQ: cq, Caps: ...})
-//	_ = rxego.ConnectRC(qp, rxego.RemoteQP{...}, nil)
+//	_ = qp.Connect(rxego.RemoteQP{...}, nil)
 //	_ = qp.PostSend(rxego.SendWR{Opcode: rxego.WRWrite, ...})
 //
 // The swapWrite example is this, whole and runnable, as the README shows
@@ -28,22 +28,26 @@
 // goroutine waiting on the device's CQs, and makes later calls fail with
 // ErrClosed (test with errors.Is, as for net.ErrClosed). CQ.Close refuses
 // with ErrBusy while a QP uses the CQ, as ibv_destroy_cq does. A post the
-// QP's state does not allow fails with qp.ErrInvalidWR.
+// QP's state does not allow fails with ErrInvalidWR.
 //
 // Addresses: a peer's GID is an IPv4-mapped IPv6 address for an IPv4
 // peer (::ffff:a.b.c.d); every address that enters the API (Open,
-// ConnectRC, CreateAH, QP.Modify) is normalised to the IPv4 form.
+// QP.Connect, CreateAH, QP.Modify) is normalised to the IPv4 form.
 // A device may serve several GIDs (Options.GIDs, Device.QueryGID): a
 // connection's or AH's source GID is chosen by RemoteQP.SGIDIndex or
 // PD.CreateAHFrom, as ibv_ah_attr's sgid_index.
 //
-// Work requests, completions, QP attributes and their numeric values are
-// those of verbs (ibv_wr_opcode, ibv_wc_status, ibv_qp_attr_mask, ...), so
-// code and intuition carry over. The engine behind them lives in package
-// qp; memory registration in package mr; the UDP transport in package
-// transport. A device spreads its QPs over shards, one engine, socket and
-// receive loop each (Options.Shards); CQs, SRQs, PDs and MRs are
-// device-wide.
+// Work requests, completions, QP states, attribute masks, statuses and
+// their numeric values are those of verbs (ibv_wr_opcode, ibv_wc_status,
+// ibv_qp_attr_mask, ...), so code and intuition carry over; all of them,
+// and the errors (ErrInvalidWR, ErrQueueFull, ErrInvalidModify,
+// ErrCQOverrun, ...), are in this package: a verbs program needs no
+// other. Every error a call returns reads "rxego: ...". The engine behind
+// them lives in package qp; memory registration in package mr; the UDP
+// transport in package transport; what lies between the sockets and the
+// engines in internal/device. A device spreads its QPs over shards, one
+// engine, socket and receive loop each (Options.Shards); CQs, SRQs, PDs
+// and MRs are device-wide.
 package rxego
 
 import (
@@ -56,7 +60,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/rxego/rxego/internal/sched"
+	"github.com/rxego/rxego/internal/device"
 	"github.com/rxego/rxego/mr"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
@@ -65,10 +69,6 @@ import (
 // Types shared with the engine, re-exported so applications need only this
 // package.
 type (
-	// QP is a queue pair.
-	QP = qp.QP
-	// SRQ is a shared receive queue.
-	SRQ = qp.SRQ
 	// MR is a registered memory region.
 	MR = mr.MR
 	// Access is a set of memory access rights (ibv_access_flags).
@@ -101,8 +101,22 @@ type (
 	MTU = qp.MTU
 	// QPType is RC, UC or UD.
 	QPType = qp.Type
-	// QPState is a QP state.
+	// QPState is a QP state (ibv_qp_state): StateReset, StateInit, ...
 	QPState = qp.State
+	// WROpcode is a send work request's opcode (ibv_wr_opcode): WRWrite, ...
+	WROpcode = qp.WROpcode
+	// WCOpcode is a completion's opcode (ibv_wc_opcode): WCSend, ...
+	WCOpcode = qp.WCOpcode
+	// SendFlags are a send work request's flags (ibv_send_flags).
+	SendFlags = qp.SendFlags
+	// WCFlags are a completion's flags (ibv_wc_flags).
+	WCFlags = qp.WCFlags
+	// DropReason says why a device dropped a received packet (Stats.Drops).
+	DropReason = qp.DropReason
+	// CongestionConfig configures DCQCN (Options.Congestion).
+	CongestionConfig = qp.CongestionConfig
+	// CCStats are a QP's DCQCN figures (QP.CongestionStats).
+	CCStats = qp.CCStats
 )
 
 // Access flags (ibv_access_flags).
@@ -144,13 +158,6 @@ const (
 	WRAtomicWrite = qp.WRAtomicWrite
 )
 
-// Completion statuses most programs test for; the others are package
-// qp's WC* constants (ibv_wc_status values).
-const (
-	WCSuccess    = qp.WCSuccess
-	WCWRFlushErr = qp.WCWRFlushErr
-)
-
 // Completion flags (WC.Flags): the GRH is in the receive buffer's first
 // 40 bytes (UD), an immediate (WC.Imm) or an invalidated rkey came.
 const (
@@ -169,25 +176,6 @@ const (
 
 // DefaultPort is RoCEv2's UDP port.
 const DefaultPort = transport.Port
-
-// ErrClosed is what calls on a closed Device, and on the PDs, CQs, QPs
-// and SRQs it made, return (wrapped or as is; test with errors.Is), as
-// net.ErrClosed is for connections. The zero Device counts as closed.
-var ErrClosed = qp.ErrClosed
-
-// ErrCQOverrun is what CQ.PollWait and CQ.Wait return (wrapped, naming
-// the QPs hit) once a completion arrived while the CQ was full, after the
-// completions it holds are polled; verbs raises IBV_EVENT_CQ_ERR. The
-// completion is lost and the QP that generated it moves to ERR, so its
-// other work completes with WR_FLUSH_ERR; other QPs on the CQ go on. Poll
-// returns 0 on such a CQ: check CQ.Err.
-var ErrCQOverrun = qp.ErrCQOverrun
-
-// ErrBusy is what CQ.Close returns while a QP still uses the CQ (verbs:
-// EBUSY from ibv_destroy_cq; destroy the QP first), and QP.Destroy while
-// the QP is attached to a multicast group (EBUSY from ibv_destroy_qp;
-// DetachMcast first), wrapped: test with errors.Is.
-var ErrBusy = qp.ErrBusy
 
 // errNotOpen is the zero Device's error.
 var errNotOpen = fmt.Errorf("rxego: device not opened (use rxego.Open): %w", ErrClosed)
@@ -231,7 +219,7 @@ type Options struct {
 	// pacing); nil means on with NVIDIA's defaults
 	// (congestion.NVIDIAParams at qp.DefaultLineRate). Set Off to disable
 	// it, or RP to congestion.PaperParams for the DCQCN paper's values.
-	Congestion *qp.CongestionConfig
+	Congestion *CongestionConfig
 	// BusyPoll, when positive, turns on busy polling: polling one of the
 	// device's CQs (CQ.Poll) while it is empty also takes in whatever
 	// packets the socket holds, on the polling goroutine, and CQ.PollWait
@@ -251,13 +239,13 @@ type Options struct {
 	// Tap, when set, sees every packet the device sends, receives and
 	// drops from the moment it opens: a transport/pcaptap Writer records
 	// them as pcapng. Device.SetTap changes it later.
-	Tap transport.Tap
+	Tap Tap
 }
 
 // DefaultSourcePorts is how many source ports a shard sends from by
 // default: a connection's packets keep one port, and eight per shard are
 // enough entropy for a fabric's hash without a socket per QP.
-const DefaultSourcePorts = 8
+const DefaultSourcePorts = device.DefaultSourcePorts
 
 // MaxShards is the most shards a device has by default. More rarely pay:
 // each shard costs a socket, two goroutines and an engine.
@@ -267,35 +255,17 @@ const MaxShards = 16
 // engines serving its QPs. Methods are safe for concurrent use. Make one
 // with Open; the zero Device is closed (its methods return ErrClosed).
 type Device struct {
-	shards []*shard
-	rcvs   []*sched.Receiver // one per Conn: per shard, or one for Options.Conn
-	demux  []*demux          // the Receivers' inputs on a sharded device
-	conns  []transport.Conn
-	mrs    *mr.Table
-	local  netip.AddrPort
-	gids   []netip.AddrPort  // the GID table: local first (gid.go)
-	xrcvs  []*sched.Receiver // the Receivers of the GIDs after the first
-	routes routeTable
-	topts  transport.Options // the sockets' options; Conn set: a given Conn (no multicast)
-	given  bool
+	dev   *device.Device // shards, receive loops, routes, multicast input
+	mrs   *mr.Table
+	local netip.AddrPort
+	gids  []netip.AddrPort // the GID table: local first (gid.go)
 
-	mcMu  sync.Mutex                 // guards mcast
-	mcast map[netip.Addr]*mcastGroup // joined groups (mcast.go)
-	// mcastLeft sums the counters of the group sockets closed when their
-	// groups were left, so that the device's totals never go back.
-	mcastLeft transport.Stats
-	tap       transport.Tap // SetTap's, for the groups joined later
-
-	stop      chan struct{}
-	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closed    atomic.Bool
 	cqMu      sync.Mutex // guards cqs and, with closed, CreateCQ against Close
 	cqs       []*qp.CQ   // the CQs Close wakes (closed ones pruned in CreateCQ)
 	cqsLive   int        // len(cqs) after the last prune
-
-	qpnMu   sync.Mutex
-	nextQPN uint32 // the QP number CreateQP tries next
+	qps       sync.Map   // *qp.QP -> *QP: the facade of each live QP
 }
 
 // ParseAddr accepts "IP", "IP:port" or "[IPv6]:port"; the port defaults
@@ -316,7 +286,7 @@ func ParseAddr(s string) (netip.AddrPort, error) {
 // into the IPv4 address. RoCE names an IPv4 peer by such a GID
 // (Device.GID returns one), but packets from it arrive from the IPv4
 // address: rxego normalises every address where it enters (Open,
-// ConnectRC, CreateAH, QP.Modify), so one peer never looks like two.
+// QP.Connect, CreateAH, QP.Modify), so one peer never looks like two.
 func Unmap(ap netip.AddrPort) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
@@ -349,47 +319,6 @@ func (o *Options) shardCount() (int, error) {
 	return n, nil
 }
 
-// readBudget sizes a shard's READ budget and READ request size
-// (qp.Config.ReadBudget, ReadChunk; see qp/readsplit.go) from the receive
-// buffer the kernel gave the socket its READ responses arrive on, shared
-// by sharing shards: a quarter of it each, since the kernel counts every
-// datagram at its buffer's true size, about twice a packet's payload,
-// and the socket holds other traffic too; and no more than maxReadBudget,
-// since what is in flight when a response is lost is sent twice. Requests
-// are at most half the budget, so two can be in flight. A Conn that
-// cannot tell leaves both to the engine (no budget).
-func readBudget(c transport.Conn, sharing int) (budget, chunk int) {
-	rb, ok := c.(transport.RecvBufferer)
-	if !ok || rb.RecvBuffer() <= 0 {
-		return 0, 0
-	}
-	budget = min(rb.RecvBuffer()/4/max(sharing, 1), maxReadBudget)
-	return budget, min(qp.DefaultReadChunk, max(budget/2, 4096))
-}
-
-// maxReadBudget bounds a shard's READ responses in flight: 256 KiB keep
-// a READ at gigabytes per second over a path of 100 us and bound what a
-// lost response costs (docs/reliability.md).
-const maxReadBudget = 256 << 10
-
-// initialWindow is the congestion window a device's QPs start with
-// (qp.Config.InitialWindow), in PSNs: slow start opens it to
-// Options.Window within a few round trips. Eight QPs starting at once
-// with 64 each (rxe keeps up to 64 packets per QP in flight,
-// RXE_INFLIGHT_SKBS_PER_QP_HIGH) overran an emulated rxe guest's NIC on a
-// loaded host; 16, TCP's order of magnitude (RFC 6928: 10), did not.
-const initialWindow = 16
-
-// allLoopback reports whether every GID is a loopback address.
-func allLoopback(gids []netip.AddrPort) bool {
-	for _, g := range gids {
-		if !g.Addr().IsLoopback() {
-			return false
-		}
-	}
-	return true
-}
-
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds
 // UDP port 4791 (or the given one) on that address and starts the
 // engines' receive loops and timers.
@@ -410,135 +339,26 @@ func Open(addr string, opts *Options) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	conns := []transport.Conn{o.Conn}
-	var xconns [][]transport.Conn // per further GID, one Conn per shard
-	if o.Conn == nil {
-		topts := o.Transport
-		switch {
-		case topts.SourcePorts != 0: // set in the transport options themselves
-		case o.SourcePorts == 0 && allLoopback(gids):
-			// Loopback has no fabric to spread over and no RSS: the
-			// ports would only cut GSO runs and split sendmmsg batches.
-		case o.SourcePorts == 0:
-			topts.SourcePorts = DefaultSourcePorts
-		case o.SourcePorts > 0:
-			topts.SourcePorts = o.SourcePorts
-		}
-		if conns, xconns, err = listenGIDs(gids, topts, n); err != nil {
-			return nil, err
-		}
-	} else {
-		local = Unmap(o.Conn.LocalAddr())
-		gids[0] = local
-	}
-	all := conns
-	for _, g := range xconns {
-		all = append(all[:len(all):len(all)], g...)
-	}
-	maxMTU, err := gidsMTU(gids, o.Conn == nil)
+	mrs := mr.NewTable()
+	d := &Device{mrs: mrs} // the QPs' Destroyed hook forgets them here
+	dev, err := device.Open(device.Config{GIDs: gids, Shards: n, Transport: o.Transport, Conn: o.Conn,
+		SourcePorts: o.SourcePorts, Window: o.Window, StallTime: o.RetryStallTime, DataTOS: o.DataTOS, Congestion: o.Congestion,
+		BusyPoll: o.BusyPoll, Tap: o.Tap, MRs: mrs, Destroyed: func(q *qp.QP) { d.qps.Delete(q) }})
 	if err != nil {
-		for _, c := range all {
-			c.Close()
-		}
 		return nil, err
 	}
-	d := &Device{conns: all, mrs: mr.NewTable(), local: local, gids: gids, stop: make(chan struct{}), nextQPN: firstQPN,
-		topts: o.Transport, given: o.Conn != nil}
-	if o.Tap != nil {
-		d.SetTap(o.Tap)
-	}
-	var sendMu sync.Mutex // for a shared Conn: one sender at a time
-	for i := range n {
-		s := &shard{d: d, idx: i, conn: conns[min(i, len(conns)-1)], sendMu: &sendMu}
-		s.conns = []transport.Conn{s.conn}
-		for _, g := range xconns {
-			s.conns = append(s.conns, g[i])
-		}
-		if sp, ok := s.conn.(transport.SourcePorter); ok {
-			s.ports = len(sp.SourcePorts())
-		}
-		if len(conns) > 1 {
-			s.sendMu = new(sync.Mutex)
-		}
-		budget, chunk := readBudget(s.conn, n/len(conns))
-		s.eng, err = qp.NewEngine(qp.Config{
-			Local: local.Addr(), Port: local.Port(), Clock: qp.NewMonoClock(), Out: (*shardOut)(s), MRs: d.mrs,
-			Window: o.Window, StallTime: o.RetryStallTime, DataTOS: o.DataTOS, Congestion: o.Congestion, MaxMTU: maxMTU,
-			Destroyed:  d.forgetQP,
-			ReadBudget: budget, ReadChunk: chunk, InitialWindow: initialWindow,
-		})
-		if err != nil {
-			for _, c := range all {
-				c.Close()
-			}
-			return nil, err
-		}
-		d.shards = append(d.shards, s)
-	}
-	for i, c := range conns {
-		in := sched.Input(d.shards[i].eng)
-		if n > 1 {
-			x := newDemux(d, i)
-			d.demux = append(d.demux, x)
-			in = x
-		}
-		d.rcvs = append(d.rcvs, sched.New(sched.Config{Conn: c, In: in, Local: local.Addr(), BusyPoll: o.BusyPoll, Stop: d.stop}))
-	}
-	// A further GID's sockets are read by their own goroutines only: CQs
-	// attach to the first GID's Receivers (cq.go), and the completions
-	// these take in wake a CQ's waiters as another shard's would.
-	for g, cs := range xconns {
-		for i, c := range cs {
-			in := sched.Input(d.shards[i].eng)
-			if n > 1 {
-				in = newDemux(d, i)
-			}
-			d.xrcvs = append(d.xrcvs, sched.New(sched.Config{Conn: c, In: in, Local: gids[g+1].Addr(), Stop: d.stop}))
-		}
-	}
-	for _, r := range append(d.rcvs[:len(d.rcvs):len(d.rcvs)], d.xrcvs...) {
-		d.wg.Add(1)
-		go func() { defer d.wg.Done(); r.Run() }()
-	}
-	for _, s := range d.shards {
-		d.wg.Add(1)
-		go func() { defer d.wg.Done(); s.eng.RunTimers(d.stop) }()
-	}
+	d.dev, d.local, d.gids = dev, dev.Local(), dev.GIDs()
 	return d, nil
-}
-
-// firstQPN is the first QP number CreateQP hands out: 0 and 1 are the
-// special QPs, and rxe starts its own at 17.
-const firstQPN = 17
-
-// activeMTU is the port's active MTU: the largest path MTU whose packets
-// fit the MTU of the interface holding the device's address, as rxe takes
-// it from its netdev (1500 gives 1024, loopback's 65536 gives 4096). A
-// device on the unspecified address, or on a Conn it was given, has no one
-// interface: 0, which the engine reads as 4096.
-func activeMTU(local netip.AddrPort, own bool) (qp.MTU, error) {
-	if !own || local.Addr().IsUnspecified() {
-		return 0, nil
-	}
-	n, err := transport.InterfaceMTU(local.Addr())
-	if err != nil {
-		return 0, fmt.Errorf("rxego: open %v: %w", local, err)
-	}
-	m := qp.ActiveMTU(n)
-	if m == 0 {
-		return 0, fmt.Errorf("rxego: open %v: interface MTU %d is below the smallest RoCE MTU (256 + 80 bytes)", local, n)
-	}
-	return m, nil
 }
 
 // ActiveMTU returns the port's active MTU (ibv_port_attr.active_mtu): the
 // largest path MTU the interface the device sends on carries. Modifying a
 // QP to a larger path MTU fails, as packets that long would never leave.
 func (d *Device) ActiveMTU() MTU {
-	if len(d.shards) == 0 {
+	if d.dev == nil {
 		return 0
 	}
-	return d.shards[0].eng.MaxMTU()
+	return d.dev.MaxMTU()
 }
 
 // Close stops the device, as closing an RDMA device context tears down
@@ -554,7 +374,7 @@ func (d *Device) ActiveMTU() MTU {
 // PD.Dealloc, MW.Dealloc, SRQ.Destroy); Close of the zero Device returns
 // an error wrapping ErrClosed.
 func (d *Device) Close() error {
-	if d.shards == nil {
+	if d.dev == nil {
 		return errNotOpen
 	}
 	err := ErrClosed // unless this call is the one that closes
@@ -565,28 +385,12 @@ func (d *Device) Close() error {
 		cqs := d.cqs
 		d.cqs = nil
 		d.cqMu.Unlock()
-		// Each engine sends the ACKs it still holds (for a reply that will
-		// not come now: the peer would otherwise retransmit to a closed
-		// port and, with retry_cnt 7, wait forever), then flushes and
-		// destroys every QP, which leaves the CQs unused.
-		for _, s := range d.shards {
-			s.eng.Close()
-		}
-		close(d.stop)
-		for _, c := range d.conns {
-			if e := c.Close(); err == nil {
-				err = e
-			}
-		}
-		d.leaveAll()
+		err = d.dev.Stop()
 		for _, cq := range cqs {
 			cq.Close() // ErrClosed for one the application closed: fine
 		}
-		d.wg.Wait()
-		for _, r := range append(d.rcvs, d.xrcvs...) {
-			r.Close()
-		}
-		d.forgetQPs()
+		d.dev.Wait()
+		d.qps.Clear()
 	})
 	return err
 }
@@ -594,7 +398,7 @@ func (d *Device) Close() error {
 // check returns ErrClosed (wrapped for the zero Device) once the device
 // is closed.
 func (d *Device) check() error {
-	if d == nil || d.shards == nil {
+	if d == nil || d.dev == nil {
 		return errNotOpen
 	}
 	if d.closed.Load() {
@@ -613,54 +417,42 @@ func (d *Device) Addr() netip.AddrPort { return d.local }
 func (d *Device) GID() [16]byte { return d.local.Addr().As16() }
 
 // Shards returns how many shards the device spreads its QPs over.
-func (d *Device) Shards() int { return len(d.shards) }
-
-// Stats returns the sum of the shards' engine counters, read now.
-func (d *Device) Stats() *qp.Counters {
-	c := new(qp.Counters)
-	for _, s := range d.shards {
-		c.Add(&s.eng.Stats)
+func (d *Device) Shards() int {
+	if d.dev == nil {
+		return 0
 	}
-	return c
-}
-
-// Count sums one engine counter over the shards, live and without the
-// copy Stats makes: pick names it, as in
-// func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdBytes }.
-func (d *Device) Count(pick func(*qp.Counters) *atomic.Uint64) uint64 {
-	var n uint64
-	for _, s := range d.shards {
-		n += pick(&s.eng.Stats).Load()
-	}
-	return n
+	return d.dev.Shards()
 }
 
 // QPs returns the device's QPs, in no particular order.
 func (d *Device) QPs() []*QP {
+	if d.dev == nil {
+		return nil
+	}
 	var out []*QP
-	for _, s := range d.shards {
-		out = append(out, s.eng.QPs()...)
+	for _, q := range d.dev.QPs() {
+		if v, ok := d.qps.Load(q); ok {
+			out = append(out, v.(*QP))
+		}
 	}
 	return out
 }
 
 // Batch runs fn and sends the packets the PostSend calls inside it make
-// together when it returns (qp.Engine.Batch), on every shard: posts to
+// together when it returns, on every shard: posts to
 // many QPs leave in a few system calls and GSO runs.
-func (d *Device) Batch(fn func()) { d.batch(0, fn) }
-
-func (d *Device) batch(i int, fn func()) {
-	if i == len(d.shards) {
+func (d *Device) Batch(fn func()) {
+	if d.dev == nil {
 		fn()
 		return
 	}
-	d.shards[i].eng.Batch(func() { d.batch(i+1, fn) })
+	d.dev.Batch(fn)
 }
 
 // Transport returns the device's UDP transport, for statistics and taps:
 // its Stats sum the shards' sockets, SetTap reaches them all.
 func (d *Device) Transport() Transport {
-	if d == nil || d.conns == nil {
+	if d == nil || d.dev == nil {
 		return nil // the zero Device has none
 	}
 	return (*deviceTransport)(d)
@@ -673,33 +465,16 @@ type Transport interface {
 	// sockets of the multicast groups it has joined included.
 	Stats() transport.Stats
 	// SetTap is Device.SetTap.
-	SetTap(transport.Tap)
+	SetTap(Tap)
 	// LocalAddr is Device.Addr.
 	LocalAddr() netip.AddrPort
 }
 
 type deviceTransport Device
 
-func (t *deviceTransport) Stats() transport.Stats {
-	var st transport.Stats
-	for i, c := range t.conns {
-		if i == 0 {
-			st = c.Stats()
-		} else {
-			st.Add(c.Stats())
-		}
-	}
-	d := (*Device)(t)
-	d.mcMu.Lock()
-	for _, g := range d.mcast {
-		st.Add(g.conn.Stats()) // the joined groups' sockets
-	}
-	st.Add(d.mcastLeft) // and those of the groups left
-	d.mcMu.Unlock()
-	return st
-}
+func (t *deviceTransport) Stats() transport.Stats { return t.dev.TransportStats() }
 
-func (t *deviceTransport) SetTap(tap transport.Tap) { (*Device)(t).SetTap(tap) }
+func (t *deviceTransport) SetTap(tap Tap) { (*Device)(t).SetTap(tap) }
 
 func (t *deviceTransport) LocalAddr() netip.AddrPort { return t.local }
 
@@ -712,8 +487,8 @@ func (t *deviceTransport) LocalAddr() netip.AddrPort { return t.local }
 // completion, a message over another socket); a completion polled from
 // this device's CQs already orders memory.
 func (d *Device) Sync() {
-	for _, s := range d.shards {
-		s.eng.Sync()
+	if d.dev != nil {
+		d.dev.Sync()
 	}
 }
 
@@ -745,7 +520,7 @@ func (p *PD) Dealloc() error {
 	if p == nil || p.pd == nil {
 		return errNotOpen
 	}
-	return p.pd.Dealloc()
+	return apiErr(p.pd.Dealloc())
 }
 
 // RegMR registers buf for access: its lkey and rkey name it in work
@@ -756,7 +531,8 @@ func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.pd.Register(buf, access)
+	m, err := p.pd.Register(buf, access)
+	return m, apiErr(err)
 }
 
 // RegMRInvalidatable registers buf so that SEND with Invalidate and
@@ -765,24 +541,28 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.pd.Register(buf, access, mr.WithInvalidate())
+	m, err := p.pd.Register(buf, access, mr.WithInvalidate())
+	return m, apiErr(err)
 }
 
 // AllocMW allocates an unbound memory window (ibv_alloc_mw). Bind a type
 // 1 window with QP.BindMW (ibv_bind_mw), a type 2 window with a WRBindMW
 // work request; LOCAL_INV or a peer's SEND with Invalidate on its rkey
 // unbinds a type 2 window. Windows reach MRs registered with AccessMWBind.
-func (p *PD) AllocMW(typ MWType) (*MW, error) { return p.pd.AllocMW(typ) }
+func (p *PD) AllocMW(typ MWType) (*MW, error) {
+	w, err := p.pd.AllocMW(typ)
+	return w, apiErr(err)
+}
 
-// QPInitAttr describes a QP to create: qp.InitAttr's fields, with the
-// device's CQ type and the PD taken from the one CreateQP is called on.
+// QPInitAttr describes a QP to create (ibv_qp_init_attr); its PD is the
+// one CreateQP is called on.
 type QPInitAttr struct {
 	Type   QPType
 	SendCQ *CQ
 	RecvCQ *CQ
-	SRQ    *SRQ
+	SRQ    *SRQ // receives come from the SRQ (nil: the QP's own receive queue)
 	Caps   Caps
-	SigAll bool
+	SigAll bool // every send work request completes, signalled or not
 	// QPN asks for a specific QP number, e.g. 1 for the GSI QP a
 	// connection manager sends its MADs on; 0 lets the device pick one.
 	QPN uint32
@@ -798,60 +578,76 @@ func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	if a.SendCQ == nil || a.RecvCQ == nil {
 		return nil, errors.New("rxego: a QP needs a send CQ and a receive CQ")
 	}
-	attr := qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ.cq, RecvCQ: a.RecvCQ.cq, SRQ: a.SRQ, Caps: a.Caps,
+	attr := qp.InitAttr{Type: a.Type, PD: p.pd, SendCQ: a.SendCQ.cq, RecvCQ: a.RecvCQ.cq, Caps: a.Caps,
 		SigAll: a.SigAll, QPN: a.QPN}
-	q, err := p.dev.createQP(attr)
-	if err != nil {
-		return nil, err
+	if a.SRQ != nil {
+		attr.SRQ = a.SRQ.srq
 	}
-	s := p.dev.shardOf(q.Num())
+	q, err := p.dev.dev.CreateQP(attr)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	fq := &QP{q: q, dev: p.dev, pd: p}
+	p.dev.qps.Store(q, fq)
+	s := p.dev.dev.ShardOf(q.Num())
 	a.SendCQ.attach(p.dev, s)
 	a.RecvCQ.attach(p.dev, s)
-	return q, nil
+	return fq, nil
 }
-
-// createQP creates the QP on its number's shard (the number asked for,
-// or the device's next free one) and records its device for ConnectRC's
-// source GID.
-func (d *Device) createQP(a qp.InitAttr) (*QP, error) {
-	q, err := d.createQPOn(a)
-	if err == nil {
-		qpDevices.Store(q, d)
-	}
-	return q, err
-}
-
-// createQPOn creates the QP on its number's shard.
-func (d *Device) createQPOn(a qp.InitAttr) (*QP, error) {
-	if a.QPN != 0 {
-		return d.shards[d.shardOf(a.QPN)].eng.Create(a)
-	}
-	d.qpnMu.Lock()
-	defer d.qpnMu.Unlock()
-	for range 1 << 10 { // numbers in use are skipped; a full space gives up
-		a.QPN = d.nextQPN
-		d.nextQPN++
-		if d.nextQPN > 0xffffff {
-			d.nextQPN = firstQPN
-		}
-		q, err := d.shards[d.shardOf(a.QPN)].eng.Create(a)
-		if err == nil || !errors.Is(err, qp.ErrQPNTaken) {
-			return q, err
-		}
-	}
-	return nil, errors.New("rxego: no free QP number")
-}
-
-// shardOf returns the index of the shard QP number n lives on.
-func (d *Device) shardOf(n uint32) int { return int(n % uint32(len(d.shards))) }
 
 // CreateSRQ makes a shared receive queue; it serves QPs of every shard.
 func (p *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	return p.dev.shards[0].eng.NewSRQ(p.pd, depth, maxSGE)
+	srq, err := p.dev.dev.NewSRQ(p.pd, depth, maxSGE)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return &SRQ{srq: srq}, nil
 }
+
+// SRQ is a shared receive queue (ibv_srq): the QPs created with it take
+// their receives from it, whichever shard they are on.
+type SRQ struct {
+	srq *qp.SRQ
+}
+
+// PostRecv posts receive work requests to the SRQ (ibv_post_srq_recv),
+// all or nothing, as QP.PostRecv.
+func (s *SRQ) PostRecv(wrs ...RecvWR) error { return apiErr(s.srq.PostRecv(wrs...)) }
+
+// Len returns how many receives are posted and not yet taken.
+func (s *SRQ) Len() int { return s.srq.Len() }
+
+// Depth returns how many receive WQEs the SRQ holds at most (max_wr).
+func (s *SRQ) Depth() int { return s.srq.Depth() }
+
+// Arm sets the SRQ's limit (ibv_modify_srq with IBV_SRQ_LIMIT): when a
+// receive taken from the SRQ leaves fewer than limit WQEs posted, the
+// channel of LimitReached gets a value once and the limit disarms, as
+// IBV_EVENT_SRQ_LIMIT_REACHED does (rxe's rule: the count after the take
+// is below the limit). Arm again after each event to keep watching. limit
+// 0 disarms; a limit of the depth or more is refused, as verbs refuses
+// one above max_wr.
+func (s *SRQ) Arm(limit int) error { return apiErr(s.srq.Arm(limit)) }
+
+// Limit returns the armed limit, 0 when disarmed (ibv_query_srq's
+// srq_limit).
+func (s *SRQ) Limit() int { return s.srq.Limit() }
+
+// LimitReached returns the channel that receives a value when the armed
+// limit is reached (see Arm): the SRQ's IBV_EVENT_SRQ_LIMIT_REACHED, for
+// a select beside the application's other channels. It is closed when the
+// SRQ is destroyed.
+func (s *SRQ) LimitReached() <-chan struct{} { return s.srq.LimitReached() }
+
+// Destroy destroys the SRQ (ibv_destroy_srq): the receives still posted
+// are dropped without completions, and PostRecv fails with ErrClosed.
+// While a QP that is not destroyed uses the SRQ, Destroy fails with
+// ErrBusy and changes nothing, as ibv_destroy_srq does. A second Destroy
+// returns ErrClosed. The channel of LimitReached is closed.
+func (s *SRQ) Destroy() error { return apiErr(s.srq.Destroy()) }
 
 // CreateAH makes an address handle for UD sends to dest (port 4791 when 0)
 // from the first GID of dest's address family.
@@ -874,7 +670,7 @@ func (p *PD) CreateAHFrom(sgid int, dest netip.AddrPort) (*AH, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := p.dev.setRoute(routeKey{ah.Dest, anyQPN}, sgid, nil); err != nil {
+	if err := p.dev.dev.SetRoute(ah.Dest, device.AnyQPN, sgid, nil); err != nil {
 		return nil, err
 	}
 	return ah, nil

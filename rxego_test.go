@@ -23,10 +23,10 @@ func open(t *testing.T, typ rxego.QPType, size int) *side { return openWith(t, n
 
 func connectPair(t *testing.T, a, b *side, opts *rxego.ConnectOptions) {
 	t.Helper()
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100, MTU: opts.MTU}); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100, MTU: opts.MTU}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200, MTU: opts.MTU}); err != nil {
+	if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200, MTU: opts.MTU}); err != nil {
 		t.Fatal(err)
 	}
 }

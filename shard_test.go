@@ -54,10 +54,10 @@ func TestSteering(t *testing.T) {
 	}
 	for i := range nqp {
 		o := &ConnectOptions{MTU: qp.MTU4096}
-		if err := ConnectRC(qps[0][i], RemoteQP{Addr: devs[1].Addr(), QPN: qps[1][i].Num()}, o); err != nil {
+		if err := qps[0][i].Connect(RemoteQP{Addr: devs[1].Addr(), QPN: qps[1][i].Num()}, o); err != nil {
 			t.Fatal(err)
 		}
-		if err := ConnectRC(qps[1][i], RemoteQP{Addr: devs[0].Addr(), QPN: qps[0][i].Num()}, o); err != nil {
+		if err := qps[1][i].Connect(RemoteQP{Addr: devs[0].Addr(), QPN: qps[0][i].Num()}, o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,11 +86,11 @@ func TestSteering(t *testing.T) {
 		}
 	}
 	for s, d := range devs {
-		for i, sh := range d.shards {
-			if n := sh.eng.Stats.RcvdPkts.Load(); n == 0 {
+		for i := range d.Shards() {
+			if n := d.dev.ShardCounters(i).RcvdPkts.Load(); n == 0 {
 				t.Errorf("device %d shard %d received nothing", s, i)
 			}
-			if n := d.demux[i].handedOn.Load(); n != 0 {
+			if n := d.dev.HandedOn(i); n != 0 {
 				t.Errorf("device %d: %d packets reached shard %d's receive loop for another shard", s, n, i)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // TestDeviceNoAllocs checks a whole device pair on loopback — PostSend,
@@ -19,14 +18,14 @@ func TestDeviceNoAllocs(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		op   qp.WROpcode
+		op   rxego.WROpcode
 		size int
-		mtu  qp.MTU
+		mtu  rxego.MTU
 	}{
-		{"write-64KiB-mtu1024", rxego.WRWrite, 64 << 10, qp.MTU1024},
-		{"write-64KiB-mtu4096", rxego.WRWrite, 64 << 10, qp.MTU4096},
-		{"read-64KiB-mtu4096", rxego.WRRead, 64 << 10, qp.MTU4096},
-		{"write-64B", rxego.WRWrite, 64, qp.MTU1024},
+		{"write-64KiB-mtu1024", rxego.WRWrite, 64 << 10, rxego.MTU1024},
+		{"write-64KiB-mtu4096", rxego.WRWrite, 64 << 10, rxego.MTU4096},
+		{"read-64KiB-mtu4096", rxego.WRRead, 64 << 10, rxego.MTU4096},
+		{"write-64B", rxego.WRWrite, 64, rxego.MTU1024},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPair(t, tc.mtu, tc.size, 4)
@@ -41,16 +40,16 @@ func TestDeviceNoAllocs(t *testing.T) {
 					t.Fatal(err)
 				}
 				n, err := p.cqs[0].PollWait(ctx, wcs)
-				if err != nil || n != 1 || wcs[0].Status != qp.WCSuccess {
+				if err != nil || n != 1 || wcs[0].Status != rxego.WCSuccess {
 					t.Fatalf("PollWait = %d, %v, %v", n, err, wcs[:n])
 				}
 			}
 			for range 10 {
 				round()
 			}
-			pkts := p.devs[0].Stats().SentPkts.Load()
+			pkts := p.devs[0].Stats().SentPkts
 			allocs := testing.AllocsPerRun(200, round)
-			pkts = p.devs[0].Stats().SentPkts.Load() - pkts
+			pkts = p.devs[0].Stats().SentPkts - pkts
 			// AllocsPerRun counts whole allocations per round, so a stray
 			// one of the runtime's in the window does not fail the test.
 			if allocs > 0 {

@@ -8,8 +8,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
-	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // pair is two connected devices on loopback for in-process benchmarks.
@@ -20,12 +19,12 @@ type pair struct {
 	cqs  [2]*rxego.CQ
 }
 
-func newPair(tb testing.TB, mtu qp.MTU, size int, depth int) *pair {
+func newPair(tb testing.TB, mtu rxego.MTU, size int, depth int) *pair {
 	return newPairOpts(tb, mtu, size, depth, nil)
 }
 
 // newPairOpts is newPair with device options.
-func newPairOpts(tb testing.TB, mtu qp.MTU, size int, depth int, opts *rxego.Options) *pair {
+func newPairOpts(tb testing.TB, mtu rxego.MTU, size int, depth int, opts *rxego.Options) *pair {
 	tb.Helper()
 	p := &pair{}
 	for i := range p.devs {
@@ -43,8 +42,9 @@ func newPairOpts(tb testing.TB, mtu qp.MTU, size int, depth int, opts *rxego.Opt
 	}
 	for i := range 2 {
 		o := 1 - i
-		err := rxego.ConnectRC(p.qps[i], rxego.RemoteQP{Addr: p.devs[o].Addr(), QPN: p.qps[o].Num()},
+		err := p.qps[i].Connect(rxego.RemoteQP{Addr: p.devs[o].Addr(), QPN: p.qps[o].Num()},
 			&rxego.ConnectOptions{MTU: mtu, MaxRdAtomic: 16, Timeout: 16})
+
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func newPairOpts(tb testing.TB, mtu qp.MTU, size int, depth int, opts *rxego.Opt
 }
 
 // stream keeps depth messages of size bytes in flight for b.N messages.
-func (p *pair) stream(b *testing.B, op qp.WROpcode, size, depth int) {
+func (p *pair) stream(b *testing.B, op rxego.WROpcode, size, depth int) {
 	wr := rxego.SendWR{Opcode: op, SGL: []rxego.SGE{{Addr: p.mrs[0].IOVA(), Length: uint32(size), LKey: p.mrs[0].LKey()}},
 		RemoteAddr: p.mrs[1].IOVA(), RKey: p.mrs[1].RKey(), Flags: rxego.SendSignaled}
 	wcs := make([]rxego.WC, 64)
@@ -86,12 +86,12 @@ func (p *pair) stream(b *testing.B, op qp.WROpcode, size, depth int) {
 }
 
 func BenchmarkRCWrite(b *testing.B) {
-	for _, mtu := range []qp.MTU{qp.MTU1024, qp.MTU4096} {
+	for _, mtu := range []rxego.MTU{rxego.MTU1024, rxego.MTU4096} {
 		for _, size := range []int{4 << 10, 64 << 10, 1 << 20} {
 			b.Run(fmt.Sprintf("mtu%d/%dKiB", mtu.Bytes(), size>>10), func(b *testing.B) {
 				depth := max(2, min(64, (4<<20)/size))
 				p := newPair(b, mtu, size, depth)
-				p.stream(b, qp.WRWrite, size, depth)
+				p.stream(b, rxego.WRWrite, size, depth)
 			})
 		}
 	}
@@ -101,8 +101,8 @@ func BenchmarkRCRead(b *testing.B) {
 	for _, size := range []int{4 << 10, 64 << 10} {
 		b.Run(fmt.Sprintf("mtu4096/%dKiB", size>>10), func(b *testing.B) {
 			depth := 16
-			p := newPair(b, qp.MTU4096, size, depth)
-			p.stream(b, qp.WRRead, size, depth)
+			p := newPair(b, rxego.MTU4096, size, depth)
+			p.stream(b, rxego.WRRead, size, depth)
 		})
 	}
 }
@@ -134,10 +134,10 @@ func (m cpuMeter) report(b *testing.B, bytesPerOp int64) {
 // last signaled, keeping 128 in flight: the message-rate case.
 func BenchmarkWriteRate(b *testing.B) {
 	const batch, depth = 32, 128
-	p := newPair(b, qp.MTU1024, 4096, depth)
+	p := newPair(b, rxego.MTU1024, 4096, depth)
 	wrs := make([]rxego.SendWR, batch)
 	for i := range wrs {
-		wrs[i] = rxego.SendWR{Opcode: qp.WRWrite, Flags: rxego.SendInline, Inline: make([]byte, 64),
+		wrs[i] = rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendInline, Inline: make([]byte, 64),
 			RemoteAddr: p.mrs[1].IOVA(), RKey: p.mrs[1].RKey()}
 	}
 	wrs[batch-1].Flags |= rxego.SendSignaled

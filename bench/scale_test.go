@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
-	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // scaleQPs is the QP count of the scale test and benchmark.
@@ -59,8 +58,9 @@ func newScalePair(tb testing.TB, n, size int) *scalePair {
 	for k := range n {
 		for i := range 2 {
 			o := 1 - i
-			err := rxego.ConnectRC(s.qps[i][k], rxego.RemoteQP{Addr: s.devs[o].Addr(), QPN: s.qps[o][k].Num()},
-				&rxego.ConnectOptions{MTU: qp.MTU4096, Timeout: 16})
+			err := s.qps[i][k].Connect(rxego.RemoteQP{Addr: s.devs[o].Addr(), QPN: s.qps[o][k].Num()},
+				&rxego.ConnectOptions{MTU: rxego.MTU4096, Timeout: 16})
+
 			if err != nil {
 				tb.Fatal(err)
 			}
@@ -92,7 +92,7 @@ func BenchmarkScale(b *testing.B) {
 	const size, inflightMax = 4096, 512
 	s := newScalePair(b, scaleQPs, size)
 	b.ReportMetric(s.perQP, "B/QP")
-	wr := rxego.SendWR{Opcode: qp.WRWrite, Flags: rxego.SendSignaled,
+	wr := rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
 		SGL:        []rxego.SGE{{Addr: s.mrs[0].IOVA(), Length: size, LKey: s.mrs[0].LKey()}},
 		RemoteAddr: s.mrs[1].IOVA(), RKey: s.mrs[1].RKey()}
 	busy := make([]bool, scaleQPs)
@@ -127,7 +127,7 @@ func BenchmarkScale(b *testing.B) {
 			b.Fatal(err)
 		}
 		for _, wc := range wcs[:n] {
-			if wc.Status != qp.WCSuccess {
+			if wc.Status != rxego.WCSuccess {
 				b.Fatalf("completion %v", wc.Status)
 			}
 			busy[wc.ID] = false

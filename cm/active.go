@@ -7,7 +7,6 @@ import (
 	"net/netip"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // Ephemeral rdma_cm ports Dial picks from (Linux's default
@@ -36,9 +35,9 @@ func (m *Manager) Dial(ctx context.Context, raddr netip.AddrPort, q *rxego.QP, p
 	if !peer.IsValid() || peer.Is4() != m.local.Is4() {
 		return nil, fmt.Errorf("cm: dial %v from %v: need an address of the device's family", raddr, m.local)
 	}
-	if q.State() == qp.Reset {
+	if q.State() == rxego.StateReset {
 		// As rdma_create_qp: INIT right away, so receives can be posted.
-		if err := rxego.InitQP(q, o.Access); err != nil {
+		if err := q.Init(o.Access); err != nil {
 			return nil, err
 		}
 	}

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 var (
@@ -78,10 +78,10 @@ func exchange(t *testing.T, srvEP, cliEP *endpoint) {
 		SGL: []rxego.SGE{{Addr: cliEP.mr.IOVA() + 100, Length: uint32(len(msg)), LKey: cliEP.mr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := cliEP.wait(t); wc.Status != qp.WCSuccess {
+	if wc := cliEP.wait(t); wc.Status != rxego.WCSuccess {
 		t.Fatalf("client send: %v", wc.Status)
 	}
-	if wc := srvEP.wait(t); wc.Status != qp.WCSuccess || wc.Opcode != qp.WCRecv || !bytes.Equal(srvEP.buf[:wc.ByteLen], msg) {
+	if wc := srvEP.wait(t); wc.Status != rxego.WCSuccess || wc.Opcode != rxego.WCRecv || !bytes.Equal(srvEP.buf[:wc.ByteLen], msg) {
 		t.Fatalf("server recv: %v %v %q", wc.Status, wc.Opcode, srvEP.buf[:wc.ByteLen])
 	}
 	// WRITE then READ back from the server's buffer.
@@ -91,7 +91,7 @@ func exchange(t *testing.T, srvEP, cliEP *endpoint) {
 		RemoteAddr: srvEP.mr.IOVA() + 300, RKey: srvEP.mr.RKey()}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := cliEP.wait(t); wc.Status != qp.WCSuccess {
+	if wc := cliEP.wait(t); wc.Status != rxego.WCSuccess {
 		t.Fatalf("write: %v", wc.Status)
 	}
 	if err := cliEP.q.PostSend(rxego.SendWR{ID: 4, Opcode: rxego.WRRead, Flags: rxego.SendSignaled,
@@ -99,7 +99,7 @@ func exchange(t *testing.T, srvEP, cliEP *endpoint) {
 		RemoteAddr: srvEP.mr.IOVA() + 300, RKey: srvEP.mr.RKey()}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := cliEP.wait(t); wc.Status != qp.WCSuccess || string(cliEP.buf[400:421]) != "written by the client" {
+	if wc := cliEP.wait(t); wc.Status != rxego.WCSuccess || string(cliEP.buf[400:421]) != "written by the client" {
 		t.Fatalf("read: %v %q", wc.Status, cliEP.buf[400:421])
 	}
 	// And a SEND back.
@@ -109,10 +109,10 @@ func exchange(t *testing.T, srvEP, cliEP *endpoint) {
 		SGL: []rxego.SGE{{Addr: srvEP.mr.IOVA() + 500, Length: 5, LKey: srvEP.mr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := srvEP.wait(t); wc.Status != qp.WCSuccess {
+	if wc := srvEP.wait(t); wc.Status != rxego.WCSuccess {
 		t.Fatalf("server send: %v", wc.Status)
 	}
-	if wc := cliEP.wait(t); wc.Status != qp.WCSuccess || string(cliEP.buf[:wc.ByteLen]) != "reply" {
+	if wc := cliEP.wait(t); wc.Status != rxego.WCSuccess || string(cliEP.buf[:wc.ByteLen]) != "reply" {
 		t.Fatalf("client recv: %v %q", wc.Status, cliEP.buf[:wc.ByteLen])
 	}
 }
@@ -144,14 +144,14 @@ func TestConnectExchangeDisconnect(t *testing.T) {
 		t.Errorf("client got private data %q", got)
 	}
 	sa, ca := srvEP.q.Query(), cliEP.q.Query()
-	if sa.State != qp.RTS || ca.State != qp.RTS || sa.DestQPN != cliEP.q.Num() || ca.DestQPN != srvEP.q.Num() {
+	if sa.State != rxego.StateRTS || ca.State != rxego.StateRTS || sa.DestQPN != cliEP.q.Num() || ca.DestQPN != srvEP.q.Num() {
 		t.Fatalf("QPs: server %v -> %d, client %v -> %d", sa.State, sa.DestQPN, ca.State, ca.DestQPN)
 	}
 	// Each side sends from the PSN the other announced (Linux's CM).
 	if sa.SQPSN != psnC || ca.RQPSN != psnC || ca.SQPSN != psnS || sa.RQPSN != psnS {
 		t.Errorf("PSNs: server sq %#x rq %#x, client sq %#x rq %#x", sa.SQPSN, sa.RQPSN, ca.SQPSN, ca.RQPSN)
 	}
-	if sa.PathMTU != qp.MTU1024 || sa.Timeout != 15 || sa.RetryCnt != 7 || sa.RNRRetry != 7 || sa.MaxDestRdAtomic != 1 {
+	if sa.PathMTU != rxego.MTU1024 || sa.Timeout != 15 || sa.RetryCnt != 7 || sa.RNRRetry != 7 || sa.MaxDestRdAtomic != 1 {
 		t.Errorf("server QP attributes %+v", sa)
 	}
 	exchange(t, srvEP, cliEP)
@@ -163,7 +163,7 @@ func TestConnectExchangeDisconnect(t *testing.T) {
 	if !errors.Is(srv.Err(), ErrDisconnected) || !errors.Is(cli.Err(), ErrLocalDisconnect) {
 		t.Errorf("ends: server %v, client %v", srv.Err(), cli.Err())
 	}
-	if srvEP.q.State() != qp.Err || cliEP.q.State() != qp.Err {
+	if srvEP.q.State() != rxego.StateErr || cliEP.q.State() != rxego.StateErr {
 		t.Errorf("QPs after disconnect: %v %v", srvEP.q.State(), cliEP.q.State())
 	}
 	if err := srv.Disconnect(testCtx(t)); err != nil {
@@ -195,7 +195,7 @@ func TestNoListener(t *testing.T) {
 	if !errors.As(err, &rej) || rej.Reason != RejInvalidServiceID {
 		t.Fatalf("dial: %v, want REJ reason 8", err)
 	}
-	if ep.q.State() != qp.Err {
+	if ep.q.State() != rxego.StateErr {
 		t.Errorf("QP after REJ: %v", ep.q.State())
 	}
 	if got := counts(p.srv.m, "cm_sent_rej", "cm_rcvd_req"); got != "[cm_sent_rej=1 cm_rcvd_req=1]" {
@@ -445,7 +445,7 @@ func TestManyConnections(t *testing.T) {
 func TestRandomLoss(t *testing.T) {
 	lossy := func(seed uint64) func(transport.Conn) transport.Conn {
 		return func(c transport.Conn) transport.Conn {
-			return transport.Impair(c, transport.ImpairConfig{Seed: seed, Dir: transport.ImpairSend, Loss: 0.25})
+			return impair.Wrap(c, impair.Config{Seed: seed, Dir: impair.Send, Loss: 0.25})
 		}
 	}
 	cfg := &Config{ResponseTimeout: 13, PacketLifeTime: 10, MaxRetries: 15}
@@ -490,7 +490,7 @@ func TestManagerErrors(t *testing.T) {
 	if _, err := p.cli.m.Dial(ctx, netip.AddrPortFrom(serverAddr, 10), ep.q, &Params{RetryCount: &seven}); !errors.Is(err, ErrField) {
 		t.Errorf("retry count 8: %v", err)
 	}
-	if ep.q.State() != qp.Reset {
+	if ep.q.State() != rxego.StateReset {
 		t.Errorf("a refused dial moved the QP to %v", ep.q.State())
 	}
 	ud, _ := p.cli.dev.AllocPD()

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // state is a connection's CM state (IBA 12.9.6, Linux enum ib_cm_state).
@@ -105,7 +104,7 @@ type Params struct {
 	// MTU is the path MTU the initiator asks for; 0 means 1024 bytes, what
 	// rdma_cm chooses on a 1500-byte Ethernet. The passive side takes the
 	// REQ's.
-	MTU qp.MTU
+	MTU rxego.MTU
 	// PSN is the starting PSN this side announces in its REQ or REP; nil
 	// means random, as rdma_cm. By the Linux CM's convention (which the
 	// rxe captures show) the peer sends from it: it is this side's
@@ -137,7 +136,7 @@ func (p *Params) orDefault() Params {
 		o.MinRNRTimer = 12
 	}
 	if o.MTU == 0 {
-		o.MTU = qp.MTU1024
+		o.MTU = rxego.MTU1024
 	}
 	return o
 }
@@ -171,9 +170,9 @@ func (p *Params) check(active bool) error {
 	if len(p.PrivateData) > room {
 		return fmt.Errorf("%w: %d bytes, room for %d", ErrPrivData, len(p.PrivateData), room)
 	}
-	if p.ResponderResources > qp.MaxRdAtomicLimit || p.InitiatorDepth > qp.MaxRdAtomicLimit {
+	if p.ResponderResources > rxego.MaxRdAtomicLimit || p.InitiatorDepth > rxego.MaxRdAtomicLimit {
 		return fmt.Errorf("%w: responder resources %d and initiator depth %d must be <= %d",
-			ErrField, p.ResponderResources, p.InitiatorDepth, qp.MaxRdAtomicLimit)
+			ErrField, p.ResponderResources, p.InitiatorDepth, rxego.MaxRdAtomicLimit)
 	}
 	if p.retry() > 7 || p.rnrRetry() > 7 || p.MinRNRTimer > 31 || p.MTU.Bytes() == 0 {
 		return fmt.Errorf("%w: retry count %d, RNR retry %d (<= 7), min RNR timer %d (<= 31), MTU %d (1..5)",
@@ -362,7 +361,7 @@ func (c *Conn) expired() {
 // setQPError moves the QP to ERR, flushing its work.
 func (c *Conn) setQPError() {
 	if c.q != nil {
-		c.q.Modify(&qp.Attr{State: qp.Err}, qp.AttrState)
+		c.q.Modify(&rxego.QPAttr{State: rxego.StateErr}, rxego.AttrState)
 	}
 }
 
@@ -476,7 +475,7 @@ func (c *Conn) reject(reason uint16, ari, priv []byte) {
 // qpSetup are the attributes a connection gives its QP.
 type qpSetup struct {
 	remoteQPN, rqPSN, sqPSN uint32
-	mtu                     qp.MTU
+	mtu                     rxego.MTU
 	respRes, initDepth      uint8
 	timeout, retry, rnr     uint8
 	minRNR                  uint8
@@ -486,22 +485,22 @@ type qpSetup struct {
 // connectQP moves q through INIT (if it is still in RESET), RTR and RTS.
 func (c *Conn) connectQP(s qpSetup) error {
 	q := c.q
-	if q.State() == qp.Reset {
-		if err := rxego.InitQP(q, s.access); err != nil {
+	if q.State() == rxego.StateReset {
+		if err := q.Init(s.access); err != nil {
 			return err
 		}
 	}
-	rtr := qp.Attr{State: qp.RTR, PathMTU: s.mtu, DestQPN: s.remoteQPN, RQPSN: s.rqPSN,
+	rtr := rxego.QPAttr{State: rxego.StateRTR, PathMTU: s.mtu, DestQPN: s.remoteQPN, RQPSN: s.rqPSN,
 		Dest: netip.AddrPortFrom(c.peer, rxego.DefaultPort), HopLimit: 64,
 		MaxDestRdAtomic: s.respRes, MinRNRTimer: s.minRNR}
-	if err := q.Modify(&rtr, qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|
-		qp.AttrMaxDestRdAtomic|qp.AttrMinRNRTimer); err != nil {
+	if err := q.Modify(&rtr, rxego.AttrState|rxego.AttrAV|rxego.AttrPathMTU|rxego.AttrDestQPN|rxego.AttrRQPSN|
+		rxego.AttrMaxDestRdAtomic|rxego.AttrMinRNRTimer); err != nil {
 		return fmt.Errorf("cm: QP %d to RTR: %w", q.Num(), err)
 	}
-	rts := qp.Attr{State: qp.RTS, SQPSN: s.sqPSN, Timeout: s.timeout, RetryCnt: s.retry, RNRRetry: s.rnr,
+	rts := rxego.QPAttr{State: rxego.StateRTS, SQPSN: s.sqPSN, Timeout: s.timeout, RetryCnt: s.retry, RNRRetry: s.rnr,
 		MaxRdAtomic: s.initDepth}
-	if err := q.Modify(&rts, qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|qp.AttrRNRRetry|
-		qp.AttrMaxQPRdAtomic); err != nil {
+	if err := q.Modify(&rts, rxego.AttrState|rxego.AttrSQPSN|rxego.AttrTimeout|rxego.AttrRetryCnt|rxego.AttrRNRRetry|
+		rxego.AttrMaxQPRdAtomic); err != nil {
 		return fmt.Errorf("cm: QP %d to RTS: %w", q.Num(), err)
 	}
 	return nil
@@ -509,10 +508,10 @@ func (c *Conn) connectQP(s qpSetup) error {
 
 // checkQP makes sure q is a fresh RC QP of the manager's device.
 func checkQP(q *rxego.QP) error {
-	if q == nil || q.Type() != qp.RC {
+	if q == nil || q.Type() != rxego.RC {
 		return errors.New("cm: connections need an RC QP")
 	}
-	if st := q.State(); st != qp.Reset && st != qp.Init {
+	if st := q.State(); st != rxego.StateReset && st != rxego.StateInit {
 		return fmt.Errorf("cm: QP %d is in %v; it must be in RESET or INIT", q.Num(), st)
 	}
 	return nil

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego"
 )
 
 // forgedREQ is a REQ for port as a flooder sends it: random
@@ -24,7 +24,7 @@ func forgedREQ(t *testing.T, rng *rand.Rand, port uint16) (netip.Addr, []byte) {
 	req := REQ{LocalCommID: rng.Uint32() | 1, ServiceID: ServiceID(PortSpaceTCP, port), LocalCAGUID: rng.Uint64() | 1,
 		LocalQPN: rng.Uint32() & 0xffffff, TransportType: TransportRC, StartingPSN: rng.Uint32() & 0xffffff,
 		RemoteCMResponseTimeout: 20, LocalCMResponseTimeout: 20, RetryCount: 7, PKey: 0xffff,
-		PathMTU: uint8(qp.MTU1024), RNRRetryCount: 7, MaxCMRetries: 15,
+		PathMTU: uint8(rxego.MTU1024), RNRRetryCount: 7, MaxCMRetries: 15,
 		Primary:     Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: src.As16(), RemoteGID: serverAddr.As16(), HopLimit: 64, LocalACKTimeout: 14},
 		PrivateData: priv}
 	mad, err := Marshal(rng.Uint64(), &req)
@@ -100,7 +100,7 @@ func TestREQFlood(t *testing.T) {
 			c, err := req.Accept(ctx, srvEP.q, nil)
 			if errors.Is(err, ErrHalfOpen) {
 				halfOpen++
-				if err = srvEP.q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err == nil {
+				if err = srvEP.q.Modify(&rxego.QPAttr{State: rxego.StateReset}, rxego.AttrState); err == nil {
 					continue
 				}
 			}

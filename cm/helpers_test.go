@@ -10,7 +10,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -134,8 +133,8 @@ func (nd *node) newEndpoint(t *testing.T, size int) *endpoint {
 // the QP to INIT first, as rdma_create_qp leaves it.
 func (e *endpoint) postRecv(t *testing.T, n uint32) {
 	t.Helper()
-	if e.q.State() == qp.Reset {
-		if err := rxego.InitQP(e.q, 0); err != nil {
+	if e.q.State() == rxego.StateReset {
+		if err := e.q.Init(0); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -36,7 +36,7 @@ const (
 // QP1 resources.
 const (
 	recvSlots = 128
-	slotSize  = qp.GRHLen + MADSize
+	slotSize  = rxego.GRHLen + MADSize
 	sendDepth = 256
 )
 
@@ -205,7 +205,7 @@ func (m *Manager) setupQP1() error {
 	if err != nil {
 		return fmt.Errorf("cm: creating QP1: %w", err)
 	}
-	if err := rxego.ActivateUD(m.qp1, qp.QKeyGSI, 0); err != nil {
+	if err := m.qp1.ActivateUD(qp.QKeyGSI, 0); err != nil {
 		return err
 	}
 	for i := range recvSlots {
@@ -279,15 +279,15 @@ func (m *Manager) recvLoop(ctx context.Context) {
 		}
 		for _, wc := range wcs[:n] {
 			slot := wc.ID
-			if wc.Status != qp.WCSuccess {
-				if wc.Status == qp.WCWRFlushErr {
+			if wc.Status != rxego.WCSuccess {
+				if wc.Status == rxego.WCWRFlushErr {
 					return
 				}
 				m.stats.malformed.Add(1)
 			} else if wc.ByteLen < slotSize || slot >= recvSlots {
 				m.stats.malformed.Add(1)
 			} else {
-				off := slot*slotSize + qp.GRHLen
+				off := slot*slotSize + rxego.GRHLen
 				copy(mad[:], m.buf[off:off+MADSize])
 				m.receive(wc.Src.Addr().Unmap(), mad[:])
 			}

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // rdma_cm's multicast join on RoCE (rdma_join_multicast, the kernel's
@@ -96,7 +95,7 @@ func (m *Manager) JoinMulticast(pd *rxego.PD, q *rxego.QP, group netip.Addr, opt
 	if pd == nil || q == nil {
 		return nil, errors.New("cm: JoinMulticast needs a PD and a QP")
 	}
-	if q.Type() != qp.UD {
+	if q.Type() != rxego.UD {
 		return nil, fmt.Errorf("cm: QP %d is %v: only UD QPs join multicast groups", q.Num(), q.Type())
 	}
 	if k := q.Query().QKey; !o.SendOnly && k != UDPQKey {
@@ -125,7 +124,7 @@ func (m *Manager) JoinMulticast(pd *rxego.PD, q *rxego.QP, group netip.Addr, opt
 		return nil, err
 	}
 	if !o.SendOnly {
-		if err := rxego.AttachMcast(q, mgid); err != nil {
+		if err := q.AttachMcast(mgid); err != nil {
 			return nil, err
 		}
 	}
@@ -192,7 +191,7 @@ func (ms *Membership) leaveLocked() error {
 	if ms.SendOnly {
 		return nil
 	}
-	return rxego.DetachMcast(ms.q, ms.MGID)
+	return ms.q.DetachMcast(ms.MGID)
 }
 
 // leaveAllLocked leaves every group joined through m, as rdma_destroy_id

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // Listener receives connection requests for one rdma_cm port (TCP port
@@ -134,7 +133,7 @@ type Request struct {
 	// responder resources). Accept takes the smaller of these and Params.
 	ResponderResources, InitiatorDepth uint8
 	// MTU is the path MTU the initiator chose.
-	MTU qp.MTU
+	MTU rxego.MTU
 }
 
 // Accept connects q (a fresh RC QP of the manager's device, in RESET or
@@ -256,7 +255,7 @@ func (m *Manager) onREQ(from netip.Addr, h Header, r *REQ) {
 		m.issueREJ(from, h.TID, r.LocalCommID, 0, MsgREQ, RejInvalidTransportType)
 		return
 	}
-	mtu := qp.MTU(r.PathMTU)
+	mtu := rxego.MTU(r.PathMTU)
 	if mtu.Bytes() == 0 {
 		m.issueREJ(from, h.TID, r.LocalCommID, 0, MsgREQ, RejInvalidMTU)
 		return

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // Defaults for DialRetry and HangUp as rxego's tools use them.
@@ -43,7 +42,7 @@ func (m *Manager) DialRetry(ctx context.Context, raddr netip.AddrPort, q *rxego.
 		if !errors.As(err, &rej) || rej.Reason != RejInvalidServiceID {
 			return conn, err
 		}
-		if err := q.Modify(&qp.Attr{State: qp.Reset}, qp.AttrState); err != nil {
+		if err := q.Modify(&rxego.QPAttr{State: rxego.StateReset}, rxego.AttrState); err != nil {
 			return nil, err
 		}
 		if rearm != nil {

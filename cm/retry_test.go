@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // TestDialRetry: a client dials a port nobody listens on yet; each REJ
@@ -22,7 +21,7 @@ func TestDialRetry(t *testing.T) {
 	var rearms atomic.Int32
 	rearm := func() error {
 		rearms.Add(1)
-		if err := rxego.InitQP(cli.q, 0); err != nil {
+		if err := cli.q.Init(0); err != nil {
 			return err
 		}
 		return cli.q.PostRecv(rxego.RecvWR{ID: 2, SGL: []rxego.SGE{{Addr: cli.mr.IOVA(), Length: 64, LKey: cli.mr.LKey()}}})
@@ -53,10 +52,10 @@ func TestDialRetry(t *testing.T) {
 	// The first receive was flushed by the first REJ.
 	for {
 		wc := cli.wait(t)
-		if wc.Status == qp.WCWRFlushErr {
+		if wc.Status == rxego.WCWRFlushErr {
 			continue
 		}
-		if wc.Status != qp.WCSuccess || wc.ID != 2 || string(cli.buf[:13]) != "after retries" {
+		if wc.Status != rxego.WCSuccess || wc.ID != 2 || string(cli.buf[:13]) != "after retries" {
 			t.Fatalf("completion %+v, buffer %q", wc, cli.buf[:13])
 		}
 		break

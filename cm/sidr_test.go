@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -59,7 +58,7 @@ func (nd *node) udEndpoint(t *testing.T) *endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ActivateUD(q, UDPQKey, 0); err != nil {
+	if err := q.ActivateUD(UDPQKey, 0); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 4096)
@@ -131,7 +130,7 @@ func TestSIDR(t *testing.T) {
 		SGL: []rxego.SGE{{Addr: cq.mr.IOVA(), Length: 8, LKey: cq.mr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := sq.wait(t); wc.Status != 0 || wc.ByteLen != qp.GRHLen+8 || string(sq.buf[qp.GRHLen:qp.GRHLen+8]) != "datagram" {
+	if wc := sq.wait(t); wc.Status != 0 || wc.ByteLen != rxego.GRHLen+8 || string(sq.buf[rxego.GRHLen:rxego.GRHLen+8]) != "datagram" {
 		t.Fatalf("receive %+v %q", wc, sq.buf[:48])
 	}
 	if _, err := cli.m.DialUD(ctx, netip.MustParseAddrPort("198.18.0.1:7175"), nil); !errors.Is(err, ErrSIDRStatus) {

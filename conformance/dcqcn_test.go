@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/nftcount"
+	"github.com/rxego/rxego/internal/testenv/nftcount"
 )
 
 // ecnMarker marks CE, on the lab bridge, every RoCE packet from p's guest

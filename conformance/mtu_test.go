@@ -12,7 +12,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/devstats"
-	"github.com/rxego/rxego/qp"
 )
 
 // mtuMsgSize is the message size of the link-MTU case: two packets at
@@ -87,22 +86,22 @@ func (p *Peer) linkMTU(t *testing.T) Outcome {
 	proc, conn, remote := p.pingpongServer(t, ctx, ppDest{qpn: q.Num(), psn: psn, gid: netip.MustParseAddr(p.HostIP)},
 		"-m", "1024", "-s", strconv.Itoa(mtuMsgSize), "-n", "1")
 	r := rxego.RemoteQP{Addr: netip.AddrPortFrom(netip.MustParseAddr(p.Guest.IP()), rxego.DefaultPort), QPN: remote.qpn, PSN: remote.psn}
-	err = rxego.ConnectRC(q, r, &rxego.ConnectOptions{LocalPSN: psn, MTU: qp.MTU4096})
-	if !errors.Is(err, qp.ErrInvalidModify) {
+	err = q.Connect(r, &rxego.ConnectOptions{LocalPSN: psn, MTU: rxego.MTU4096})
+	if !errors.Is(err, rxego.ErrInvalidModify) {
 		t.Fatalf("path MTU 4096 over a %d-byte active MTU: %v, want ErrInvalidModify", rxeMTU, err)
 	}
 	// The failed connect moved the QP back to RESET (rxego's rollback):
 	// INIT again, where it can take the receive.
-	if st := q.State(); st != qp.Reset {
+	if st := q.State(); st != rxego.StateReset {
 		t.Fatalf("QP in %v after the refused connect, want RESET", st)
 	}
-	if err := rxego.InitQP(q, 0); err != nil {
+	if err := q.Init(0); err != nil {
 		t.Fatal(err)
 	}
 	if err := q.PostRecv(rxego.RecvWR{ID: 1, SGL: sge(0)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(q, r, &rxego.ConnectOptions{LocalPSN: psn, MTU: qp.MTU1024}); err != nil {
+	if err := q.Connect(r, &rxego.ConnectOptions{LocalPSN: psn, MTU: rxego.MTU1024}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := conn.Write([]byte("done\x00")); err != nil {
@@ -125,7 +124,7 @@ func (p *Peer) linkMTU(t *testing.T) Outcome {
 	}
 	send(2)
 	for range 2 {
-		if wc := next(); wc.Status != qp.WCSuccess {
+		if wc := next(); wc.Status != rxego.WCSuccess {
 			t.Fatalf("completion %+v", wc)
 		}
 	}
@@ -146,11 +145,11 @@ func (p *Peer) linkMTU(t *testing.T) Outcome {
 	t0 := time.Now()
 	send(3)
 	wc := next()
-	if wc.ID != 3 || wc.Status != qp.WCLocQPOpErr {
+	if wc.ID != 3 || wc.Status != rxego.WCLocQPOpErr {
 		t.Fatalf("send over a 576-byte route: %+v, want LOC_QP_OP_ERR", wc)
 	}
 	took := time.Since(t0)
-	if s := q.State(); s != qp.Err {
+	if s := q.State(); s != rxego.StateErr {
 		t.Fatalf("QP state %v, want ERR", s)
 	}
 	devstats.Settle(dev, 250*time.Millisecond, 5*time.Second)

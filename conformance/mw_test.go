@@ -164,7 +164,7 @@ func (p *Peer) memoryWindow(t *testing.T, bin string, c mwCase) Outcome {
 		fail("%v", err)
 	}
 	r := rxego.RemoteQP{Addr: netip.AddrPortFrom(netip.MustParseAddr(p.Guest.IP()), rxego.DefaultPort), QPN: remote.qpn, PSN: remote.psn}
-	if err := rxego.ConnectRC(q, r, &rxego.ConnectOptions{LocalPSN: psn}); err != nil {
+	if err := q.Connect(r, &rxego.ConnectOptions{LocalPSN: psn}); err != nil {
 		t.Fatal(err)
 	}
 	rd := bufio.NewReader(conn)
@@ -234,7 +234,7 @@ func (p *Peer) memoryWindow(t *testing.T, bin string, c mwCase) Outcome {
 		fmt.Fprintf(conn, "written\n")
 		line("invalidated")
 		post(rxego.SendWR{ID: 4, Opcode: rxego.WRRead, SGL: sge(0, 8), RemoteAddr: addr, RKey: rkey})
-		wait("READ after invalidation", 4, qp.WCRemAccessErr)
+		wait("READ after invalidation", 4, rxego.WCRemAccessErr)
 		fmt.Fprintf(conn, "done\n")
 		note = fmt.Sprintf("rxe bound %#x; rxego READ %d B (checked; type 1: rxe also served 8 B outside the window, inside the MR), WROTE %d B (rxe checked the window and nothing else); after invalidation remote access error", rkey, mwLen, mwLen)
 	} else {
@@ -276,7 +276,7 @@ func (p *Peer) memoryWindow(t *testing.T, bin string, c mwCase) Outcome {
 		switch c.inv {
 		case "send":
 			wc := wait("receive", 50, 0)
-			if wc.Flags&qp.WCWithInv == 0 || wc.InvalidatedRKey != key {
+			if wc.Flags&rxego.WCWithInv == 0 || wc.InvalidatedRKey != key {
 				fail("receive %+v: want invalidated rkey %#x", wc, key)
 			}
 		case "unbind":

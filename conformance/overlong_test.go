@@ -11,7 +11,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/conformance/lab"
-	"github.com/rxego/rxego/qp"
 )
 
 // TestOverlongSend sends a SEND longer than the receive posted for it,
@@ -72,7 +71,7 @@ func (p *Peer) overlongRxegoReceives(t *testing.T) Outcome {
 	x.postRecv(t)
 	proc := p.ppServe(t, x, "-s", strconv.Itoa(overlongLen), "-n", "1")
 	defer proc.Kill()
-	return p.overlongOutcome(t, ctx, x, proc, qp.WCLocQPOpErr, "remote operation error",
+	return p.overlongOutcome(t, ctx, x, proc, rxego.WCLocQPOpErr, "remote operation error",
 		"64 bytes into a 16-byte receive: rxego's receive %s as rxe's, the tool's send %q")
 }
 
@@ -89,13 +88,13 @@ func (p *Peer) overlongRxeReceives(t *testing.T) Outcome {
 	if err := x.qp.PostSend(rxego.SendWR{ID: 1 << 32, Opcode: rxego.WRSend, Flags: rxego.SendSignaled, SGL: []rxego.SGE{sge}}); err != nil {
 		t.Fatal(err)
 	}
-	return p.overlongOutcome(t, ctx, x, proc, qp.WCRemOpErr, "local QP operation error",
+	return p.overlongOutcome(t, ctx, x, proc, rxego.WCRemOpErr, "local QP operation error",
 		"64 bytes into the tool's 16-byte receive: rxego's SEND %s, the tool's receive %q")
 }
 
 // overlongOutcome checks that rxego's first completion has status want
 // and that the tool failed naming toolWant.
-func (p *Peer) overlongOutcome(t *testing.T, ctx context.Context, x *inproc, proc *lab.Proc, want qp.WCStatus, toolWant, note string) Outcome {
+func (p *Peer) overlongOutcome(t *testing.T, ctx context.Context, x *inproc, proc *lab.Proc, want rxego.WCStatus, toolWant, note string) Outcome {
 	t.Helper()
 	if wc := x.firstWC(t, ctx); wc.Status != want {
 		t.Fatalf("rxego's completion %s, want %s", wc.Status, want)

@@ -68,7 +68,7 @@ func TestPerftestIPv6(t *testing.T) {
 // both sides'), a traffic class (--tclass 104: DSCP 26) and write_bw and read_bw over every size (-a: 2 B to 8
 // MiB), in both roles. read_bw -a as the rxego client is the case that
 // drew READ retry storms from rxe 6.1 before the completer kept to one
-// retry at a time (docs/perf.md).
+// retry at a time (docs/perftest.md).
 func TestPerftestFlags(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		runs := []perfRun{

@@ -76,7 +76,7 @@ func (p *Peer) openInproc(t *testing.T, n int) *inproc {
 		Caps: rxego.Caps{MaxSendWR: n, MaxRecvWR: n, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.InitQP(x.qp, 0); err != nil {
+	if err := x.qp.Init(0); err != nil {
 		t.Fatal(err)
 	}
 	return x
@@ -140,7 +140,7 @@ func (x *inproc) await(t *testing.T, ctx context.Context, recvs, sends *int, wan
 func (x *inproc) connect(t *testing.T, p *Peer, remote ppDest) {
 	t.Helper()
 	r := rxego.RemoteQP{Addr: netip.AddrPortFrom(netip.MustParseAddr(p.Guest.IP()), rxego.DefaultPort), QPN: remote.qpn, PSN: remote.psn}
-	if err := rxego.ConnectRC(x.qp, r, &rxego.ConnectOptions{LocalPSN: x.psn, MinRNRTimer: rnrMinTimer}); err != nil {
+	if err := x.qp.Connect(r, &rxego.ConnectOptions{LocalPSN: x.psn, MinRNRTimer: rnrMinTimer}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -330,7 +330,7 @@ func (p *Peer) rnrRxeWaits(t *testing.T) Outcome {
 	proc := p.ppServe(t, x, "-e", "-s", strconv.Itoa(rnrMsgSize), "-n", strconv.Itoa(rnrIters))
 	defer proc.Kill()
 
-	rnr := func() uint64 { return x.dev.Stats().SendRNRErr.Load() }
+	rnr := func() uint64 { return x.dev.Stats().SendRNRErr }
 	var recvs, sends int
 	for k := 1; k <= rnrIters; k++ {
 		// Message k is on its way with no receive for it: wait until

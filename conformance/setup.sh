@@ -50,7 +50,7 @@ fi
 
 # Every program a test, the lab or a command runs (guests run the host's
 # programs through a 9p root), checked after installing: a test finding
-# one missing fails late and far from here. internal/setupcheck fails when
+# one missing fails late and far from here. internal/testenv/setupcheck fails when
 # the Go code runs a program this list lacks. The Go toolchain is a
 # prerequisite, not installed here.
 programs=(

@@ -12,15 +12,16 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/congestion"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/metrics"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // openMarking opens a device whose received packets are all marked CE on
 // arrival, as behind a congested switch.
-func openMarking(t *testing.T, opts rxego.Options) (*rxego.Device, *transport.Impaired) {
+func openMarking(t *testing.T, opts rxego.Options) (*rxego.Device, *impair.Conn) {
 	t.Helper()
 	for range 50 {
 		addr := netip.AddrPortFrom(testaddr.Loopback(), rxego.DefaultPort)
@@ -31,7 +32,7 @@ func openMarking(t *testing.T, opts rxego.Options) (*rxego.Device, *transport.Im
 		if err != nil {
 			t.Fatal(err)
 		}
-		imp := transport.Impair(c, transport.ImpairConfig{Seed: 1, Dir: transport.ImpairRecv, CE: 1})
+		imp := impair.Wrap(c, impair.Config{Seed: 1, Dir: impair.Recv, CE: 1})
 		opts.Conn = imp
 		d, err := rxego.Open(addr.String(), &opts)
 		if err != nil {
@@ -54,7 +55,7 @@ func TestDCQCNMetrics(t *testing.T) {
 	// the figures stand still between the scrape and the QPs' own stats.
 	rp := congestion.PaperParams(qp.DefaultLineRate)
 	rp.TimeReset, rp.AlphaPeriod = 0, time.Hour
-	opts := rxego.Options{Congestion: &qp.CongestionConfig{RP: rp}}
+	opts := rxego.Options{Congestion: &rxego.CongestionConfig{RP: rp}}
 	a := testaddr.Open(t, &opts)
 	b, imp := openMarking(t, opts)
 
@@ -74,7 +75,7 @@ func TestDCQCNMetrics(t *testing.T) {
 	}
 	for i := range 2 {
 		o := 1 - i
-		if err := rxego.ConnectRC(qps[i], rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, nil); err != nil {
+		if err := qps[i].Connect(rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -94,7 +95,7 @@ func TestDCQCNMetrics(t *testing.T) {
 	}
 	// CNPs may still be on their way to the sender: wait until it has
 	// handled as many as the receiver sent (bounded).
-	var sa, sb qp.CCStats
+	var sa, sb rxego.CCStats
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		sa, _ = qps[0].CongestionStats()
 		sb, _ = qps[1].CongestionStats()

@@ -9,7 +9,7 @@
 //
 // Names follow Prometheus' conventions: base units in the name
 // (_bits_per_second, _bytes), _total on counters, and label values in
-// snake_case (the drop reasons are the String of qp.DropReason and
+// snake_case (the drop reasons are the String of rxego.DropReason and
 // transport.DropReason, which are snake_case for this).
 package metrics
 
@@ -19,13 +19,10 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -33,36 +30,36 @@ import (
 type engineCounter struct {
 	name string
 	help string
-	get  func(*qp.Counters) *atomic.Uint64
+	get  func(*rxego.Stats) uint64
 }
 
 var engineCounters = []engineCounter{
-	{"sent_pkts", "RoCE packets sent (rxe hw_counters sent_pkts).", func(c *qp.Counters) *atomic.Uint64 { return &c.SentPkts }},
-	{"rcvd_pkts", "RoCE packets received and handed to the engine (rcvd_pkts).", func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdPkts }},
-	{"duplicate_request", "Duplicate requests received (duplicate_request).", func(c *qp.Counters) *atomic.Uint64 { return &c.DuplicateRequest }},
-	{"out_of_seq_request", "Requests received ahead of the expected PSN (out_of_seq_request).", func(c *qp.Counters) *atomic.Uint64 { return &c.OutOfSeqRequest }},
-	{"rcvd_rnr_err", "RNR NAKs received (rcvd_rnr_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdRNRErr }},
-	{"send_rnr_err", "RNR NAKs sent (send_rnr_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.SendRNRErr }},
-	{"rcvd_seq_err", "PSN sequence error NAKs received (rcvd_seq_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdSeqErr }},
-	{"ack_deferred", "ACKs coalesced into a later one (ack_deferred).", func(c *qp.Counters) *atomic.Uint64 { return &c.AckDeferred }},
-	{"retry_exceeded_err", "Work requests failed with transport retry exceeded (retry_exceeded_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.RetryExceededErr }},
-	{"retry_rnr_exceeded_err", "Work requests failed with RNR retry exceeded (retry_rnr_exceeded_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.RetryRNRExceededErr }},
-	{"contradicting_responses", "NAKs behind the completed PSN answering a retransmission: the responder may be behind (forged response); each cuts the retries left.", func(c *qp.Counters) *atomic.Uint64 { return &c.ContradictingResponse }},
-	{"completer_retry_err", "Go-back-N retries started (completer_retry_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.CompleterRetryErr }},
-	{"send_err", "Send errors (send_err).", func(c *qp.Counters) *atomic.Uint64 { return &c.SendErr }},
-	{"rdma_sends", "RDMA WRITE/READ/atomic requests sent (rdma_sends; a long READ is several requests).", func(c *qp.Counters) *atomic.Uint64 { return &c.RDMASends }},
-	{"rdma_recvs", "RDMA WRITE/READ/atomic requests received (rdma_recvs).", func(c *qp.Counters) *atomic.Uint64 { return &c.RDMARecvs }},
-	{"sent_payload_bytes", "Payload bytes sent.", func(c *qp.Counters) *atomic.Uint64 { return &c.SentBytes }},
-	{"rcvd_payload_bytes", "Payload bytes received.", func(c *qp.Counters) *atomic.Uint64 { return &c.RcvdBytes }},
-	{"retransmitted_pkts", "Packets sent again by Go-back-N.", func(c *qp.Counters) *atomic.Uint64 { return &c.Retransmits }},
-	{"window_cuts", "Congestion window cuts after a retransmission timeout or a sequence error NAK.", func(c *qp.Counters) *atomic.Uint64 { return &c.WindowCuts }},
-	{"read_budget_waits", "READ requests held back until the device's READ responses in flight fit its socket buffer.", func(c *qp.Counters) *atomic.Uint64 { return &c.ReadBudgetWaits }},
-	{"naks_sent", "NAKs sent (sequence, RNR, access, invalid request).", func(c *qp.Counters) *atomic.Uint64 { return &c.NAKsSent }},
-	{"completions", "Work completions generated.", func(c *qp.Counters) *atomic.Uint64 { return &c.CompletionsGenerated }},
-	{"flushed_work_requests", "Work requests completed with WR_FLUSH_ERR.", func(c *qp.Counters) *atomic.Uint64 { return &c.FlushedWorkRequests }},
-	{"cnps_sent", "Congestion notification packets sent.", func(c *qp.Counters) *atomic.Uint64 { return &c.CNPsSent }},
-	{"cnps_received", "Congestion notification packets received.", func(c *qp.Counters) *atomic.Uint64 { return &c.CNPsReceived }},
-	{"ecn_marked_pkts", "Packets received marked Congestion Experienced.", func(c *qp.Counters) *atomic.Uint64 { return &c.ECNMarkedPktsReceived }},
+	{"sent_pkts", "RoCE packets sent (rxe hw_counters sent_pkts).", func(c *rxego.Stats) uint64 { return c.SentPkts }},
+	{"rcvd_pkts", "RoCE packets received and handed to the engine (rcvd_pkts).", func(c *rxego.Stats) uint64 { return c.RcvdPkts }},
+	{"duplicate_request", "Duplicate requests received (duplicate_request).", func(c *rxego.Stats) uint64 { return c.DuplicateRequest }},
+	{"out_of_seq_request", "Requests received ahead of the expected PSN (out_of_seq_request).", func(c *rxego.Stats) uint64 { return c.OutOfSeqRequest }},
+	{"rcvd_rnr_err", "RNR NAKs received (rcvd_rnr_err).", func(c *rxego.Stats) uint64 { return c.RcvdRNRErr }},
+	{"send_rnr_err", "RNR NAKs sent (send_rnr_err).", func(c *rxego.Stats) uint64 { return c.SendRNRErr }},
+	{"rcvd_seq_err", "PSN sequence error NAKs received (rcvd_seq_err).", func(c *rxego.Stats) uint64 { return c.RcvdSeqErr }},
+	{"ack_deferred", "ACKs coalesced into a later one (ack_deferred).", func(c *rxego.Stats) uint64 { return c.AckDeferred }},
+	{"retry_exceeded_err", "Work requests failed with transport retry exceeded (retry_exceeded_err).", func(c *rxego.Stats) uint64 { return c.RetryExceededErr }},
+	{"retry_rnr_exceeded_err", "Work requests failed with RNR retry exceeded (retry_rnr_exceeded_err).", func(c *rxego.Stats) uint64 { return c.RetryRNRExceededErr }},
+	{"contradicting_responses", "NAKs behind the completed PSN answering a retransmission: the responder may be behind (forged response); each cuts the retries left.", func(c *rxego.Stats) uint64 { return c.ContradictingResponse }},
+	{"completer_retry_err", "Go-back-N retries started (completer_retry_err).", func(c *rxego.Stats) uint64 { return c.CompleterRetryErr }},
+	{"send_err", "Send errors (send_err).", func(c *rxego.Stats) uint64 { return c.SendErr }},
+	{"rdma_sends", "RDMA WRITE/READ/atomic requests sent (rdma_sends; a long READ is several requests).", func(c *rxego.Stats) uint64 { return c.RDMASends }},
+	{"rdma_recvs", "RDMA WRITE/READ/atomic requests received (rdma_recvs).", func(c *rxego.Stats) uint64 { return c.RDMARecvs }},
+	{"sent_payload_bytes", "Payload bytes sent.", func(c *rxego.Stats) uint64 { return c.SentBytes }},
+	{"rcvd_payload_bytes", "Payload bytes received.", func(c *rxego.Stats) uint64 { return c.RcvdBytes }},
+	{"retransmitted_pkts", "Packets sent again by Go-back-N.", func(c *rxego.Stats) uint64 { return c.Retransmits }},
+	{"window_cuts", "Congestion window cuts after a retransmission timeout or a sequence error NAK.", func(c *rxego.Stats) uint64 { return c.WindowCuts }},
+	{"read_budget_waits", "READ requests held back until the device's READ responses in flight fit its socket buffer.", func(c *rxego.Stats) uint64 { return c.ReadBudgetWaits }},
+	{"naks_sent", "NAKs sent (sequence, RNR, access, invalid request).", func(c *rxego.Stats) uint64 { return c.NAKsSent }},
+	{"completions", "Work completions generated.", func(c *rxego.Stats) uint64 { return c.CompletionsGenerated }},
+	{"flushed_work_requests", "Work requests completed with WR_FLUSH_ERR.", func(c *rxego.Stats) uint64 { return c.FlushedWorkRequests }},
+	{"cnps_sent", "Congestion notification packets sent.", func(c *rxego.Stats) uint64 { return c.CNPsSent }},
+	{"cnps_received", "Congestion notification packets received.", func(c *rxego.Stats) uint64 { return c.CNPsReceived }},
+	{"ecn_marked_pkts", "Packets received marked Congestion Experienced.", func(c *rxego.Stats) uint64 { return c.ECNMarkedPktsReceived }},
 }
 
 // Options configure a Collector.
@@ -170,10 +167,10 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		name := dev.Addr().String()
 		st := dev.Stats()
 		for i, ec := range engineCounters {
-			counter(c.engine[i], ec.get(st).Load(), name)
+			counter(c.engine[i], ec.get(&st), name)
 		}
-		for _, r := range qp.DropReasons() {
-			counter(c.drops, st.Drops[r].Load(), name, r.String())
+		for _, r := range rxego.DropReasons() {
+			counter(c.drops, st.Drops[r], name, r.String())
 		}
 		ts := dev.Transport().Stats()
 		for r := transport.DropReason(0); r < transport.NumDropReasons; r++ {
@@ -193,9 +190,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // number, and the summed counters of the rest under qp="other".
 func (c *Collector) collectQPs(dev *rxego.Device, name string, counter func(*prometheus.Desc, uint64, ...string), gauge func(*prometheus.Desc, float64, ...string)) {
 	qps := dev.QPs()
-	slices.SortFunc(qps, func(a, b *qp.QP) int { return cmp.Compare(a.Num(), b.Num()) })
+	slices.SortFunc(qps, func(a, b *rxego.QP) int { return cmp.Compare(a.Num(), b.Num()) })
 	var cc int
-	var other qp.CCStats
+	var other rxego.CCStats
 	for _, q := range qps {
 		cs, ok := q.CongestionStats()
 		if !ok {

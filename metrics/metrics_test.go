@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/metrics"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
@@ -68,7 +68,7 @@ func connectedPairs(t *testing.T, n int) (devs [2]*rxego.Device, qps [2][]*rxego
 	for k := range n {
 		for i := range 2 {
 			o := 1 - i
-			if err := rxego.ConnectRC(qps[i][k], rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o][k].Num()}, nil); err != nil {
+			if err := qps[i][k].Connect(rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o][k].Num()}, nil); err != nil {
 				t.Fatal(err)
 			}
 		}

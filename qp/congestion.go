@@ -219,7 +219,7 @@ func (e *Engine) ccMarked(q *QP, in *InPacket, srcQPN uint32, now time.Duration)
 	if q.typ == UD || !dst.IsValid() {
 		dst = netip.AddrPortFrom(in.Src.Addr(), e.cfg.Port)
 	}
-	e.emit(buf, dst, e.cc.NP.CNPDSCP<<2)
+	e.emit(q, buf, dst, e.cc.NP.CNPDSCP<<2)
 	c.sent++
 	e.Stats.CNPsSent.Add(1)
 }

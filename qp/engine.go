@@ -50,6 +50,13 @@ type OutPacket struct {
 	Buf  []byte // BTH through ICRC; the ICRC bytes are left for the transport
 	Dest netip.AddrPort
 	TOS  uint8
+	// QPN is the local QP the packet belongs to (the requester's for a
+	// request, the responder's for an ACK or READ response, the QP that
+	// saw the CE mark for a CNP): SendFailed finds it without parsing.
+	QPN uint32
+	// DestQPN is the destination QP in the packet's BTH: the device
+	// routes by it (source GID) without parsing.
+	DestQPN uint32
 }
 
 // Output sends packets. The engine reuses each Buf once Emit returns.
@@ -414,49 +421,6 @@ func (e *Engine) QPs() []*QP {
 	return out
 }
 
-// emit queues a packet built in buf[:n] for sending.
-func (e *Engine) emit(buf []byte, dest netip.AddrPort, tos uint8) {
-	e.outq = append(e.outq, OutPacket{Buf: buf, Dest: dest, TOS: tos})
-	e.Stats.SentPkts.Add(1)
-	if len(e.outq) >= outBatch {
-		e.flush()
-	}
-}
-
-// flush hands queued packets to the output and reclaims the slab.
-func (e *Engine) flush() {
-	if len(e.outq) == 0 {
-		e.slabOff = 0
-		return
-	}
-	e.cfg.Out.Emit(e.outq)
-	clear(e.outq)
-	e.outq = e.outq[:0]
-	e.slabOff = 0
-}
-
-// buf returns a buffer of n bytes (at most MaxPacket) for the next packet:
-// the next free bytes of the slab, flushing the queue first when the slab
-// is full. Consecutive packets are adjacent in memory, so the Output can
-// send a message's packets as one GSO run. The buffer is valid until the
-// next flush; one that is not emitted must be returned with unbuf before
-// the next call to buf.
-func (e *Engine) buf(n int) []byte {
-	if e.slab == nil {
-		e.slab = make([]byte, slabSize)
-		e.outq = make([]OutPacket, 0, outBatch)
-	}
-	if e.slabOff+n > len(e.slab) {
-		e.flush()
-	}
-	b := e.slab[e.slabOff : e.slabOff+n]
-	e.slabOff += n
-	return b
-}
-
-// unbuf gives back the buffer the last buf call returned, unsent.
-func (e *Engine) unbuf(b []byte) { e.slabOff -= len(b) }
-
 // SendFailed tells the engine that the Output could not send pkt, the
 // first packet of a message it was given, and that sending it again cannot
 // succeed either: the kernel refused it as longer than the interface's MTU
@@ -468,22 +432,14 @@ func (e *Engine) unbuf(b []byte) { e.slabOff -= len(b) }
 // pass, between packets, not inside Emit. Responses (ACKs, READ responses)
 // are only counted: the peer's requester times out on them.
 func (e *Engine) SendFailed(pkt *OutPacket) {
-	p, err := bth.Parse(pkt.Buf)
-	if err != nil || !p.Info.Has(bth.Request) {
+	if len(pkt.Buf) < bth.Len {
 		return
 	}
-	h := p.BTH()
-	var q *QP
-	if p.Info.Ext&bth.ExtDETH != 0 {
-		q = e.qps[p.DETH().SrcQP()] // UD names the sending QP
-	} else {
-		for _, c := range e.qps {
-			if c.typ != UD && c.attr.DestQPN == h.DestQP() && c.attr.Dest == pkt.Dest {
-				q = c
-				break
-			}
-		}
+	h := bth.BTH(pkt.Buf)
+	if in, ok := bth.Lookup(h.Opcode()); !ok || !in.Has(bth.Request) {
+		return
 	}
+	q := e.qps[pkt.QPN]
 	if q == nil || q.destroyed || q.sendFailed {
 		return
 	}
@@ -514,197 +470,4 @@ func (e *Engine) sendError(q *QP) {
 	q.enterError()
 }
 
-// Timers.
-
-type timerKind uint8
-
-const (
-	timerRetransmit timerKind = iota
-	timerRNR
-	timerPace     // the pacer allows the next packet
-	timerCC       // the congestion controller's rate-increase and alpha timers
-	timerRead     // the responder sends the next part of a long READ response
-	timerAck      // ACKs InputPolled held are due
-	timerSendErr  // a send the Output reported as failed for good (SendFailed)
-	timerReadRoom // the READ budget has room again (readRelease)
-	numTimers
-)
-
-type timerEntry struct {
-	at   time.Duration
-	qp   *QP
-	kind timerKind
-}
-
-// timerHeap is a binary min-heap of timer entries by time. It is typed
-// (no container/heap) so pushing and popping never allocate.
-//
-// Re-arming a timer for a later time pushes nothing: the entry already
-// queued stays, and when it comes due it is pushed again for the
-// deadline the QP holds then. So a retransmission timer restarted by every
-// acknowledgement costs a store, not a heap operation, and the heap holds
-// about one entry per armed timer. q.queued[kind] is the time of the entry
-// that speaks for (q, kind); any other entry for it is an orphan, skipped
-// when it surfaces.
-type timerHeap []timerEntry
-
-func (h timerHeap) Len() int { return len(h) }
-
-func (h *timerHeap) push(t timerEntry) {
-	*h = append(*h, t)
-	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if s[p].at <= s[i].at {
-			break
-		}
-		s[p], s[i] = s[i], s[p]
-		i = p
-	}
-}
-
-func (h *timerHeap) pop() timerEntry {
-	s := *h
-	top := s[0]
-	n := len(s) - 1
-	s[0] = s[n]
-	s[n] = timerEntry{}
-	s = s[:n]
-	for i := 0; ; {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && s[r].at < s[l].at {
-			m = r
-		}
-		if s[i].at <= s[m].at {
-			break
-		}
-		s[i], s[m] = s[m], s[i]
-		i = m
-	}
-	*h = s
-	return top
-}
-
-// schedule arms timer kind of q at time at (replacing an earlier arming).
-func (e *Engine) schedule(q *QP, kind timerKind, at time.Duration) {
-	if at == 0 {
-		at = 1 // 0 means disarmed
-	}
-	q.deadline[kind] = at
-	if q.queued[kind] != 0 && q.queued[kind] <= at {
-		return // the queued entry comes first and re-queues itself
-	}
-	q.queued[kind] = at
-	e.timers.push(timerEntry{at, q, kind})
-	if e.wakeFunc != nil && e.timers[0].at == at {
-		e.wakeFunc(at)
-	}
-}
-
-func (e *Engine) cancel(q *QP, kind timerKind) { q.deadline[kind] = 0 }
-
-// live reports whether heap entry t still speaks for its timer.
-func (t *timerEntry) live() bool {
-	q := t.qp
-	return q.queued[t.kind] == t.at && !q.destroyed && q.deadline[t.kind] != 0
-}
-
-// skim pops entries from the top of the heap that no longer matter: orphans,
-// disarmed timers, and entries whose timer was re-armed later (which go
-// back in at the new time).
-func (e *Engine) skim() {
-	for e.timers.Len() > 0 {
-		t := &e.timers[0]
-		q := t.qp
-		if t.live() && q.deadline[t.kind] <= t.at {
-			return
-		}
-		x := e.timers.pop()
-		if q.queued[x.kind] != x.at {
-			continue // an orphan
-		}
-		q.queued[x.kind] = 0
-		if d := q.deadline[x.kind]; d != 0 && !q.destroyed {
-			q.queued[x.kind] = d
-			e.timers.push(timerEntry{d, q, x.kind})
-		}
-	}
-}
-
-func (e *Engine) runTimers(now time.Duration) {
-	for {
-		e.skim()
-		if e.timers.Len() == 0 || e.timers[0].at > now {
-			return
-		}
-		t := e.timers.pop()
-		q := t.qp
-		q.queued[t.kind] = 0
-		q.deadline[t.kind] = 0
-		switch t.kind {
-		case timerRetransmit:
-			e.retransmitTimeout(q, now)
-		case timerRNR:
-			e.rnrTimerExpired(q, now)
-		case timerPace:
-			e.kick(q)
-		case timerCC:
-			e.ccTimer(q, now)
-		case timerRead:
-			e.continueRead(q, now)
-		case timerAck:
-			e.flushAcks()
-		case timerSendErr:
-			e.sendError(q)
-		case timerReadRoom:
-			e.kick(q)
-		}
-	}
-}
-
 // Real-time driving.
-
-// MonoClock is a Clock reading the monotonic clock since its creation.
-type MonoClock struct{ start time.Time }
-
-// NewMonoClock returns a clock starting now.
-func NewMonoClock() *MonoClock { return &MonoClock{start: time.Now()} }
-
-// Now returns the time since the clock was made.
-func (c *MonoClock) Now() time.Duration { return time.Since(c.start) }
-
-// RunTimers drives the engine's timers on real time until stop is closed.
-// The engine's clock must be a MonoClock (or another clock tracking real
-// time).
-func (e *Engine) RunTimers(stop <-chan struct{}) {
-	wake := make(chan struct{}, 1)
-	e.SetWake(func(time.Duration) {
-		select {
-		case wake <- struct{}{}:
-		default:
-		}
-	})
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	for {
-		d := time.Hour
-		if at, ok := e.NextDeadline(); ok {
-			d = at - e.cfg.Clock.Now()
-			if d < 0 {
-				d = 0
-			}
-		}
-		t.Reset(d)
-		select {
-		case <-stop:
-			return
-		case <-wake:
-		case <-t.C:
-			e.Tick()
-		}
-	}
-}

@@ -1,13 +1,10 @@
 package qp
 
 import (
-	"encoding/binary"
-	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/mr"
-	"net/netip"
 )
 
 // requester is the send side of a QP: it turns send WQEs into packets,
@@ -111,14 +108,6 @@ func (e *Engine) kick(q *QP) {
 
 func (q *QP) wqe(i uint64) *sendWQE { return &q.sq[i%uint64(len(q.sq))] }
 
-// packetsFor returns how many packets (PSNs) a message of n bytes takes.
-func packetsFor(n uint32, mtu int) int {
-	if n == 0 {
-		return 1
-	}
-	return int((uint64(n) + uint64(mtu) - 1) / uint64(mtu))
-}
-
 func (q *QP) maxRdAtomic() int {
 	if q.attr.MaxRdAtomic == 0 {
 		return 1 // verbs allows 0; treating it as 1 keeps READs from stalling forever
@@ -209,10 +198,6 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 	return true
 }
 
-// wireOverhead approximates a packet's bytes beyond its payload on the
-// wire (Ethernet, IP, UDP, BTH and ICRC), for pacing and byte counting.
-const wireOverhead = 14 + 20 + 8 + 12 + 16 + 4
-
 // responsesPending reports whether a READ or atomic before WQE i still
 // waits for its response: what a fence on WQE i waits for. (rdOut will
 // not do: after a Go-back-N rewind it also counts those after i, and
@@ -230,79 +215,6 @@ func (q *QP) responsesPending(i uint64) bool {
 func ackTimeout(t uint8) time.Duration {
 	return time.Duration(4096<<t) * time.Nanosecond
 }
-
-// header starts a packet: it returns the buffer sized for op with a
-// payload of n bytes and the BTH filled in.
-func (e *Engine) header(q *QP, op bth.Opcode, psn bth.PSN, n int, ackReq, se bool, destQPN uint32) ([]byte, bth.Packet) {
-	in := op.Info()
-	size := in.HdrLen + n + bth.PadFor(n) + bth.ICRCLen
-	buf := e.buf(size)
-	b := bth.BTH(buf)
-	b.SetOpcode(op)
-	b.SetFlags(se, false, bth.PadFor(n), 0)
-	b.SetPKey(bth.DefaultPKey)
-	b.SetFECN(false) // the slab holds an earlier packet's bytes
-	b.SetBECN(false)
-	b.SetDestQP(destQPN) // and clears byte 4's reserved bits
-	b.SetAckReq(ackReq)
-	b.SetPSN(psn)
-	clear(buf[in.HdrLen+n : size])
-	return buf, bth.Packet{Raw: buf, Info: in}
-}
-
-// gather copies message bytes [off, off+len(dst)) of w into dst.
-func (e *Engine) gather(q *QP, w *sendWQE, off uint32, dst []byte) error {
-	if w.wr.Flags&SendInline != 0 {
-		copy(dst, w.inline[off:])
-		return nil
-	}
-	for _, s := range w.sgl {
-		if len(dst) == 0 {
-			break
-		}
-		if off >= s.Length {
-			off -= s.Length
-			continue
-		}
-		n := min(uint32(len(dst)), s.Length-off)
-		src, err := e.cfg.MRs.Local(s.LKey, q.pd, s.Addr+uint64(off), n, 0)
-		if err != nil {
-			return err
-		}
-		copy(dst, src)
-		dst = dst[n:]
-		off = 0
-	}
-	return nil
-}
-
-// scatter copies src into an SGL at message offset off, with the access
-// needed to write local memory.
-func (e *Engine) scatter(pd *mr.PD, sgl []SGE, off uint32, src []byte) error {
-	for _, s := range sgl {
-		if len(src) == 0 {
-			return nil
-		}
-		if off >= s.Length {
-			off -= s.Length
-			continue
-		}
-		n := min(uint32(len(src)), s.Length-off)
-		dst, err := e.cfg.MRs.Local(s.LKey, pd, s.Addr+uint64(off), n, mr.LocalWrite)
-		if err != nil {
-			return err
-		}
-		copy(dst, src[:n])
-		src = src[n:]
-		off = 0
-	}
-	if len(src) > 0 {
-		return errLength
-	}
-	return nil
-}
-
-var errLength = errors.New("qp: message longer than the receive buffers")
 
 // dest returns where q's packets go.
 func (q *QP) dest(w *sendWQE) (addrPort netip.AddrPort, qpn uint32) {
@@ -351,7 +263,7 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 	if q.typ == UD {
 		tos = w.wr.AH.TrafficClass | e.cfg.DataTOS&3
 	}
-	e.emit(buf, dest, tos)
+	e.emit(q, buf, dest, tos)
 	e.Stats.SentBytes.Add(uint64(n))
 	r.psn = r.psn.Next()
 	r.off += uint32(n)
@@ -405,19 +317,6 @@ var wrOpcodes = func() (t [bth.UD + 1][wrOpcodeLimit][4]bth.Opcode) {
 	return t
 }()
 
-// position is the opcode flag of a packet's place in its message.
-func position(first, last bool) bth.Flags {
-	switch {
-	case first && last:
-		return bth.Only
-	case first:
-		return bth.First
-	case last:
-		return bth.Last
-	}
-	return bth.Middle
-}
-
 // sendRequest sends the one packet of a READ, atomic, ATOMIC WRITE or
 // FLUSH request. The opcode table says which extended headers the opcode
 // carries and whether a payload follows; each is filled from w. A READ
@@ -449,7 +348,7 @@ func (e *Engine) sendRequest(q *QP, w *sendWQE, mtu int) {
 	if h := p.FETH(); h != nil {
 		h.Set(w.wr.FlushLevel, w.wr.FlushType)
 	}
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	e.emit(q, buf, q.attr.Dest, e.cfg.DataTOS)
 	r.noAck = 0
 	if next < w.npkts {
 		r.psn = w.firstPSN.Add(next) // the next chunk's request follows
@@ -608,7 +507,3 @@ func (e *Engine) rnrTimerExpired(q *QP, now time.Duration) {
 	}
 	e.kick(q)
 }
-
-// putUint64Native stores v in host byte order, as verbs returns atomic
-// results into local memory.
-func putUint64Native(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }

@@ -9,7 +9,7 @@ import (
 func (e *Engine) sendAck(q *QP, syn reth.Syndrome, psn bth.PSN) {
 	buf, p := e.header(q, bth.RCAck, psn, 0, false, false, q.attr.DestQPN)
 	p.AETH().Set(syn, q.resp.msn)
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	e.emit(q, buf, q.attr.Dest, e.cfg.DataTOS)
 	if syn.Kind() != reth.KindACK {
 		e.Stats.NAKsSent.Add(1)
 	}

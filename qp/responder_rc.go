@@ -212,7 +212,7 @@ func (e *Engine) sendAtomicAck(q *QP, psn bth.PSN, orig uint64) {
 	buf, p := e.header(q, bth.RCAtomicAck, psn, 0, false, false, q.attr.DestQPN)
 	p.AETH().Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
 	p.AtomicAckETH().SetOrig(orig)
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	e.emit(q, buf, q.attr.Dest, e.cfg.DataTOS)
 }
 
 // recvAtomicWriteOrFlush executes an ATOMIC WRITE or a FLUSH; both are
@@ -246,7 +246,7 @@ func (e *Engine) recvAtomicWriteOrFlush(q *QP, p bth.Packet, psn bth.PSN) {
 func (e *Engine) sendEmptyReadResponse(q *QP, psn bth.PSN) {
 	buf, p := e.header(q, bth.RCReadResponseOnly, psn, 0, false, false, q.attr.DestQPN)
 	p.AETH().Set(reth.ACKSyndrome(reth.CreditsInvalid), q.resp.msn)
-	e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+	e.emit(q, buf, q.attr.Dest, e.cfg.DataTOS)
 }
 
 // duplicate answers a request whose PSN is before the expected one

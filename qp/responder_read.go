@@ -281,7 +281,7 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), rd.msn)
 		}
 		copy(buf[p.Info.HdrLen:], src[off:off+uint32(k)])
-		e.emit(buf, q.attr.Dest, e.cfg.DataTOS)
+		e.emit(q, buf, q.attr.Dest, e.cfg.DataTOS)
 		e.Stats.SentBytes.Add(uint64(k))
 	}
 	rd.next = end

@@ -99,6 +99,10 @@ const (
 	numDropReasons
 )
 
+// NumDropReasons is how many drop reasons there are: the length of
+// Counters.Drops.
+const NumDropReasons = int(numDropReasons)
+
 var dropNames = [numDropReasons]string{
 	"unknown_qp", "bad_state", "wrong_opcode", "wrong_source", "bad_qkey", "bad_pkey", "bad_length",
 	"no_recv_wqe", "duplicate", "out_of_sequence", "stale_response", "bad_access", "out_of_bounds",

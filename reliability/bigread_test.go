@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -24,7 +23,7 @@ func TestBigReadSmallSocket(t *testing.T) {
 	for i := range b.buf {
 		b.buf[i] = byte(i*7 + i>>13)
 	}
-	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU1024, Timeout: 14, RetryCnt: 7, MaxRdAtomic: 16})
+	connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU1024, Timeout: 14, RetryCnt: 7, MaxRdAtomic: 16})
 	if err := a.qp.PostSend(rxego.SendWR{ID: 1, Opcode: rxego.WRRead, Flags: rxego.SendSignaled, SGL: a.sge(0, size),
 		RemoteAddr: b.addr(0), RKey: b.mr.RKey()}); err != nil {
 		t.Fatal(err)
@@ -44,8 +43,8 @@ func TestBigReadSmallSocket(t *testing.T) {
 	if n := ts.Drops[transport.DropOverflow]; n != 0 {
 		t.Fatalf("the reader's socket overflowed %d times: %s", n, a.stats())
 	}
-	if st.ReadBudgetWaits.Load() == 0 || st.RDMASends.Load() < 2 {
+	if st.ReadBudgetWaits == 0 || st.RDMASends < 2 {
 		t.Fatalf("read_budget_waits %d, rdma_sends %d: the READ was not split into requests within the budget",
-			st.ReadBudgetWaits.Load(), st.RDMASends.Load())
+			st.ReadBudgetWaits, st.RDMASends)
 	}
 }

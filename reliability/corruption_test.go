@@ -14,8 +14,8 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/icrc"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // recvMode is one way the receiving side reads and checks packets.
@@ -168,7 +168,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	// burst of retries while a receiver slowed by the race detector drains
 	// it: an overflowing socket would make the count of drops inexact.
 	opts := transport.Options{Mode: m.mode, SocketRecvBuffer: 32 << 20}
-	corrupt := &transport.ImpairConfig{Seed: uint64(len(phase)), Dir: transport.ImpairSend, Corrupt: 1}
+	corrupt := &impair.Config{Seed: uint64(len(phase)), Dir: impair.Send, Corrupt: 1}
 	// The requester retries for ever (rxe's rule for retry_cnt 7, without
 	// rxego's stall bound), which keeps the corrupted packets coming.
 	ca := endConfig{addr: addrA, opts: opts, size: slot*wrs + 64, depth: wrs + 16, window: 8 * wrs, stall: -1}
@@ -190,13 +190,13 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	// requester resends only its oldest request (its congestion window
 	// restarts at one PSN, and no ACK ever opens it), so the timeout
 	// sets the rate of corrupted packets.
-	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU256, Timeout: 2, RetryCnt: 7, MaxRdAtomic: 128})
+	connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU256, Timeout: 2, RetryCnt: 7, MaxRdAtomic: 128})
 	pattern(a.buf, 0x31)
 	pattern(b.buf, 0x42)
 	// Requests are corrupted as multi-packet messages. Responses are best
 	// provoked by short requests that each ask for many: one-packet SENDs
 	// and WRITEs, eight-packet READs.
-	size := func(op qp.WROpcode) int {
+	size := func(op rxego.WROpcode) int {
 		if phase == "responses" && op != rxego.WRRead {
 			return 256
 		}
@@ -239,7 +239,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	}
 	// Stop the requester (its WRs complete flushed) and let what is in
 	// flight arrive: then every corrupted packet sent has been received.
-	if err := a.qp.Modify(&rxego.QPAttr{State: qp.Err}, qp.AttrState); err != nil {
+	if err := a.qp.Modify(&rxego.QPAttr{State: rxego.StateErr}, rxego.AttrState); err != nil {
 		t.Fatal(err)
 	}
 	// Every corrupted packet sent is then either dropped or delivered: the
@@ -260,7 +260,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	t.Logf("%s/%s: %d corrupted packets sent in %v; receiver dropped %v (overflow %d), delivered %d to its engine (ids outside 0..63: %v); "+
 		"receiver engine: rcvd %d, executed %d; a: %s; b: %s",
 		m.name, phase, sent, time.Since(start).Round(time.Millisecond), ts.Drops, ts.Drops[transport.DropOverflow], ts.RecvPackets,
-		tap.ids(), es.RcvdPkts.Load(), es.RDMARecvs.Load(), a.stats(), b.stats())
+		tap.ids(), es.RcvdPkts, es.RDMARecvs, a.stats(), b.stats())
 	if ts.Drops[transport.DropOverflow] != 0 {
 		t.Fatalf("the receiver's socket overflowed (%d): the count cannot be exact", ts.Drops[transport.DropOverflow])
 	}
@@ -272,8 +272,8 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 		}
 		return sent, missed
 	}
-	if missed != 0 || es.RcvdPkts.Load() != 0 {
-		t.Fatalf("%d corrupted packets, %d dropped, %d delivered, %d reached the engine", sent, ts.Dropped(), ts.RecvPackets, es.RcvdPkts.Load())
+	if missed != 0 || es.RcvdPkts != 0 {
+		t.Fatalf("%d corrupted packets, %d dropped, %d delivered, %d reached the engine", sent, ts.Dropped(), ts.RecvPackets, es.RcvdPkts)
 	}
 	wcs := make([]rxego.WC, wrs+16)
 	if phase == "requests" {
@@ -281,7 +281,7 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 		if !bytes.Equal(b.buf, beforeB) {
 			t.Fatalf("responder memory changed at byte %d", firstDiff(b.buf, beforeB))
 		}
-		if n := b.rcq.Poll(wcs); n != 0 {
+		if n, _ := b.rcq.Poll(wcs); n != 0 {
 			t.Fatalf("responder produced %d receive completions: %+v", n, wcs[0])
 		}
 		return sent, missed
@@ -291,21 +291,22 @@ func corruptPhase(t *testing.T, m recvMode, phase string, target int) (sent, mis
 	// sent what its congestion window allowed, which no ACK ever opened
 	// (qp/window.go), and a READ work request is as many READ requests as
 	// it sent (qp/readsplit.go): rdma_sends counts each request once.
-	want := a.dev.Stats().RDMASends.Load()
-	if got := b.dev.Stats().RDMARecvs.Load(); got != want || got == 0 {
+	want := a.dev.Stats().RDMASends
+	if got := b.dev.Stats().RDMARecvs; got != want || got == 0 {
 		t.Fatalf("responder executed %d RDMA requests, want %d", got, want)
 	}
 	// Each message that consumes a receive and arrived completed one,
 	// once: as many as the responder generated, at most one per receive.
-	if n, gen := b.rcq.Poll(wcs), b.dev.Stats().CompletionsGenerated.Load(); n > sends || uint64(n) != gen {
+	n, _ := b.rcq.Poll(wcs)
+	if gen := b.dev.Stats().CompletionsGenerated; n > sends || uint64(n) != gen {
 		t.Fatalf("responder produced %d receive completions (generated %d), want at most %d", n, gen, sends)
 	}
 	if !bytes.Equal(a.buf, beforeA) {
 		t.Fatalf("requester memory changed at byte %d: a corrupted READ response or atomic result was placed", firstDiff(a.buf, beforeA))
 	}
-	n := a.scq.Poll(wcs)
+	n, _ = a.scq.Poll(wcs)
 	for _, wc := range wcs[:n] {
-		if wc.Status != qp.WCWRFlushErr {
+		if wc.Status != rxego.WCWRFlushErr {
 			t.Fatalf("requester completion %+v: only flushes are possible", wc)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -43,7 +42,7 @@ func newFuzzRig(t testing.TB) *fuzzRig {
 	pattern(r.roBuf, 0x77)
 	r.roOrig = append([]byte(nil), r.roBuf...)
 	var err error
-	if r.ro, err = pd.Register(r.roBuf, rxego.AccessRemoteRead); err != nil {
+	if r.ro, err = pd.RegMR(r.roBuf, rxego.AccessRemoteRead); err != nil {
 		t.Fatal(err)
 	}
 	r.g.dev.Sync()
@@ -56,21 +55,21 @@ func newFuzzRig(t testing.TB) *fuzzRig {
 func (r *fuzzRig) rearm(t *testing.T) {
 	g := r.g
 	for _, q := range []*rxego.QP{g.rc, g.uc} {
-		if err := q.Modify(&rxego.QPAttr{State: qp.Reset}, qp.AttrState); err != nil {
+		if err := q.Modify(&rxego.QPAttr{State: rxego.StateReset}, rxego.AttrState); err != nil {
 			t.Fatal(err)
 		}
-		if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: r.peer.LocalAddr(), QPN: 0x99, PSN: rcPSN}, nil); err != nil {
+		if err := q.Connect(rxego.RemoteQP{Addr: r.peer.LocalAddr(), QPN: 0x99, PSN: rcPSN}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, q := range []*rxego.QP{g.rc, g.uc, g.ud} {
 		if err := q.PostRecv(rxego.RecvWR{ID: 7, SGL: []rxego.SGE{{Addr: g.mr.IOVA(), Length: 8192, LKey: g.mr.LKey()}}}); err != nil &&
-			err != qp.ErrQueueFull {
+			err != rxego.ErrQueueFull {
 			t.Fatal(err)
 		}
 	}
 	wcs := make([]rxego.WC, 64)
-	for g.cq.Poll(wcs) > 0 {
+	for n, _ := g.cq.Poll(wcs); n > 0; n, _ = g.cq.Poll(wcs) {
 	}
 }
 
@@ -157,7 +156,7 @@ func FuzzLiveEndpoint(f *testing.F) {
 			from = r.stranger
 		}
 		seen := func() uint64 {
-			return g.dev.Stats().RcvdPkts.Load() + g.dev.Transport().Stats().Dropped()
+			return g.dev.Stats().RcvdPkts + g.dev.Transport().Stats().Dropped()
 		}
 		before := seen()
 		if _, err := from.Send([]transport.Message{{Buf: pkt, Peer: g.dev.Addr()}}); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // allAccess is every remote right.
@@ -72,21 +73,21 @@ type end struct {
 	qp    *rxego.QP
 	mr    *rxego.MR
 	buf   []byte
-	imp   *transport.Impaired // nil without impairments
-	inner transport.Conn      // the socket under the impairment shim
+	imp   *impair.Conn   // nil without impairments
+	inner transport.Conn // the socket under the impairment shim
 }
 
 // endConfig describes one end.
 type endConfig struct {
 	addr   netip.AddrPort
 	opts   transport.Options
-	conn   transport.Conn          // already open (e.g. in a namespace); addr and opts are then unused
-	impair *transport.ImpairConfig // nil: none
-	size   int                     // registered buffer bytes
-	depth  int                     // send queue and CQ depth
-	rdepth int                     // receive queue depth (0: depth)
-	window int                     // engine window (0: default)
-	stall  time.Duration           // rxego.Options.RetryStallTime (0: default)
+	conn   transport.Conn // already open (e.g. in a namespace); addr and opts are then unused
+	impair *impair.Config // nil: none
+	size   int            // registered buffer bytes
+	depth  int            // send queue and CQ depth
+	rdepth int            // receive queue depth (0: depth)
+	window int            // engine window (0: default)
+	stall  time.Duration  // rxego.Options.RetryStallTime (0: default)
 }
 
 // openEnd opens a device on c.addr with an RC QP in RESET.
@@ -98,7 +99,7 @@ func openEnd(t testing.TB, c endConfig) *end {
 	}
 	e := &end{inner: conn}
 	if c.impair != nil {
-		e.imp = transport.Impair(conn, *c.impair)
+		e.imp = impair.Wrap(conn, *c.impair)
 		conn = e.imp
 	}
 	dev, err := rxego.Open(conn.LocalAddr().String(), &rxego.Options{Conn: conn, Window: c.window, RetryStallTime: c.stall})
@@ -137,10 +138,10 @@ func connect(t testing.TB, a, b *end, o rxego.ConnectOptions) {
 	t.Helper()
 	oa, ob := o, o
 	oa.LocalPSN, ob.LocalPSN = 0xfffff0, 0x123 // a's PSNs wrap during the run
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: ob.LocalPSN}, &oa); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: ob.LocalPSN}, &oa); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: oa.LocalPSN}, &ob); err != nil {
+	if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: oa.LocalPSN}, &ob); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -183,7 +184,7 @@ func (e *end) stats() string {
 	s := e.dev.Stats()
 	var drops []string
 	for _, r := range qp.DropReasons() {
-		if n := s.Drops[r].Load(); n > 0 {
+		if n := s.Drops[r]; n > 0 {
 			drops = append(drops, fmt.Sprintf("%v=%d", r, n))
 		}
 	}
@@ -195,8 +196,8 @@ func (e *end) stats() string {
 		}
 	}
 	out := fmt.Sprintf("sent=%d rcvd=%d retrans=%d retries=%d seqNAKrcvd=%d dupReq=%d oosReq=%d engine-drops=%v transport-drops=%v",
-		s.SentPkts.Load(), s.RcvdPkts.Load(), s.Retransmits.Load(), s.CompleterRetryErr.Load(), s.RcvdSeqErr.Load(),
-		s.DuplicateRequest.Load(), s.OutOfSeqRequest.Load(), drops, tdrops)
+		s.SentPkts, s.RcvdPkts, s.Retransmits, s.CompleterRetryErr, s.RcvdSeqErr,
+		s.DuplicateRequest, s.OutOfSeqRequest, drops, tdrops)
 	if e.imp != nil {
 		is := e.imp.ImpairStats()
 		out += fmt.Sprintf(" impair-recv=%+v impair-send=%+v", is.Recv, is.Send)

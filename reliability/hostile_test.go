@@ -53,14 +53,14 @@ func newTarget(t testing.TB, c transport.Conn, peer netip.AddrPort) *target {
 	}
 	g.rc, g.uc, g.ud, g.rq = mk(rxego.RC), mk(rxego.UC), mk(rxego.UD), mk(rxego.RC)
 	for _, q := range []*rxego.QP{g.rc, g.uc} {
-		if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: peer, QPN: 0x99, PSN: rcPSN}, nil); err != nil {
+		if err := q.Connect(rxego.RemoteQP{Addr: peer, QPN: 0x99, PSN: rcPSN}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := rxego.ActivateUD(g.ud, targetQKey, 0); err != nil {
+	if err := g.ud.ActivateUD(targetQKey, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.InitQP(g.rq, 0); err != nil {
+	if err := g.rq.Init(0); err != nil {
 		t.Fatal(err)
 	}
 	// Receives for the UD and UC QPs: a hostile packet must not get far
@@ -186,7 +186,7 @@ func TestHostileInput(t *testing.T) {
 		}
 		for _, r := range qp.DropReasons() {
 			if r.String() == name {
-				return g.dev.Stats().Drops[r].Load()
+				return g.dev.Stats().Drops[r]
 			}
 		}
 		t.Fatalf("no counter %q", name)
@@ -201,7 +201,7 @@ func TestHostileInput(t *testing.T) {
 		return c
 	}
 	raw := rawFrom(peer.LocalAddr())
-	sentBefore := g.dev.Stats().SentPkts.Load()
+	sentBefore := g.dev.Stats().SentPkts
 	ucPSN := bth.PSN(rcPSN)
 	for _, h := range classes {
 		before := counter(h.reason)
@@ -244,13 +244,13 @@ func TestHostileInput(t *testing.T) {
 	if n := g.cq.Len(); n != 0 {
 		t.Errorf("%d completions from hostile input", n)
 	}
-	if n := g.dev.Stats().SentPkts.Load() - sentBefore; n != 0 {
+	if n := g.dev.Stats().SentPkts - sentBefore; n != 0 {
 		t.Errorf("the endpoint sent %d packets in reply to hostile input", n)
 	}
 	for _, c := range []struct {
 		q    *rxego.QP
 		want rxego.QPState
-	}{{g.rc, qp.RTS}, {g.uc, qp.RTS}, {g.ud, qp.RTS}, {g.rq, qp.Init}} {
+	}{{g.rc, rxego.StateRTS}, {g.uc, rxego.StateRTS}, {g.ud, rxego.StateRTS}, {g.rq, rxego.StateInit}} {
 		if st := c.q.State(); st != c.want {
 			t.Errorf("QP %d (%v) in %v, want %v", c.q.Num(), c.q.Type(), st, c.want)
 		}

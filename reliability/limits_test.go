@@ -12,8 +12,8 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // waitFor polls cond every millisecond until it holds or d passed.
@@ -67,11 +67,8 @@ func TestUnknownQPFloodIsFlat(t *testing.T) {
 		}
 		msgs[i] = transport.Message{Buf: buf[:k], Peer: v.dev.Addr()}
 	}
-	// Count sums the shards' counter without the copy Stats makes: the
-	// spinning below must not allocate.
-	drops := func() uint64 {
-		return v.dev.Count(func(c *qp.Counters) *atomic.Uint64 { return &c.Drops[qp.DropUnknownQP] })
-	}
+	// Stats returns a value: the spinning below must not allocate.
+	drops := func() uint64 { return v.dev.Stats().Drops[rxego.DropUnknownQP] }
 	flood := func(count int) {
 		before := drops()
 		for sent := 0; sent < count; sent += len(msgs) {
@@ -111,7 +108,7 @@ func TestUnknownQPFloodIsFlat(t *testing.T) {
 		t.Fatalf("live heap grew from %d to %d bytes", m0.HeapAlloc, m2.HeapAlloc)
 	}
 	for _, q := range v.qps {
-		if q.State() != qp.RTS {
+		if q.State() != rxego.StateRTS {
 			t.Fatalf("QP %d left RTS", q.Num())
 		}
 	}
@@ -125,14 +122,14 @@ func bigRead(t *testing.T, size int) (*victim, transport.Conn, transport.Message
 	att := listen(t, addrA, transport.Options{})
 	t.Cleanup(func() { att.Close() })
 	v := newVictim(t, addrB, att.LocalAddr(), 1)
-	if err := v.qps[0].Modify(&rxego.QPAttr{State: qp.Reset}, qp.AttrState); err != nil {
+	if err := v.qps[0].Modify(&rxego.QPAttr{State: rxego.StateReset}, rxego.AttrState); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(v.qps[0], rxego.RemoteQP{Addr: att.LocalAddr(), QPN: 0x100, PSN: v.psn}, &rxego.ConnectOptions{MTU: qp.MTU256}); err != nil {
+	if err := v.qps[0].Connect(rxego.RemoteQP{Addr: att.LocalAddr(), QPN: 0x100, PSN: v.psn}, &rxego.ConnectOptions{MTU: rxego.MTU256}); err != nil {
 		t.Fatal(err)
 	}
 	pd := v.qps[0].PD()
-	big, err := pd.Register(make([]byte, size), rxego.AccessRemoteRead)
+	big, err := pd.RegMR(make([]byte, size), rxego.AccessRemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +152,7 @@ func TestLongReadSharesTheEngine(t *testing.T) {
 	const size = 64 << 20
 	v, att, req, _ := bigRead(t, size)
 	const npk = size / 256
-	sent := func() uint64 { return v.dev.Stats().SentPkts.Load() }
+	sent := func() uint64 { return v.dev.Stats().SentPkts }
 	base := sent()
 	var during atomic.Int64
 	stop := make(chan struct{})
@@ -197,7 +194,7 @@ func TestDuplicateReadsDoNotMultiply(t *testing.T) {
 	const size = 4 << 20
 	const npk = size / 256
 	v, att, req, _ := bigRead(t, size)
-	base := v.dev.Stats().SentPkts.Load()
+	base := v.dev.Stats().SentPkts
 	reqs := make([]transport.Message, 21)
 	for i := range reqs {
 		reqs[i] = req
@@ -205,16 +202,16 @@ func TestDuplicateReadsDoNotMultiply(t *testing.T) {
 	if _, err := att.Send(reqs); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the duplicates processed", func() bool { return v.dev.Stats().DuplicateRequest.Load() == 20 })
+	waitFor(t, 30*time.Second, "the duplicates processed", func() bool { return v.dev.Stats().DuplicateRequest == 20 })
 	// Let the stream finish: the count stops moving.
 	for prev := uint64(0); ; time.Sleep(50 * time.Millisecond) {
-		cur := v.dev.Stats().SentPkts.Load()
+		cur := v.dev.Stats().SentPkts
 		if cur == prev {
 			break
 		}
 		prev = cur
 	}
-	total := v.dev.Stats().SentPkts.Load() - base
+	total := v.dev.Stats().SentPkts - base
 	t.Logf("READ of %d packets and 20 duplicates: %d packets sent (%.2f streams)", npk, total, float64(total)/npk)
 	// Duplicates that arrive while the stream goes out restart it: what was
 	// sent before each restart is sent again, so back-to-back duplicates
@@ -234,13 +231,13 @@ func TestLongReadInPipeline(t *testing.T) {
 	for _, loss := range []float64{0, 0.02} {
 		t.Run(fmt.Sprintf("loss%.0f%%", loss*100), func(t *testing.T) {
 			addrA, addrB := nextLoopback()
-			imp := &transport.ImpairConfig{Seed: 21, Loss: loss}
+			imp := &impair.Config{Seed: 21, Loss: loss}
 			ec := endConfig{size: rounds * (big + 2*small), depth: 64, window: 4096, impair: imp}
 			ec.addr = addrA
 			a := openEnd(t, ec)
 			ec.addr = addrB
 			b := openEnd(t, ec)
-			connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU1024, Timeout: 12, RetryCnt: 7, MaxRdAtomic: 16})
+			connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU1024, Timeout: 12, RetryCnt: 7, MaxRdAtomic: 16})
 			pattern(a.buf, 1)
 			pattern(b.buf, 2)
 			want := append([]byte(nil), b.buf...)
@@ -266,12 +263,12 @@ func TestLongReadInPipeline(t *testing.T) {
 				t.Fatal(err)
 			}
 			pollN(t, a.scq, len(wrs), 60*time.Second, func(i int, wc rxego.WC) {
-				if wc.Status != qp.WCSuccess || wc.ID != uint64(i) {
+				if wc.Status != rxego.WCSuccess || wc.ID != uint64(i) {
 					t.Fatalf("completion %d: %+v (%v); a: %s; b: %s", i, wc, wc.Status, a.stats(), b.stats())
 				}
 			})
 			pollN(t, b.rcq, rounds, 10*time.Second, func(i int, wc rxego.WC) {
-				if wc.Status != qp.WCSuccess || wc.ID != uint64(i) || wc.ByteLen != small {
+				if wc.Status != rxego.WCSuccess || wc.ID != uint64(i) || wc.ByteLen != small {
 					t.Fatalf("receive completion %d: %+v", i, wc)
 				}
 			})
@@ -287,7 +284,7 @@ func TestLongReadInPipeline(t *testing.T) {
 				}
 			}
 			t.Logf("%d x (1 MiB READ, WRITE, SEND), loss %.0f%%: responder refused %d requests while busy; a: %s; b: %s",
-				rounds, loss*100, b.dev.Stats().Drops[qp.DropBusy].Load(), a.stats(), b.stats())
+				rounds, loss*100, b.dev.Stats().Drops[rxego.DropBusy], a.stats(), b.stats())
 		})
 	}
 }

@@ -9,23 +9,23 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // fault is one impairment the loss matrix applies to every packet each end
 // receives (so requests, responses and ACKs all suffer it).
 type fault struct {
 	name string
-	cfg  transport.ImpairConfig
+	cfg  impair.Config
 }
 
 var faults = []fault{
-	{"loss1", transport.ImpairConfig{Loss: 0.01}},
-	{"loss5", transport.ImpairConfig{Loss: 0.05}},
-	{"loss10", transport.ImpairConfig{Loss: 0.10}},
-	{"dup5", transport.ImpairConfig{Duplicate: 0.05}},
-	{"reorder5", transport.ImpairConfig{Reorder: 0.05, ReorderTimeout: time.Millisecond}},
+	{"loss1", impair.Config{Loss: 0.01}},
+	{"loss5", impair.Config{Loss: 0.05}},
+	{"loss10", impair.Config{Loss: 0.10}},
+	{"dup5", impair.Config{Duplicate: 0.05}},
+	{"reorder5", impair.Config{Reorder: 0.05, ReorderTimeout: time.Millisecond}},
 }
 
 // lossMessages is the message count of each run of the matrix.
@@ -38,7 +38,7 @@ func lossMessages() int {
 
 // impairedPair opens two loopback ends whose receive paths both suffer cfg
 // (each with its own seed) and connects them with a short timeout.
-func impairedPair(t testing.TB, cfg transport.ImpairConfig, seed uint64, r opRun) (*end, *end) {
+func impairedPair(t testing.TB, cfg impair.Config, seed uint64, r opRun) (*end, *end) {
 	t.Helper()
 	addrA, addrB := nextLoopback()
 	ca, cb := cfg, cfg
@@ -51,7 +51,7 @@ func impairedPair(t testing.TB, cfg transport.ImpairConfig, seed uint64, r opRun
 	a := openEnd(t, ec)
 	ec.addr, ec.impair = addrB, &cb
 	b := openEnd(t, ec)
-	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU256, Timeout: 8, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16})
+	connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU256, Timeout: 8, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16})
 	return a, b
 }
 
@@ -83,7 +83,7 @@ func TestFetchAddExactlyOnce(t *testing.T) {
 		n = 10000
 	}
 	r := opRun{op: rxego.WRFetchAdd, n: n, inFlight: 32, timeout: 120 * time.Second}
-	a, b := impairedPair(t, transport.ImpairConfig{Loss: 0.05}, 7, r)
+	a, b := impairedPair(t, impair.Config{Loss: 0.05}, 7, r)
 	took := runOp(t, a, b, r)
 	t.Logf("%d FETCH_ADDs in %v; a: %s; b: %s", n, took.Round(time.Millisecond), a.stats(), b.stats())
 }
@@ -146,12 +146,12 @@ func TestReadRetryResumes(t *testing.T) {
 	ec := endConfig{size: r.bufSize(), depth: r.inFlight + 16, window: 256}
 	ec.addr = addrA
 	a := openEnd(t, ec)
-	ec.addr, ec.impair = addrB, &transport.ImpairConfig{Seed: 11, Dir: transport.ImpairSend, Loss: 0.05}
+	ec.addr, ec.impair = addrB, &impair.Config{Seed: 11, Dir: impair.Send, Loss: 0.05}
 	b := openEnd(t, ec)
 	var log readLog
 	a.dev.Transport().SetTap(log.tap(false))
 	b.dev.Transport().SetTap(log.tap(true))
-	connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU1024, Timeout: 10, RetryCnt: 7, MaxRdAtomic: 16})
+	connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU1024, Timeout: 10, RetryCnt: 7, MaxRdAtomic: 16})
 	runOp(t, a, b, r)
 	a.dev.Transport().SetTap(nil)
 	b.dev.Transport().SetTap(nil)
@@ -225,10 +225,10 @@ func TestOtherFaults(t *testing.T) {
 	other := []fault{
 		// Good to bad with 1%, bad to good with 30%: bursts of 3.3 packets
 		// on average, about 3% of packets lost.
-		{"burst", transport.ImpairConfig{BurstEnter: 0.01, BurstExit: 0.3}},
-		{"delay", transport.ImpairConfig{Delay: 200 * time.Microsecond}},
-		{"ce10", transport.ImpairConfig{CE: 0.10}},
-		{"corrupt5", transport.ImpairConfig{Corrupt: 0.05}},
+		{"burst", impair.Config{BurstEnter: 0.01, BurstExit: 0.3}},
+		{"delay", impair.Config{Delay: 200 * time.Microsecond}},
+		{"ce10", impair.Config{CE: 0.10}},
+		{"corrupt5", impair.Config{Corrupt: 0.05}},
 	}
 	for fi, f := range other {
 		for oi, o := range rcOps {
@@ -239,8 +239,8 @@ func TestOtherFaults(t *testing.T) {
 				t.Logf("%d %v in %v; a: %s; b: %s", n, o.name, took.Round(time.Millisecond), a.stats(), b.stats())
 				switch f.name {
 				case "ce10":
-					marked := a.dev.Stats().ECNMarkedPktsReceived.Load() + b.dev.Stats().ECNMarkedPktsReceived.Load()
-					cnps := a.dev.Stats().CNPsReceived.Load() + b.dev.Stats().CNPsReceived.Load()
+					marked := a.dev.Stats().ECNMarkedPktsReceived + b.dev.Stats().ECNMarkedPktsReceived
+					cnps := a.dev.Stats().CNPsReceived + b.dev.Stats().CNPsReceived
 					if marked == 0 || cnps == 0 {
 						t.Fatalf("%d CE-marked packets seen, %d CNPs received: DCQCN did not react", marked, cnps)
 					}

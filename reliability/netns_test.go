@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 	"golang.org/x/sys/unix"
 )
@@ -150,7 +149,7 @@ func TestKernelPathLoss(t *testing.T) {
 	if testing.Short() {
 		n = 500
 	}
-	for _, op := range []qp.WROpcode{rxego.WRSend, rxego.WRWrite, rxego.WRRead, rxego.WRFetchAdd} {
+	for _, op := range []rxego.WROpcode{rxego.WRSend, rxego.WRWrite, rxego.WRRead, rxego.WRFetchAdd} {
 		t.Run(op.String(), func(t *testing.T) {
 			r := opRun{op: op, n: n, size: 600, inFlight: 32, timeout: 60 * time.Second}
 			ec := endConfig{size: r.bufSize(), depth: r.inFlight + 16, window: 128, rdepth: r.n + 16}
@@ -158,17 +157,17 @@ func TestKernelPathLoss(t *testing.T) {
 			a := openEnd(t, ec)
 			ec.conn = listenIn(t, v.nsB, vethB)
 			b := openEnd(t, ec)
-			connect(t, a, b, rxego.ConnectOptions{MTU: qp.MTU256, Timeout: 8, RetryCnt: 7, MaxRdAtomic: 16})
+			connect(t, a, b, rxego.ConnectOptions{MTU: rxego.MTU256, Timeout: 8, RetryCnt: 7, MaxRdAtomic: 16})
 			lossA, lossB := nftCounter(t, v.nsA, "loss"), nftCounter(t, v.nsB, "loss")
 			took := runOp(t, a, b, r)
 			lostA, lostB := nftCounter(t, v.nsA, "loss")-lossA, nftCounter(t, v.nsB, "loss")-lossB
 			t.Logf("%d %v (600 bytes but atomics) in %v; nftables dropped %d into A, %d into B; CE marks seen by A %d (CNPs sent %d), by B %d; a: %s; b: %s",
-				n, op, took.Round(time.Millisecond), lostA, lostB, a.dev.Stats().ECNMarkedPktsReceived.Load(), a.dev.Stats().CNPsSent.Load(),
-				b.dev.Stats().ECNMarkedPktsReceived.Load(), a.stats(), b.stats())
+				n, op, took.Round(time.Millisecond), lostA, lostB, a.dev.Stats().ECNMarkedPktsReceived, a.dev.Stats().CNPsSent,
+				b.dev.Stats().ECNMarkedPktsReceived, a.stats(), b.stats())
 			if lostA+lostB == 0 {
 				t.Fatal("nftables dropped nothing: the loss rule is not in the path")
 			}
-			if a.dev.Stats().ECNMarkedPktsReceived.Load() == 0 {
+			if a.dev.Stats().ECNMarkedPktsReceived == 0 {
 				t.Fatal("no CE-marked packet reached A: the marking rule is not in the path")
 			}
 		})

@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // rcOp is one RC operation the end-to-end runs exercise.
 type rcOp struct {
 	name string
-	op   qp.WROpcode
+	op   rxego.WROpcode
 }
 
 // rcOps is every RC operation the issue names.
@@ -30,18 +29,18 @@ var rcOps = []rcOp{
 }
 
 // isAtomic reports whether op moves one 8-byte word.
-func isAtomic(op qp.WROpcode) bool {
+func isAtomic(op rxego.WROpcode) bool {
 	return op == rxego.WRCompareSwap || op == rxego.WRFetchAdd || op == rxego.WRAtomicWrite
 }
 
 // consumesRecv reports whether op completes at the responder.
-func consumesRecv(op qp.WROpcode) bool {
+func consumesRecv(op rxego.WROpcode) bool {
 	return op == rxego.WRSend || op == rxego.WRSendImm || op == rxego.WRWriteImm
 }
 
 // opRun is n messages of one operation from a (requester) to b.
 type opRun struct {
-	op       qp.WROpcode
+	op       rxego.WROpcode
 	n        int
 	size     int           // message bytes (atomics: 8)
 	inFlight int           // most WRs outstanding at once
@@ -102,7 +101,7 @@ func runOp(t testing.TB, a, b *end, r opRun) time.Duration {
 	// above before them (the network is a path the race detector cannot see).
 	a.dev.Sync()
 	b.dev.Sync()
-	execBefore, readsBefore := b.dev.Stats().RDMARecvs.Load(), a.dev.Stats().RDMASends.Load()
+	execBefore, readsBefore := b.dev.Stats().RDMARecvs, a.dev.Stats().RDMASends
 	mk := func(i int) rxego.SendWR {
 		wr := rxego.SendWR{ID: uint64(i), Opcode: r.op, Flags: rxego.SendSignaled, Imm: uint32(i)}
 		switch r.op {
@@ -138,7 +137,7 @@ func runOp(t testing.TB, a, b *end, r opRun) time.Duration {
 			ok := wc.Status == 0 && wc.ID == uint64(i) && wc.ByteLen == uint32(r.size)
 			switch r.op {
 			case rxego.WRSendImm, rxego.WRWriteImm:
-				ok = ok && wc.Flags&qp.WCWithImm != 0 && wc.Imm == uint32(i)
+				ok = ok && wc.Flags&rxego.WCWithImm != 0 && wc.Imm == uint32(i)
 			}
 			if !ok {
 				t.Fatalf("%v: receive completion %d is %+v", r.op, i, wc)
@@ -177,13 +176,13 @@ func runOp(t testing.TB, a, b *end, r opRun) time.Duration {
 		// many as the requester sent.
 		want := uint64(r.n)
 		if r.op == rxego.WRRead {
-			want = a.dev.Stats().RDMASends.Load() - readsBefore
+			want = a.dev.Stats().RDMASends - readsBefore
 		}
-		if got := b.dev.Stats().RDMARecvs.Load() - execBefore; got != want || got < uint64(r.n) {
+		if got := b.dev.Stats().RDMARecvs - execBefore; got != want || got < uint64(r.n) {
 			t.Fatalf("%v: responder executed %d requests, want %d (%d work requests)", r.op, got, want, r.n)
 		}
 	}
-	if st := a.qp.State(); st != qp.RTS {
+	if st := a.qp.State(); st != rxego.StateRTS {
 		t.Fatalf("requester QP ended in %v", st)
 	}
 	return took

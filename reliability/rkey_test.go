@@ -10,7 +10,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/reth"
 	"github.com/rxego/rxego/transport"
 )
@@ -153,12 +152,12 @@ func newVictim(t *testing.T, addr, attacker netip.AddrPort, k int) *victim {
 // arm (re)connects QP i to the attacker, expecting PSN v.psn next.
 func (v *victim) arm(t *testing.T, i int, attacker netip.AddrPort) {
 	q := v.qps[i]
-	if q.State() != qp.Reset {
-		if err := q.Modify(&rxego.QPAttr{State: qp.Reset}, qp.AttrState); err != nil {
+	if q.State() != rxego.StateReset {
+		if err := q.Modify(&rxego.QPAttr{State: rxego.StateReset}, rxego.AttrState); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: attacker, QPN: uint32(0x100 + i), PSN: v.psn}, nil); err != nil {
+	if err := q.Connect(rxego.RemoteQP{Addr: attacker, QPN: uint32(0x100 + i), PSN: v.psn}, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -240,24 +239,24 @@ func TestRKeyFlood(t *testing.T) {
 	for i, f := range forges {
 		counts += fmt.Sprintf("\n  %-45s %d", f.name, perForge[i])
 	}
-	byReason := map[qp.DropReason]uint64{}
+	byReason := map[rxego.DropReason]uint64{}
 	var dropped uint64
-	for _, r := range []qp.DropReason{qp.DropBadAccess, qp.DropOutOfBounds, qp.DropMisaligned, qp.DropBadLength} {
-		byReason[r] = s.Drops[r].Load()
+	for _, r := range []rxego.DropReason{rxego.DropBadAccess, rxego.DropOutOfBounds, rxego.DropMisaligned, rxego.DropBadLength} {
+		byReason[r] = s.Drops[r]
 		dropped += byReason[r]
 	}
 	t.Logf("%d forged requests to %d QPs in %v (%.0f/s): %d remote access NAKs, %d invalid request NAKs; "+
 		"engine: drops %v, rdma_recvs=%d; per class:%s",
 		n, k, took.Round(time.Millisecond), float64(n)/took.Seconds(), naks[reth.NAKRemoteAccess], naks[reth.NAKInvalidRequest],
-		byReason, s.RDMARecvs.Load(), counts)
+		byReason, s.RDMARecvs, counts)
 	if dropped != uint64(n) {
 		t.Fatalf("%d requests counted as dropped for bad access, bounds, alignment or length, want %d", dropped, n)
 	}
 	if naks[reth.NAKRemoteAccess]+naks[reth.NAKInvalidRequest] != n {
 		t.Fatalf("NAK codes %v: want only remote access and invalid request, %d in all", naks, n)
 	}
-	if s.RDMARecvs.Load() != 0 {
-		t.Fatalf("the responder executed %d forged requests", s.RDMARecvs.Load())
+	if s.RDMARecvs != 0 {
+		t.Fatalf("the responder executed %d forged requests", s.RDMARecvs)
 	}
 }
 

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // shardedEnd is one side of a sharded test: a device of several shards
@@ -88,14 +88,14 @@ func openSharded(t *testing.T, shards, nqp int, conn transport.Conn) *shardedEnd
 // connectSharded connects a.qps[i] with b.qps[i].
 func connectSharded(t *testing.T, a, b *shardedEnd) {
 	t.Helper()
-	o := rxego.ConnectOptions{MTU: qp.MTU1024, Timeout: 8, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}
+	o := rxego.ConnectOptions{MTU: rxego.MTU1024, Timeout: 8, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}
 	for i := range a.qps {
 		o.LocalPSN = uint32(1000 * i)
-		if err := rxego.ConnectRC(a.qps[i], rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qps[i].Num(), PSN: uint32(5000 * i)}, &o); err != nil {
+		if err := a.qps[i].Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qps[i].Num(), PSN: uint32(5000 * i)}, &o); err != nil {
 			t.Fatal(err)
 		}
 		o.LocalPSN = uint32(5000 * i)
-		if err := rxego.ConnectRC(b.qps[i], rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qps[i].Num(), PSN: uint32(1000 * i)}, &o); err != nil {
+		if err := b.qps[i].Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qps[i].Num(), PSN: uint32(1000 * i)}, &o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -147,10 +147,10 @@ func runSharded(t *testing.T, a, b *shardedEnd, rounds int, timeout time.Duratio
 		for got := 0; got < 3*nqp; {
 			n, err := a.scq.PollWait(ctx, wcs)
 			if err != nil {
-				t.Fatalf("round %d: %d of %d send completions: %v; a: %d retransmits; b: %d duplicates", r, got, 3*nqp, err, a.dev.Stats().Retransmits.Load(), b.dev.Stats().DuplicateRequest.Load())
+				t.Fatalf("round %d: %d of %d send completions: %v; a: %d retransmits; b: %d duplicates", r, got, 3*nqp, err, a.dev.Stats().Retransmits, b.dev.Stats().DuplicateRequest)
 			}
 			for _, wc := range wcs[:n] {
-				if wc.Status != qp.WCSuccess {
+				if wc.Status != rxego.WCSuccess {
 					t.Fatalf("round %d: %+v", r, wc)
 				}
 			}
@@ -163,7 +163,7 @@ func runSharded(t *testing.T, a, b *shardedEnd, rounds int, timeout time.Duratio
 			}
 			for _, wc := range wcs[:n] {
 				i, ok := idx[wc.QPN]
-				if wc.Status != qp.WCSuccess || !ok || wc.ByteLen != shSendLen {
+				if wc.Status != rxego.WCSuccess || !ok || wc.ByteLen != shSendLen {
 					t.Fatalf("round %d: receive %+v", r, wc)
 				}
 				shards[int(wc.QPN)%b.dev.Shards()] = true
@@ -215,8 +215,8 @@ func TestShardsUnderFaults(t *testing.T) {
 			addrA, addrB := nextLoopback()
 			ca, cb := f.cfg, f.cfg
 			ca.Seed, cb.Seed = uint64(300+fi), uint64(400+fi)
-			ia := transport.Impair(listen(t, addrA, transport.Options{}), ca)
-			ib := transport.Impair(listen(t, addrB, transport.Options{}), cb)
+			ia := impair.Wrap(listen(t, addrA, transport.Options{}), ca)
+			ib := impair.Wrap(listen(t, addrB, transport.Options{}), cb)
 			a, b := openSharded(t, 4, 8, ia), openSharded(t, 4, 8, ib)
 			connectSharded(t, a, b)
 			start := time.Now()

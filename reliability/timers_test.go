@@ -6,7 +6,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/qp"
-	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // ackTimeout is what the QP timeout attribute t means: 4.096 us * 2^t.
@@ -32,7 +32,7 @@ func checkFailedThenFlushed(t *testing.T, cq *rxego.CQ, n int, first rxego.WCSta
 	t.Helper()
 	var at time.Time
 	pollN(t, cq, n, 30*time.Second, func(i int, wc rxego.WC) {
-		want := qp.WCWRFlushErr
+		want := rxego.WCWRFlushErr
 		if i == 0 {
 			want = first
 			at = time.Now()
@@ -53,14 +53,14 @@ func TestRetryExhaustion(t *testing.T) {
 		t.Run("", func(t *testing.T) {
 			addrA, addrB := nextLoopback()
 			a := openEnd(t, endConfig{addr: addrA, size: 4096})
-			b := openEnd(t, endConfig{addr: addrB, size: 4096, impair: &transport.ImpairConfig{Loss: 1}})
+			b := openEnd(t, endConfig{addr: addrB, size: 4096, impair: &impair.Config{Loss: 1}})
 			connect(t, a, b, rxego.ConnectOptions{Timeout: c.timeout, RetryCnt: c.retry})
 			const n = 4
 			start := time.Now()
 			if err := a.qp.PostSend(writeWRs(a, b, n)...); err != nil {
 				t.Fatal(err)
 			}
-			failed := checkFailedThenFlushed(t, a.scq, n, qp.WCRetryExcErr)
+			failed := checkFailedThenFlushed(t, a.scq, n, rxego.WCRetryExcErr)
 			took := failed.Sub(start)
 			want := time.Duration(c.retry+1) * ackTimeout(c.timeout)
 			t.Logf("timeout %d (%v), retry_cnt %d: RETRY_EXC_ERR after %v (expected %v); a: %s",
@@ -68,29 +68,29 @@ func TestRetryExhaustion(t *testing.T) {
 			if took < want || took > want+timerSlack {
 				t.Fatalf("RETRY_EXC_ERR after %v, want %v (+ at most %v)", took, want, timerSlack)
 			}
-			if st := a.qp.State(); st != qp.Err {
+			if st := a.qp.State(); st != rxego.StateErr {
 				t.Fatalf("QP in %v after retry exhaustion, want ERR", st)
 			}
 			s := a.dev.Stats()
 			// The first attempt sent all n WRITEs; each retry, after a
 			// timeout, only the oldest (the congestion window restarts at
 			// one PSN, qp/window.go), which no ACK ever opens further.
-			if got, want := s.Retransmits.Load(), uint64(c.retry); got != want {
+			if got, want := s.Retransmits, uint64(c.retry); got != want {
 				t.Errorf("%d retransmissions, want %d", got, want)
 			}
-			if s.RetryExceededErr.Load() != 1 {
-				t.Errorf("retry_exceeded_err = %d, want 1", s.RetryExceededErr.Load())
+			if s.RetryExceededErr != 1 {
+				t.Errorf("retry_exceeded_err = %d, want 1", s.RetryExceededErr)
 			}
 			// Work posted to a QP in ERR completes at once, flushed.
 			if err := a.qp.PostSend(writeWRs(a, b, 1)...); err != nil {
 				t.Fatal(err)
 			}
 			pollN(t, a.scq, 1, 5*time.Second, func(_ int, wc rxego.WC) {
-				if wc.Status != qp.WCWRFlushErr {
+				if wc.Status != rxego.WCWRFlushErr {
 					t.Fatalf("WR posted in ERR completed with %v", wc.Status)
 				}
 			})
-			if got := b.dev.Stats().RcvdPkts.Load(); got != 0 {
+			if got := b.dev.Stats().RcvdPkts; got != 0 {
 				t.Fatalf("the lossy peer's engine saw %d packets", got)
 			}
 		})
@@ -105,7 +105,7 @@ func TestRetryInfinite(t *testing.T) {
 	a := openEnd(t, endConfig{addr: addrA, size: 4096})
 	b := openEnd(t, endConfig{addr: addrB, size: 4096})
 	const timeout = 10 // 4.2 ms
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 5},
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 5},
 		&rxego.ConnectOptions{LocalPSN: 9, Timeout: timeout, RetryCnt: 7}); err != nil {
 		t.Fatal(err)
 	}
@@ -117,24 +117,24 @@ func TestRetryInfinite(t *testing.T) {
 	}
 	// Ten timeouts without an answer: more than any finite retry_cnt allows.
 	deadline := time.Now().Add(10 * time.Second)
-	for a.dev.Stats().Retransmits.Load() < 10 {
+	for a.dev.Stats().Retransmits < 10 {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d retransmissions in 10 s", a.dev.Stats().Retransmits.Load())
+			t.Fatalf("only %d retransmissions in 10 s", a.dev.Stats().Retransmits)
 		}
 		time.Sleep(time.Millisecond)
 	}
 	if took := time.Since(start); took < 10*ackTimeout(timeout) {
 		t.Fatalf("10 retransmissions after %v, before 10 timeouts of %v", took, ackTimeout(timeout))
 	}
-	if st := a.qp.State(); st != qp.RTS {
+	if st := a.qp.State(); st != rxego.StateRTS {
 		t.Fatalf("requester in %v after 10 timeouts, want RTS (retry_cnt 7 is infinite)", st)
 	}
-	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 9},
+	if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 9},
 		&rxego.ConnectOptions{LocalPSN: 5}); err != nil {
 		t.Fatal(err)
 	}
 	pollN(t, a.scq, 1, 10*time.Second, func(_ int, wc rxego.WC) {
-		if wc.Status != qp.WCSuccess {
+		if wc.Status != rxego.WCSuccess {
 			t.Fatalf("WRITE completed with %v", wc.Status)
 		}
 	})
@@ -142,8 +142,8 @@ func TestRetryInfinite(t *testing.T) {
 	if string(b.buf[:64]) != string(a.buf[:64]) {
 		t.Fatal("WRITE data differs")
 	}
-	retrans := a.dev.Stats().Retransmits.Load()
-	dropped := b.dev.Stats().Drops[qp.DropBadState].Load()
+	retrans := a.dev.Stats().Retransmits
+	dropped := b.dev.Stats().Drops[rxego.DropBadState]
 	t.Logf("completed after %v, %d retransmissions, %d dropped by the peer before RTR", time.Since(start), retrans, dropped)
 	if dropped < 10 {
 		t.Fatalf("%d bad-state drops at the peer, want at least the 10 attempts before it came up", dropped)
@@ -168,7 +168,7 @@ func TestRNRExhaustion(t *testing.T) {
 			if err := a.qp.PostSend(wrs...); err != nil {
 				t.Fatal(err)
 			}
-			failed := checkFailedThenFlushed(t, a.scq, len(wrs), qp.WCRNRRetryExcErr)
+			failed := checkFailedThenFlushed(t, a.scq, len(wrs), rxego.WCRNRRetryExcErr)
 			took := failed.Sub(start)
 			want := time.Duration(rnrRetry) * qp.RNRWait(rnrTimer, qp.DefaultRNRTick) // 44 ms each, rxe's jiffies
 			t.Logf("rnr_retry %d, min_rnr_timer %d: RNR_RETRY_EXC_ERR after %v (expected %v); a: %s; b: %s",
@@ -176,13 +176,13 @@ func TestRNRExhaustion(t *testing.T) {
 			if took < want || took > want+timerSlack {
 				t.Fatalf("RNR_RETRY_EXC_ERR after %v, want %v (+ at most %v)", took, want, timerSlack)
 			}
-			if st := a.qp.State(); st != qp.Err {
+			if st := a.qp.State(); st != rxego.StateErr {
 				t.Fatalf("QP in %v after RNR retry exhaustion, want ERR", st)
 			}
-			if got := a.dev.Stats().RcvdRNRErr.Load(); got != uint64(rnrRetry)+1 {
+			if got := a.dev.Stats().RcvdRNRErr; got != uint64(rnrRetry)+1 {
 				t.Errorf("%d RNR NAKs received, want rnr_retry+1 = %d", got, rnrRetry+1)
 			}
-			if got := b.dev.Stats().SendRNRErr.Load(); got != uint64(rnrRetry)+1 {
+			if got := b.dev.Stats().SendRNRErr; got != uint64(rnrRetry)+1 {
 				t.Errorf("peer sent %d RNR NAKs, want %d", got, rnrRetry+1)
 			}
 		})
@@ -203,30 +203,30 @@ func TestRNRInfinite(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for a.dev.Stats().RcvdRNRErr.Load() < 10 {
+	for a.dev.Stats().RcvdRNRErr < 10 {
 		if time.Now().After(deadline) {
-			t.Fatalf("only %d RNR NAKs in 10 s", a.dev.Stats().RcvdRNRErr.Load())
+			t.Fatalf("only %d RNR NAKs in 10 s", a.dev.Stats().RcvdRNRErr)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if st := a.qp.State(); st != qp.RTS {
+	if st := a.qp.State(); st != rxego.StateRTS {
 		t.Fatalf("requester in %v after 10 RNR NAKs, want RTS (rnr_retry 7 is infinite)", st)
 	}
 	if err := b.qp.PostRecv(rxego.RecvWR{ID: 9, SGL: b.sge(0, 100)}); err != nil {
 		t.Fatal(err)
 	}
 	pollN(t, a.scq, 1, 10*time.Second, func(_ int, wc rxego.WC) {
-		if wc.Status != qp.WCSuccess {
+		if wc.Status != rxego.WCSuccess {
 			t.Fatalf("SEND completed with %v", wc.Status)
 		}
 	})
 	pollN(t, b.rcq, 1, 10*time.Second, func(_ int, wc rxego.WC) {
-		if wc.Status != qp.WCSuccess || wc.ID != 9 || wc.ByteLen != 100 {
+		if wc.Status != rxego.WCSuccess || wc.ID != 9 || wc.ByteLen != 100 {
 			t.Fatalf("receive completion %+v", wc)
 		}
 	})
 	if string(b.buf[:100]) != string(a.buf[:100]) {
 		t.Fatal("SEND data differs")
 	}
-	t.Logf("SEND completed after %d RNR NAKs", a.dev.Stats().RcvdRNRErr.Load())
+	t.Logf("SEND completed after %d RNR NAKs", a.dev.Stats().RcvdRNRErr)
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/qp"
 )
 
 // Connection state bits (rsocket.c's rs_connected, rs_readable,
@@ -164,7 +163,7 @@ func newConn(m *cm.Manager, cfg Config) (c *Conn, err error) {
 	if c.tmr, err = c.pd.RegMR(c.tbuf, remote); err != nil {
 		return nil, err
 	}
-	if err = rxego.InitQP(c.q, remote); err != nil {
+	if err = c.q.Init(remote); err != nil {
 		return nil, err
 	}
 	for range cfg.RecvQueue {
@@ -276,11 +275,11 @@ func (c *Conn) completeLocked(wcs []rxego.WC) {
 	for i := range wcs {
 		wc := &wcs[i]
 		if wc.ID&recvWRFlag != 0 {
-			if wc.Status != qp.WCSuccess {
+			if wc.Status != rxego.WCSuccess {
 				continue
 			}
 			received++
-			if wc.Flags&qp.WCWithImm == 0 {
+			if wc.Flags&rxego.WCWithImm == 0 {
 				c.stats.malformed.Add(1)
 				continue
 			}
@@ -302,7 +301,7 @@ func (c *Conn) completeLocked(wcs []rxego.WC) {
 			c.sqeAvail++
 			c.sbufAvail += int(msgData(msg))
 		}
-		if wc.Status != qp.WCSuccess && c.state&stConnected != 0 {
+		if wc.Status != rxego.WCSuccess && c.state&stConnected != 0 {
 			c.failLocked(fmt.Errorf("send completion: %v", wc.Status))
 		}
 	}

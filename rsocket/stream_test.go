@@ -13,6 +13,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // pattern returns n pseudo-random bytes from seed.
@@ -99,11 +100,11 @@ func TestSmallBuffers(t *testing.T) {
 // TestImpaired moves data both ways through a network that loses,
 // duplicates and reorders packets; RC recovers and every byte arrives.
 func TestImpaired(t *testing.T) {
-	var shims []*transport.Impaired
+	var shims []*impair.Conn
 	seed := uint64(7)
 	p := newPair(t, func(c transport.Conn) transport.Conn {
 		seed++
-		s := transport.Impair(c, transport.ImpairConfig{Seed: seed, Dir: transport.ImpairBoth,
+		s := impair.Wrap(c, impair.Config{Seed: seed, Dir: impair.Both,
 			Loss: 0.02, Duplicate: 0.01, Reorder: 0.05})
 		shims = append(shims, s)
 		return s

@@ -1,5 +1,9 @@
 package transport
 
+import (
+	"github.com/rxego/rxego/bth"
+)
+
 // Coalesce merges runs of msgs into GSO sends, in place, and returns the
 // shortened slice. A run is consecutive messages whose buffers lie back to
 // back in memory (each starts where the one before it ends, inside its
@@ -68,11 +72,8 @@ func adjacent(a, b []byte) bool {
 // source ports (always, for ports <= 1): the one their destination QP
 // hashes to (FlowPort).
 func samePort(a, b []byte, ports int) bool {
-	return ports <= 1 || len(a) >= minPacket && len(b) >= minPacket && FlowPort(destQP(a), ports) == FlowPort(destQP(b), ports)
+	return ports <= 1 || len(a) >= minPacket && len(b) >= minPacket && FlowPort(bth.BTH(a).DestQP(), ports) == FlowPort(bth.BTH(b).DestQP(), ports)
 }
-
-// destQP reads a BTH's destination QP.
-func destQP(b []byte) uint32 { return uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7]) }
 
 // FlowPort is which of ports source ports a packet for destination QP
 // qpn leaves from.

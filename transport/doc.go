@@ -12,9 +12,9 @@
 // equal-size packets in one datagram, and UDP GRO (UDP_GRO) receives
 // coalesced datagrams that Recv splits again; both are probed at Listen and
 // on by default. [NewPipeNetwork] is an in-memory fabric with the same
-// ICRC rules for tests without sockets, and [Impair] wraps any Conn with
-// seeded loss, bursts, duplication, reordering, delay, corruption and CE
-// marking. A [Tap] sees every packet sent, received and dropped.
+// ICRC rules for tests without sockets; package transport/impair wraps any
+// Conn with seeded loss, bursts, duplication, reordering, delay,
+// corruption and CE marking. A [Tap] sees every packet sent, received and dropped.
 //
 // # IPv4 Identification and the ICRC
 //

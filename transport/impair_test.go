@@ -1,4 +1,4 @@
-package transport
+package transport_test
 
 import (
 	"errors"
@@ -8,27 +8,30 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
-// impairedPair returns a pipe Conn a and an Impaired Conn around b.
-func impairedPair(t testing.TB, cfg ImpairConfig) (Conn, *Impaired) {
+// impairedPair returns a pipe transport.Conn a and an Impaired transport.Conn around b.
+func impairedPair(t testing.TB, cfg impair.Config) (transport.Conn, *impair.Conn) {
 	t.Helper()
-	n := NewPipeNetwork()
+	n := transport.NewPipeNetwork()
 	n.QueueLen = 1 << 14
-	a, b := pipePair(t, n, "10.0.0.1:4791", "10.0.0.2:4791")
-	im := Impair(b, cfg)
+	a, b := transport.PipePair(t, n, "10.0.0.1:4791", "10.0.0.2:4791")
+	im := impair.Wrap(b, cfg)
 	t.Cleanup(func() { im.Close() })
 	return a, im
 }
 
 // sendSeq sends count packets with PSNs 0..count-1 from a to peer, a
 // batch at a time.
-func sendSeq(t testing.TB, a Conn, peer netip.AddrPort, count int, tos uint8) {
+func sendSeq(t testing.TB, a transport.Conn, peer netip.AddrPort, count int, tos uint8) {
 	t.Helper()
 	for base := 0; base < count; base += 50 {
-		var msgs []Message
+		var msgs []transport.Message
 		for i := base; i < min(base+50, count); i++ {
-			msgs = append(msgs, Message{Buf: rocePacket(64, uint32(i)), Peer: peer, TOS: tos})
+			msgs = append(msgs, transport.Message{Buf: transport.RocePacket(64, uint32(i)), Peer: peer, TOS: tos})
 		}
 		if k, err := a.Send(msgs); k != len(msgs) {
 			t.Fatal(k, err)
@@ -37,11 +40,11 @@ func sendSeq(t testing.TB, a Conn, peer netip.AddrPort, count int, tos uint8) {
 }
 
 // psns receives exactly want packets and returns their PSNs in order.
-func psns(t testing.TB, c Conn, want int) []uint32 {
+func psns(t testing.TB, c transport.Conn, want int) []uint32 {
 	t.Helper()
 	var out []uint32
-	for _, m := range recvN(t, c, want, 5*time.Second) {
-		out = append(out, psnOf(m.Buf))
+	for _, m := range transport.RecvN(t, c, want, 5*time.Second) {
+		out = append(out, transport.PsnOf(m.Buf))
 	}
 	return out
 }
@@ -49,8 +52,8 @@ func psns(t testing.TB, c Conn, want int) []uint32 {
 // TestImpairLossDeterministic checks random loss drops what the counters
 // say and the same seed drops the same packets.
 func TestImpairLossDeterministic(t *testing.T) {
-	run := func(seed uint64) ([]uint32, ImpairCounts) {
-		a, im := impairedPair(t, ImpairConfig{Seed: seed, Loss: 0.1})
+	run := func(seed uint64) ([]uint32, impair.Counts) {
+		a, im := impairedPair(t, impair.Config{Seed: seed, Loss: 0.1})
 		sendSeq(t, a, im.LocalAddr(), 1000, 0)
 		s := im.ImpairStats().Recv
 		for s.Seen < 1000 { // the pump may still be reading
@@ -79,7 +82,7 @@ func TestImpairLossDeterministic(t *testing.T) {
 
 // TestImpairBurst checks Gilbert-Elliott loss comes in runs.
 func TestImpairBurst(t *testing.T) {
-	a, im := impairedPair(t, ImpairConfig{Seed: 1, BurstEnter: 0.02, BurstExit: 0.25})
+	a, im := impairedPair(t, impair.Config{Seed: 1, BurstEnter: 0.02, BurstExit: 0.25})
 	sendSeq(t, a, im.LocalAddr(), 2000, 0)
 	for im.ImpairStats().Recv.Seen < 2000 {
 		time.Sleep(time.Millisecond)
@@ -107,7 +110,7 @@ func TestImpairBurst(t *testing.T) {
 // TestImpairDuplicateReorder checks duplicates arrive twice and swaps
 // show as adjacent inversions, nothing lost.
 func TestImpairDuplicateReorder(t *testing.T) {
-	a, im := impairedPair(t, ImpairConfig{Seed: 3, Duplicate: 0.1, Reorder: 0.1})
+	a, im := impairedPair(t, impair.Config{Seed: 3, Duplicate: 0.1, Reorder: 0.1})
 	sendSeq(t, a, im.LocalAddr(), 500, 0)
 	for im.ImpairStats().Recv.Seen < 500 {
 		time.Sleep(time.Millisecond)
@@ -143,7 +146,7 @@ func TestImpairDuplicateReorder(t *testing.T) {
 // TestImpairDelay checks packets are held for the delay and the timer
 // releases a held-back packet when no other follows.
 func TestImpairDelay(t *testing.T) {
-	a, im := impairedPair(t, ImpairConfig{Seed: 1, Delay: 30 * time.Millisecond, Jitter: 5 * time.Millisecond})
+	a, im := impairedPair(t, impair.Config{Seed: 1, Delay: 30 * time.Millisecond, Jitter: 5 * time.Millisecond})
 	start := time.Now()
 	sendSeq(t, a, im.LocalAddr(), 20, 0)
 	got := psns(t, im, 20)
@@ -153,7 +156,7 @@ func TestImpairDelay(t *testing.T) {
 	if len(got) != 20 || im.ImpairStats().Recv.Delayed != 20 {
 		t.Errorf("got %v, %+v", got, im.ImpairStats().Recv)
 	}
-	a2, im2 := impairedPair(t, ImpairConfig{Reorder: 1, ReorderTimeout: 20 * time.Millisecond})
+	a2, im2 := impairedPair(t, impair.Config{Reorder: 1, ReorderTimeout: 20 * time.Millisecond})
 	sendSeq(t, a2, im2.LocalAddr(), 1, 0)
 	if got := psns(t, im2, 1); got[0] != 0 || im2.ImpairStats().Recv.Reordered != 1 {
 		t.Errorf("held packet: %v", got)
@@ -163,8 +166,8 @@ func TestImpairDelay(t *testing.T) {
 // TestImpairCorruptCE checks receive-side corruption is caught and
 // counted as a bad ICRC, and CE marks only ECN-capable packets.
 func TestImpairCorruptCE(t *testing.T) {
-	a, im := impairedPair(t, ImpairConfig{Seed: 5, Corrupt: 0.5, CE: 1})
-	tap := &tapRec{}
+	a, im := impairedPair(t, impair.Config{Seed: 5, Corrupt: 0.5, CE: 1})
+	tap := &transport.TapRec{}
 	im.SetTap(tap)
 	sendSeq(t, a, im.LocalAddr(), 100, 0x02)
 	sendSeq(t, a, im.LocalAddr(), 10, 0x00)
@@ -172,16 +175,16 @@ func TestImpairCorruptCE(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	s := im.ImpairStats().Recv
-	got := recvN(t, im, 110-int(s.Corrupted), 5*time.Second)
+	got := transport.RecvN(t, im, 110-int(s.Corrupted), 5*time.Second)
 	for _, m := range got {
 		if m.TOS != 0x03 && m.TOS != 0x00 {
 			t.Errorf("TOS %#x", m.TOS)
 		}
 	}
-	if st := im.Stats(); st.Drops[DropBadICRC]+st.Drops[DropNotRoCE] != s.Corrupted || s.Corrupted < 30 || s.CEMarked != 100 {
+	if st := im.Stats(); st.Drops[transport.DropBadICRC]+st.Drops[transport.DropNotRoCE] != s.Corrupted || s.Corrupted < 30 || s.CEMarked != 100 {
 		t.Errorf("stats %+v, impair %+v", st, s)
 	}
-	if _, dr := tap.snapshot(); uint64(len(dr)) != s.Corrupted {
+	if _, dr := transport.TapSnapshot(tap); uint64(len(dr)) != s.Corrupted {
 		t.Errorf("tap saw %d drops", len(dr))
 	}
 }
@@ -189,26 +192,26 @@ func TestImpairCorruptCE(t *testing.T) {
 // TestImpairSendCorruptUDP corrupts on the send side over real sockets:
 // the receiving Conn's ICRC check catches every one.
 func TestImpairSendCorruptUDP(t *testing.T) {
-	a := listenAny(t, "127.0.0.1", Options{})
-	b := listenAny(t, "127.0.0.2", Options{})
-	im := Impair(a, ImpairConfig{Seed: 2, Dir: ImpairSend, Corrupt: 0.3, Delay: time.Millisecond})
+	a := transport.ListenAny(t, "127.0.0.1", transport.Options{})
+	b := transport.ListenAny(t, "127.0.0.2", transport.Options{})
+	im := impair.Wrap(a, impair.Config{Seed: 2, Dir: impair.Send, Corrupt: 0.3, Delay: time.Millisecond})
 	defer im.Close()
 	sendSeq(t, im, b.LocalAddr(), 200, 0)
 	s := im.ImpairStats().Send
-	got := recvN(t, b, 200-int(s.Corrupted), 5*time.Second)
+	got := transport.RecvN(t, b, 200-int(s.Corrupted), 5*time.Second)
 	if s.Corrupted == 0 || len(got) != 200-int(s.Corrupted) {
 		t.Fatalf("corrupted %d", s.Corrupted)
 	}
 	// A marker packet sent after the rest proves the drops were counted.
-	if k, _ := a.Send([]Message{{Buf: rocePacket(32, 9999), Peer: b.LocalAddr()}}); k != 1 {
+	if k, _ := a.Send([]transport.Message{{Buf: transport.RocePacket(32, 9999), Peer: b.LocalAddr()}}); k != 1 {
 		t.Fatal("marker")
 	}
-	for _, m := range recvN(t, b, 1, 5*time.Second) {
-		if psnOf(m.Buf) != 9999 {
-			t.Fatalf("PSN %d", psnOf(m.Buf))
+	for _, m := range transport.RecvN(t, b, 1, 5*time.Second) {
+		if transport.PsnOf(m.Buf) != 9999 {
+			t.Fatalf("PSN %d", transport.PsnOf(m.Buf))
 		}
 	}
-	if st := b.Stats(); st.Drops[DropBadICRC]+st.Drops[DropNotRoCE] != s.Corrupted {
+	if st := b.Stats(); st.Drops[transport.DropBadICRC]+st.Drops[transport.DropNotRoCE] != s.Corrupted {
 		t.Errorf("receiver dropped %+v, %d corrupted", st.Drops, s.Corrupted)
 	}
 }
@@ -216,16 +219,16 @@ func TestImpairSendCorruptUDP(t *testing.T) {
 // TestImpairClose checks Close stops the goroutines and unblocks Recv.
 func TestImpairClose(t *testing.T) {
 	before := runtime.NumGoroutine()
-	n := NewPipeNetwork()
-	c, err := n.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), Options{})
+	n := transport.NewPipeNetwork()
+	c, err := n.Listen(netip.MustParseAddrPort("10.0.0.1:4791"), transport.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	im := Impair(c, ImpairConfig{Dir: ImpairBoth, Delay: time.Hour})
+	im := impair.Wrap(c, impair.Config{Dir: impair.Both, Delay: time.Hour})
 	sendSeq(t, im, c.LocalAddr(), 5, 0) // to itself, held for an hour
 	done := make(chan error)
 	go func() {
-		_, err := im.Recv(make([]Message, 4))
+		_, err := im.Recv(make([]transport.Message, 4))
 		done <- err
 	}()
 	time.Sleep(10 * time.Millisecond)

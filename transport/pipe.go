@@ -80,7 +80,7 @@ type pipeConn struct {
 	q      chan pipePkt
 	done   chan struct{}
 	closed atomic.Bool
-	tap    tapSlot
+	tap    TapSlot
 	ctr    counters
 	rmu    sync.Mutex
 	drops  []dropRec
@@ -88,7 +88,7 @@ type pipeConn struct {
 
 func (c *pipeConn) LocalAddr() netip.AddrPort { return c.ep.local }
 
-func (c *pipeConn) SetTap(t Tap) { c.tap.set(t) }
+func (c *pipeConn) SetTap(t Tap) { c.tap.Set(t) }
 
 func (c *pipeConn) Stats() Stats {
 	s := c.ctr.snapshot()
@@ -110,14 +110,14 @@ func (c *pipeConn) Close() error {
 // Send implements Conn.
 func (c *pipeConn) Send(msgs []Message) (int, error) { return c.send(msgs, true) }
 
-// sendFilled implements filledSender.
-func (c *pipeConn) sendFilled(msgs []Message) (int, error) { return c.send(msgs, false) }
+// SendFilled implements FilledSender.
+func (c *pipeConn) SendFilled(msgs []Message) (int, error) { return c.send(msgs, false) }
 
 func (c *pipeConn) send(msgs []Message, fill bool) (int, error) {
 	if c.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	tap, at := c.tap.get()
+	tap, at := c.tap.Get()
 	c.ctr.sendCalls.Add(1)
 	for i := range msgs {
 		m := &msgs[i]
@@ -186,7 +186,7 @@ func (c *pipeConn) Recv(msgs []Message) (int, error) {
 		drops := c.drops
 		c.drops = c.drops[:0]
 		c.rmu.Unlock()
-		if tap, at := c.tap.get(); tap != nil {
+		if tap, at := c.tap.Get(); tap != nil {
 			for i := range msgs[:n] {
 				m := &msgs[i]
 				tap.Packet(In, at, c.ep.local, m.Peer, m.TOS, m.IPID, m.Buf)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rxego/rxego/bth"
 )
 
 // withSourcePorts returns c, or, when opts.SourcePorts asks for source
@@ -61,7 +63,7 @@ type portsConn struct {
 	*udpConn
 	pool []*udpConn
 
-	gmu     sync.Mutex // guards the scratch below (Send and sendFilled)
+	gmu     sync.Mutex // guards the scratch below (Send and SendFilled)
 	scratch []Message  // msgs while Send regroups them
 	counts  []int      // messages per pool socket, then each group's start
 	order   []int      // the pool sockets in the order their groups go (regroup)
@@ -74,7 +76,7 @@ func (p *portsConn) pick(b []byte) int {
 	if len(b) < minPacket {
 		return 0 // Send rejects it
 	}
-	return FlowPort(destQP(b), len(p.pool))
+	return FlowPort(bth.BTH(b).DestQP(), len(p.pool))
 }
 
 // Send implements Conn. It first regroups msgs in place by pool socket,
@@ -83,9 +85,9 @@ func (p *portsConn) pick(b []byte) int {
 // still leave in a few system calls. n counts msgs in the new order.
 func (p *portsConn) Send(msgs []Message) (int, error) { return p.sendGroups(msgs, (*udpConn).Send) }
 
-// sendFilled implements filledSender.
-func (p *portsConn) sendFilled(msgs []Message) (int, error) {
-	return p.sendGroups(msgs, (*udpConn).sendFilled)
+// SendFilled implements FilledSender.
+func (p *portsConn) SendFilled(msgs []Message) (int, error) {
+	return p.sendGroups(msgs, (*udpConn).SendFilled)
 }
 
 func (p *portsConn) sendGroups(msgs []Message, send func(*udpConn, []Message) (int, error)) (int, error) {

@@ -96,9 +96,13 @@ func (c *counters) snapshot() Stats {
 // one pointer load on the data path.
 type tapHolder struct{ t Tap }
 
-type tapSlot struct{ p atomic.Pointer[tapHolder] }
+// TapSlot holds a Conn's Tap, swapped atomically by SetTap and read with
+// one pointer load per batch on the data path. A Conn of another package
+// (the impairment shim) keeps its Tap in one too.
+type TapSlot struct{ p atomic.Pointer[tapHolder] }
 
-func (s *tapSlot) set(t Tap) {
+// Set installs t (nil removes it).
+func (s *TapSlot) Set(t Tap) {
 	if t == nil {
 		s.p.Store(nil)
 		return
@@ -106,8 +110,8 @@ func (s *tapSlot) set(t Tap) {
 	s.p.Store(&tapHolder{t})
 }
 
-// get returns the Tap and a timestamp for the batch, or nil.
-func (s *tapSlot) get() (Tap, time.Time) {
+// Get returns the Tap and a timestamp for the batch, or nil.
+func (s *TapSlot) Get() (Tap, time.Time) {
 	h := s.p.Load()
 	if h == nil {
 		return nil, time.Time{}

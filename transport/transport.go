@@ -259,8 +259,10 @@ type Tap interface {
 	Drop(reason DropReason, at time.Time, local, remote netip.AddrPort, tos uint8, pkt []byte)
 }
 
-// filledSender is implemented by this package's Conns: Send without
-// computing ICRCs, for the impairment shim to send corrupted packets.
-type filledSender interface {
-	sendFilled(msgs []Message) (int, error)
+// FilledSender is implemented by this package's Conns: Send without
+// computing the ICRCs, for packets that carry theirs already (the
+// impairment shim, transport/impair, sends corrupted ones).
+type FilledSender interface {
+	// SendFilled sends msgs as Send does, leaving their ICRCs as they are.
+	SendFilled(msgs []Message) (int, error)
 }

@@ -46,7 +46,7 @@ type udpConn struct {
 	rc      syscall.RawConn
 	raw     *os.File
 	rrc     syscall.RawConn
-	tap     tapSlot
+	tap     TapSlot
 	ctr     counters
 	csum    *csumCounter // socket mode: the namespace's UDP checksum errors
 
@@ -58,7 +58,7 @@ type udpConn struct {
 
 func (c *udpConn) LocalAddr() netip.AddrPort { return c.ep.local }
 
-func (c *udpConn) SetTap(t Tap) { c.tap.set(t) }
+func (c *udpConn) SetTap(t Tap) { c.tap.Set(t) }
 
 func (c *udpConn) Stats() Stats {
 	s := c.ctr.snapshot()
@@ -145,8 +145,8 @@ func (s *sendState) init(slots int) {
 // Send implements Conn.
 func (c *udpConn) Send(msgs []Message) (int, error) { return c.sendMsgs(msgs, true) }
 
-// sendFilled implements filledSender.
-func (c *udpConn) sendFilled(msgs []Message) (int, error) { return c.sendMsgs(msgs, false) }
+// SendFilled implements FilledSender.
+func (c *udpConn) SendFilled(msgs []Message) (int, error) { return c.sendMsgs(msgs, false) }
 
 func (c *udpConn) sendMsgs(msgs []Message, fill bool) (int, error) {
 	if c.closed.Load() {
@@ -154,7 +154,7 @@ func (c *udpConn) sendMsgs(msgs []Message, fill bool) (int, error) {
 	}
 	// The timestamp is taken before the packets leave: on loopback the
 	// peer's reply can otherwise be stamped earlier than its request.
-	tap, at := c.tap.get()
+	tap, at := c.tap.Get()
 	c.smu.Lock()
 	sent, gso, fallbackAt, err := c.send(msgs, fill)
 	c.smu.Unlock()
@@ -535,7 +535,7 @@ func (c *udpConn) recv(msgs []Message, how recvHow) (int, error) {
 		drops := c.r.drops
 		c.r.drops = c.r.drops[:0]
 		c.rmu.Unlock()
-		if tap, at := c.tap.get(); tap != nil {
+		if tap, at := c.tap.Get(); tap != nil {
 			for i := range msgs[:n] {
 				m := &msgs[i]
 				tap.Packet(In, at, c.ep.local, m.Peer, m.TOS, m.IPID, m.Buf)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -119,7 +118,7 @@ func rxSetup(p *peer, nqp, memSize, sendWR, recvWR, cqDepth int, measureHeap boo
 		if err != nil {
 			return s, rxHello{}, err
 		}
-		if err := rxego.InitQP(q, 0); err != nil {
+		if err := q.Init(0); err != nil {
 			return s, rxHello{}, err
 		}
 		s.qps = append(s.qps, q)
@@ -131,8 +130,9 @@ func rxSetup(p *peer, nqp, memSize, sendWR, recvWR, cqDepth int, measureHeap boo
 			return fmt.Errorf("peer has %d QPs, want %d", len(them.QPNs), nqp)
 		}
 		for i, q := range s.qps {
-			err := rxego.ConnectRC(q, rxego.RemoteQP{Addr: them.Addr, QPN: them.QPNs[i], PSN: them.PSN},
+			err := q.Connect(rxego.RemoteQP{Addr: them.Addr, QPN: them.QPNs[i], PSN: them.PSN},
 				&rxego.ConnectOptions{MTU: mtuOf(p.c.MTU), LocalPSN: me.PSN, MaxRdAtomic: 16, Timeout: harnessTimeout, MinRNRTimer: 1})
+
 			if err != nil {
 				return err
 			}
@@ -160,15 +160,15 @@ func rxSetup(p *peer, nqp, memSize, sendWR, recvWR, cqDepth int, measureHeap boo
 func mtuOf(n int) rxego.MTU {
 	switch n {
 	case 256:
-		return qp.MTU256
+		return rxego.MTU256
 	case 512:
-		return qp.MTU512
+		return rxego.MTU512
 	case 2048:
-		return qp.MTU2048
+		return rxego.MTU2048
 	case 4096:
-		return qp.MTU4096
+		return rxego.MTU4096
 	}
-	return qp.MTU1024
+	return rxego.MTU1024
 }
 
 // waitCQ waits for completions: spinning on Poll when busy, else blocking.
@@ -177,8 +177,8 @@ func waitCQ(ctx context.Context, cq *rxego.CQ, wcs []rxego.WC, busy bool) (int, 
 		return cq.PollWait(ctx, wcs)
 	}
 	for i := 0; ; i++ {
-		if n := cq.Poll(wcs); n > 0 {
-			return n, nil
+		if n, err := cq.Poll(wcs); n > 0 || err != nil {
+			return n, err
 		}
 		if i&1023 == 1023 && ctx.Err() != nil {
 			return 0, ctx.Err()
@@ -190,7 +190,7 @@ func waitCQ(ctx context.Context, cq *rxego.CQ, wcs []rxego.WC, busy bool) (int, 
 // checkWCs fails on the first unsuccessful completion.
 func checkWCs(wcs []rxego.WC) error {
 	for _, wc := range wcs {
-		if wc.Status != qp.WCSuccess {
+		if wc.Status != rxego.WCSuccess {
 			return fmt.Errorf("completion of wr %d: %v", wc.ID, wc.Status)
 		}
 	}
@@ -221,11 +221,11 @@ func counters(d *rxego.Device) map[string]uint64 {
 	t := d.Transport().Stats()
 	var drops uint64
 	for i := range e.Drops {
-		drops += e.Drops[i].Load()
+		drops += e.Drops[i]
 	}
 	return map[string]uint64{
-		"sent_pkts": e.SentPkts.Load(), "rcvd_pkts": e.RcvdPkts.Load(), "retransmits": e.Retransmits.Load(),
-		"rcvd_seq_err": e.RcvdSeqErr.Load(), "rnr_naks_sent": e.SendRNRErr.Load(), "engine_drops": drops,
+		"sent_pkts": e.SentPkts, "rcvd_pkts": e.RcvdPkts, "retransmits": e.Retransmits,
+		"rcvd_seq_err": e.RcvdSeqErr, "rnr_naks_sent": e.SendRNRErr, "engine_drops": drops,
 		"gso_sends": t.GSOSends, "gso_segments": t.GSOSegments, "gro_batches": t.GROBatches,
 		"send_calls": t.SendCalls, "recv_calls": t.RecvCalls, "overflow_drops": t.Drops[transport.DropOverflow],
 	}
@@ -233,7 +233,7 @@ func counters(d *rxego.Device) map[string]uint64 {
 
 // packets is the engine's packet count in both directions.
 func packets(d *rxego.Device) uint64 {
-	return d.Stats().SentPkts.Load() + d.Stats().RcvdPkts.Load()
+	return d.Stats().SentPkts + d.Stats().RcvdPkts
 }
 
 func opcodeOf(op string) (rxego.SendWR, error) {

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestMain lets the test binary stand in for rxego: run with

@@ -13,7 +13,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/capfile"
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/internal/testenv/netns"
 )
 
 // gidNet makes a network namespace with two veth pairs: d0, the server's,

@@ -9,7 +9,7 @@ import (
 	"strconv"
 
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/mckey"
+	"github.com/rxego/rxego/cmd/rxego/internal/mckey"
 	"github.com/rxego/rxego/internal/ladder"
 )
 

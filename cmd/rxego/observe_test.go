@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 )
 

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/pingpong"
+	"github.com/rxego/rxego/cmd/rxego/internal/pingpong"
 )
 
 func init() {

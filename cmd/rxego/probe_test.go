@@ -15,7 +15,7 @@ import (
 
 	"github.com/rxego/rxego/internal/perftest"
 	"github.com/rxego/rxego/internal/probe"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/cmatose"
-	"github.com/rxego/rxego/cm/rping"
+	"github.com/rxego/rxego/cmd/rxego/internal/cmatose"
+	"github.com/rxego/rxego/cmd/rxego/internal/rping"
 )
 
 func init() {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // rsocketPair runs server (args after the command name, -b and -p added)

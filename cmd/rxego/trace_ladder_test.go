@@ -14,8 +14,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/demo"
-	"github.com/rxego/rxego/internal/testaddr"
-	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestTraceLadder draws the ladder and the summary of rxego's RNR
@@ -152,7 +151,7 @@ func TestTraceLiveGSO(t *testing.T) {
 	}
 	for i := range 2 {
 		o := 1 - i
-		if err := rxego.ConnectRC(qps[i], rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, &rxego.ConnectOptions{MTU: qp.MTU1024}); err != nil {
+		if err := qps[i].Connect(rxego.RemoteQP{Addr: devs[o].Addr(), QPN: qps[o].Num()}, &rxego.ConnectOptions{MTU: rxego.MTU1024}); err != nil {
 			t.Fatal(err)
 		}
 	}

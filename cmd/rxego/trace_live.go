@@ -15,8 +15,8 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/rxego/rxego/cmd/rxego/internal/livecap"
 	"github.com/rxego/rxego/internal/capfile"
-	"github.com/rxego/rxego/internal/livecap"
 	"github.com/rxego/rxego/internal/progress"
 	"github.com/rxego/rxego/internal/trace"
 )

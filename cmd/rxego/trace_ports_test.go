@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/transport/pcaptap"
 )
 
@@ -50,10 +50,10 @@ func tracePorts(t *testing.T, sourcePorts int) {
 		}
 	}
 	for i := range nqp {
-		if err := rxego.ConnectRC(qps[0][i], rxego.RemoteQP{Addr: b.Addr(), QPN: qps[1][i].Num()}, nil); err != nil {
+		if err := qps[0][i].Connect(rxego.RemoteQP{Addr: b.Addr(), QPN: qps[1][i].Num()}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := rxego.ConnectRC(qps[1][i], rxego.RemoteQP{Addr: a.Addr(), QPN: qps[0][i].Num()}, nil); err != nil {
+		if err := qps[1][i].Connect(rxego.RemoteQP{Addr: a.Addr(), QPN: qps[0][i].Num()}, nil); err != nil {
 			t.Fatal(err)
 		}
 		// Each QP its own bytes: QPs of different shards write at once.

@@ -6,7 +6,7 @@ import (
 	"os"
 
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/cm/udaddy"
+	"github.com/rxego/rxego/cmd/rxego/internal/udaddy"
 )
 
 func init() {

@@ -6,7 +6,7 @@ import (
 	"os/exec"
 	"time"
 
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/internal/testenv/netns"
 )
 
 // InNetns runs fn on an OS thread switched into the lab's network

@@ -11,7 +11,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/congestion"
-	"github.com/rxego/rxego/qp"
 )
 
 var csvDir = flag.String("dcqcn.csv", "", "write each run's time series as CSV files into this directory (for cmd/rxego-plot)")
@@ -33,7 +32,7 @@ const (
 )
 
 // testParams returns the DCQCN configuration of the marker runs.
-func testParams() qp.CongestionConfig { return MarkerParams(LineRate) }
+func testParams() rxego.CongestionConfig { return MarkerParams(LineRate) }
 
 // markerOn sets the marker to markRate.
 func markerOn(t *testing.T, tb *Testbed) {
@@ -90,8 +89,8 @@ func finish(t *testing.T, tb *Testbed, r *Recorder, name string) []Sample {
 	}
 	se, re := tb.Sender.Stats(), tb.Receiver.Stats()
 	t.Logf("sender: %d packets, %d resent, %d timeouts, %d sequence NAKs; receiver: %d out of sequence, %d duplicates",
-		se.SentPkts.Load(), se.Retransmits.Load(), se.CompleterRetryErr.Load(), se.RcvdSeqErr.Load(),
-		re.OutOfSeqRequest.Load(), re.DuplicateRequest.Load())
+		se.SentPkts, se.Retransmits, se.CompleterRetryErr, se.RcvdSeqErr,
+		re.OutOfSeqRequest, re.DuplicateRequest)
 	return s
 }
 
@@ -179,7 +178,7 @@ type oneFlow struct {
 	settled, after        float64       // delivered rates, bits/s
 	starved, starvedAfter float64       // fractions of the settled and final windows lost
 	settle                time.Duration // until within 30 % of the rate for 300 ms
-	snd, rcv              qp.CCStats
+	snd, rcv              rxego.CCStats
 }
 
 // Phases of the one-flow run, on the recorder's clock. The flow starts
@@ -319,7 +318,7 @@ func fairRun(t *testing.T, name string, first int, join, end time.Duration, shar
 // software receiver, so the cuts are tiny and the flow stays far above the
 // marking rate, every packet over it marked.
 func TestNVIDIADefaultsWithTokenBucket(t *testing.T) {
-	cc := qp.CongestionConfig{RP: congestion.NVIDIAParams(LineRate), NP: congestion.NVIDIANPParams()}
+	cc := rxego.CongestionConfig{RP: congestion.NVIDIAParams(LineRate), NP: congestion.NVIDIANPParams()}
 	tb := newTestbed(t, &rxego.Options{Congestion: &cc})
 	markerOn(t, tb)
 	rec := tb.Record(sampleEvery)

@@ -5,7 +5,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/rxego/rxego/internal/nftcount"
+	"github.com/rxego/rxego/internal/testenv/nftcount"
 )
 
 // Marker is the bottleneck: an nftables rule in the receiver's namespace

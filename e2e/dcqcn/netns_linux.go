@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rxego/rxego/internal/netns"
+	"github.com/rxego/rxego/internal/testenv/netns"
 	"golang.org/x/sys/unix"
 )
 

@@ -5,10 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
+	"golang.org/x/sys/unix"
 )
 
 // cpuTime returns the process's user plus system CPU time.
@@ -54,11 +52,11 @@ func newPair(t *testing.T, tb *Testbed, size int) *pair {
 	}
 	sq, scq, smr := mk(tb.Sender)
 	rq, _, rmr := mk(tb.Receiver)
-	o := &rxego.ConnectOptions{MTU: qp.MTU4096, Timeout: 16}
-	if err := rxego.ConnectRC(sq, rxego.RemoteQP{Addr: tb.Receiver.Addr(), QPN: rq.Num()}, o); err != nil {
+	o := &rxego.ConnectOptions{MTU: rxego.MTU4096, Timeout: 16}
+	if err := sq.Connect(rxego.RemoteQP{Addr: tb.Receiver.Addr(), QPN: rq.Num()}, o); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(rq, rxego.RemoteQP{Addr: tb.Sender.Addr(), QPN: sq.Num()}, o); err != nil {
+	if err := rq.Connect(rxego.RemoteQP{Addr: tb.Sender.Addr(), QPN: sq.Num()}, o); err != nil {
 		t.Fatal(err)
 	}
 	return &pair{send: sq, recv: rq, scq: scq, wr: rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
@@ -84,7 +82,7 @@ func (p *pair) write(t *testing.T, n int, timeout time.Duration) {
 			t.Fatalf("%d of %d WRITEs completed: %v", got, n, err)
 		}
 		for _, wc := range wcs[:k] {
-			if wc.Status != qp.WCSuccess {
+			if wc.Status != rxego.WCSuccess {
 				t.Fatalf("WRITE completed with %v", wc.Status)
 			}
 		}
@@ -108,7 +106,7 @@ func TestPacedIdleEndpointIsIdle(t *testing.T) {
 	p := newPair(t, tb, MTU)
 	// Each round trip of marked WRITEs brings a CNP and a cut; stop once
 	// the rate is a tenth of line rate.
-	var st qp.CCStats
+	var st rxego.CCStats
 	for i := 0; i < 100; i++ {
 		p.write(t, 16, 10*time.Second)
 		if st, _ = p.send.CongestionStats(); st.Rate < LineRate/10 {

@@ -3,8 +3,8 @@ package dcqcn
 import (
 	"time"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/congestion"
-	"github.com/rxego/rxego/qp"
 )
 
 // LineRate is the reaction point's line rate in these runs: above what
@@ -43,7 +43,7 @@ const LineRate = 10 * congestion.Gbps
 //     and hyper increase (R_HAI = 50 Mb/s) brings the flow back to line
 //     rate within a second instead of the many seconds additive steps alone
 //     would take.
-func MarkerParams(lineRate uint64) qp.CongestionConfig {
+func MarkerParams(lineRate uint64) rxego.CongestionConfig {
 	p := congestion.PaperParams(lineRate)
 	p.AlphaPeriod = 2 * time.Millisecond
 	p.TimeReset = 2 * time.Millisecond
@@ -54,5 +54,5 @@ func MarkerParams(lineRate uint64) qp.CongestionConfig {
 	p.Threshold = 5
 	np := congestion.PaperNPParams()
 	np.MinTimeBetweenCNPs = 2 * time.Millisecond
-	return qp.CongestionConfig{RP: p, NP: np}
+	return rxego.CongestionConfig{RP: p, NP: np}
 }

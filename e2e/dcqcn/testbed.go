@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // Addresses of the two ends. The /24 holds nothing else and nothing routes
@@ -156,7 +155,7 @@ func (tb *Testbed) StartFlow() (*Flow, error) {
 		return nil, err
 	}
 	f.Send, f.Recv = sq, rq
-	if err := rxego.InitQP(rq, 0); err != nil {
+	if err := rq.Init(0); err != nil {
 		return nil, err
 	}
 	for i := 0; i < 2*depth; i++ {
@@ -167,11 +166,11 @@ func (tb *Testbed) StartFlow() (*Flow, error) {
 	// Timeout 16 (268 ms): the machine may be busy, and a retransmission
 	// timer firing because the receiver was not scheduled would only add
 	// duplicate traffic; veth loses nothing.
-	o := &rxego.ConnectOptions{MTU: qp.MTU4096, Timeout: 16}
-	if err := rxego.ConnectRC(sq, rxego.RemoteQP{Addr: tb.Receiver.Addr(), QPN: rq.Num()}, o); err != nil {
+	o := &rxego.ConnectOptions{MTU: rxego.MTU4096, Timeout: 16}
+	if err := sq.Connect(rxego.RemoteQP{Addr: tb.Receiver.Addr(), QPN: rq.Num()}, o); err != nil {
 		return nil, err
 	}
-	if err := rxego.ConnectRC(rq, rxego.RemoteQP{Addr: tb.Sender.Addr(), QPN: sq.Num()}, o); err != nil {
+	if err := rq.Connect(rxego.RemoteQP{Addr: tb.Sender.Addr(), QPN: sq.Num()}, o); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -202,7 +201,7 @@ func (f *Flow) sendLoop(ctx context.Context, cq *rxego.CQ, wr rxego.SendWR) {
 			return // ctx done
 		}
 		for _, wc := range wcs[:n] {
-			if wc.Status != qp.WCSuccess {
+			if wc.Status != rxego.WCSuccess {
 				f.fail(fmt.Errorf("send completion %v", wc.Status))
 				return
 			}
@@ -224,7 +223,7 @@ func (f *Flow) recvLoop(ctx context.Context, cq *rxego.CQ) {
 			return
 		}
 		for _, wc := range wcs[:n] {
-			if wc.Status != qp.WCSuccess || wc.Opcode != qp.WCRecvRDMAImm {
+			if wc.Status != rxego.WCSuccess || wc.Opcode != rxego.WCRecvRDMAImm {
 				f.fail(fmt.Errorf("receive completion %v opcode %v", wc.Status, wc.Opcode))
 				return
 			}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestDemo runs the HTTPS server and client on two loopback addresses of

@@ -56,7 +56,7 @@ func (t *Tour) congestion() error {
 	if !ok {
 		return errors.New("DCQCN is off")
 	}
-	cnpSent0 := b.dev.Stats().CNPsSent.Load()
+	cnpSent0 := b.dev.Stats().CNPsSent
 	t.say("%s streams %d KiB RDMA WRITEs to %s, %d at a time. DCQCN runs on both: data packets are", a.name, ccMsg>>10, b.name, ccDepth)
 	t.say("ECN-capable (ECT(0)), %s's rate starts at the line rate (%s).", a.name, gbps(cs0.Rate))
 	markFor, recoverMax := t.opts.CongestionMark, t.opts.CongestionRecoverMax
@@ -131,7 +131,7 @@ func (t *Tour) congestion() error {
 		return err
 	}
 	cs, _ := a.qp.CongestionStats()
-	cnps := b.dev.Stats().CNPsSent.Load() - cnpSent0
+	cnps := b.dev.Stats().CNPsSent - cnpSent0
 	t.annotateRates(samples)
 	t.say("%s sent %d CNPs; %s's reaction point handled %d and cut her rate %d times, down to %s.",
 		b.name, cnps, a.name, cs.CNPsRcvd-cs0.CNPsRcvd, cs.RateCuts-cs0.RateCuts, gbps(minRate(samples, low)))

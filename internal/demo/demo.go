@@ -148,8 +148,8 @@ func OpenWith(out io.Writer, o Options, candidates ...string) (*Tour, error) {
 	opts := &rxego.ConnectOptions{MTU: 3, MinRNRTimer: 12, MaxRdAtomic: 4}
 	oa, ob := *opts, *opts
 	oa.LocalPSN, ob.LocalPSN = 1000, 2000
-	if err = rxego.ConnectRC(t.a.qp, rxego.RemoteQP{Addr: t.b.dev.Addr(), QPN: t.b.qp.Num(), PSN: 2000}, &oa); err == nil {
-		err = rxego.ConnectRC(t.b.qp, rxego.RemoteQP{Addr: t.a.dev.Addr(), QPN: t.a.qp.Num(), PSN: 1000}, &ob)
+	if err = t.a.qp.Connect(rxego.RemoteQP{Addr: t.b.dev.Addr(), QPN: t.b.qp.Num(), PSN: 2000}, &oa); err == nil {
+		err = t.b.qp.Connect(rxego.RemoteQP{Addr: t.a.dev.Addr(), QPN: t.a.qp.Num(), PSN: 1000}, &ob)
 	}
 	if err != nil {
 		t.Close()
@@ -294,16 +294,16 @@ func (t *Tour) send() error {
 	a, b := t.a, t.b
 	msg := []byte("A message Bob must take in: SEND needs a posted receive.")
 	copy(a.buf, msg)
-	rnr0 := a.dev.Stats().RcvdRNRErr.Load()
+	rnr0 := a.dev.Stats().RcvdRNRErr
 	t.say("%s SENDs %d bytes, but %s has posted no receive yet.", a.name, len(msg), b.name)
 	if err := a.qp.PostSend(rxego.SendWR{ID: 2, Opcode: rxego.WRSend, Flags: rxego.SendSignaled, SGL: a.sge(0, len(msg))}); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for a.dev.Stats().RcvdRNRErr.Load() == rnr0 && time.Now().Before(deadline) {
+	for a.dev.Stats().RcvdRNRErr == rnr0 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	rnr := a.dev.Stats().RcvdRNRErr.Load() - rnr0
+	rnr := a.dev.Stats().RcvdRNRErr - rnr0
 	if rnr == 0 {
 		return errors.New("expected a Receiver Not Ready NAK")
 	}
@@ -322,7 +322,7 @@ func (t *Tour) send() error {
 		return err
 	}
 	t.say("%s's completion: %s; %s's completion: %s.", b.name, wcString(wcb), a.name, wcString(wca))
-	t.say("%s received: %q (after %s in all).", b.name, b.buf[1000:1000+wcb.ByteLen], ladder.Count(int(a.dev.Stats().RcvdRNRErr.Load()-rnr0), "RNR NAK"))
+	t.say("%s received: %q (after %s in all).", b.name, b.buf[1000:1000+wcb.ByteLen], ladder.Count(int(a.dev.Stats().RcvdRNRErr-rnr0), "RNR NAK"))
 	return nil
 }
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestTour runs every scenario over real loopback sockets, recording each

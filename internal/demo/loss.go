@@ -20,7 +20,7 @@ func (t *Tour) loss() error {
 		a.buf[i] = byte('a' + i%26)
 	}
 	ea, eb := a.dev.Stats(), b.dev.Stats()
-	retx0, seq0, nak0 := ea.Retransmits.Load(), ea.RcvdSeqErr.Load(), eb.NAKsSent.Load()
+	retx0, seq0, nak0 := ea.Retransmits, ea.RcvdSeqErr, eb.NAKsSent
 	t.say("%s WRITEs %d bytes: five packets with consecutive PSNs. The network on %s's side will lose the second one.", a.name, lossSize, b.name)
 	t.lossy.dropNth(2)
 	if err := a.qp.PostSend(writeWR(a, b, 8, 0, 10000, lossSize)); err != nil {
@@ -38,7 +38,7 @@ func (t *Tour) loss() error {
 		return fmt.Errorf("%d packets dropped, want 1", t.lossy.dropped.Load())
 	}
 	ea, eb = a.dev.Stats(), b.dev.Stats()
-	retx, seq, nak := ea.Retransmits.Load()-retx0, ea.RcvdSeqErr.Load()-seq0, eb.NAKsSent.Load()-nak0
+	retx, seq, nak := ea.Retransmits-retx0, ea.RcvdSeqErr-seq0, eb.NAKsSent-nak0
 	if retx == 0 || seq == 0 || nak == 0 {
 		return fmt.Errorf("no recovery seen: %d retransmitted, %d sequence NAKs received, %d NAKs sent", retx, seq, nak)
 	}

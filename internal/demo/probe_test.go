@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestTourProbe runs the probe stop: the probe rides Bob's ib_write_bw

@@ -8,6 +8,7 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/transport"
+	"github.com/rxego/rxego/transport/impair"
 )
 
 // lossyConn is the receiving side's network for the loss scenario: armed
@@ -60,8 +61,8 @@ func (c *lossyConn) Recv(msgs []transport.Message) (int, error) {
 // loopback the peer's reply may have been received, and stamped, by then,
 // which would draw the reply before its request.
 type markingConn struct {
-	transport.Conn                     // the socket
-	impaired       *transport.Impaired // the socket, behind a CE-marking shim
+	transport.Conn              // the socket
+	impaired       *impair.Conn // the socket, behind a CE-marking shim
 	marking        atomic.Bool
 	mu             sync.Mutex // orders sends across a switch
 	sendStart      atomic.Pointer[time.Time]
@@ -70,7 +71,7 @@ type markingConn struct {
 // newMarkingConn wraps c; seed fixes the impairment's random stream (CE
 // marking with probability 1 uses none, but Impair wants one).
 func newMarkingConn(c transport.Conn, seed uint64) *markingConn {
-	return &markingConn{Conn: c, impaired: transport.Impair(c, transport.ImpairConfig{Seed: seed, Dir: transport.ImpairSend, CE: 1})}
+	return &markingConn{Conn: c, impaired: impair.Wrap(c, impair.Config{Seed: seed, Dir: impair.Send, CE: 1})}
 }
 
 // Send implements transport.Conn.

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 	"github.com/rxego/rxego/transport"
 )
 
@@ -23,39 +22,39 @@ func Map(dev *rxego.Device) map[string]uint64 {
 }
 
 // Engine names an engine's counters.
-func Engine(c *qp.Counters) map[string]uint64 {
+func Engine(c rxego.Stats) map[string]uint64 {
 	m := map[string]uint64{
-		"sent_pkts":                c.SentPkts.Load(),
-		"rcvd_pkts":                c.RcvdPkts.Load(),
-		"duplicate_request":        c.DuplicateRequest.Load(),
-		"out_of_seq_request":       c.OutOfSeqRequest.Load(),
-		"rcvd_rnr_err":             c.RcvdRNRErr.Load(),
-		"send_rnr_err":             c.SendRNRErr.Load(),
-		"rcvd_seq_err":             c.RcvdSeqErr.Load(),
-		"ack_deferred":             c.AckDeferred.Load(),
-		"retry_exceeded_err":       c.RetryExceededErr.Load(),
-		"retry_rnr_exceeded_err":   c.RetryRNRExceededErr.Load(),
-		"completer_retry_err":      c.CompleterRetryErr.Load(),
-		"contradicting_responses":  c.ContradictingResponse.Load(),
-		"send_err":                 c.SendErr.Load(),
-		"rdma_sends":               c.RDMASends.Load(),
-		"rdma_recvs":               c.RDMARecvs.Load(),
-		"sent_bytes":               c.SentBytes.Load(),
-		"rcvd_bytes":               c.RcvdBytes.Load(),
-		"retransmits":              c.Retransmits.Load(),
-		"window_cuts":              c.WindowCuts.Load(),
-		"read_budget_waits":        c.ReadBudgetWaits.Load(),
-		"naks_sent":                c.NAKsSent.Load(),
-		"remote_access_naks":       c.RemoteAccessNAKs.Load(),
-		"invalid_request_naks":     c.InvalidRequestNAKs.Load(),
-		"completions_generated":    c.CompletionsGenerated.Load(),
-		"flushed_work_requests":    c.FlushedWorkRequests.Load(),
-		"cnps_sent":                c.CNPsSent.Load(),
-		"cnps_received":            c.CNPsReceived.Load(),
-		"ecn_marked_pkts_received": c.ECNMarkedPktsReceived.Load(),
+		"sent_pkts":                c.SentPkts,
+		"rcvd_pkts":                c.RcvdPkts,
+		"duplicate_request":        c.DuplicateRequest,
+		"out_of_seq_request":       c.OutOfSeqRequest,
+		"rcvd_rnr_err":             c.RcvdRNRErr,
+		"send_rnr_err":             c.SendRNRErr,
+		"rcvd_seq_err":             c.RcvdSeqErr,
+		"ack_deferred":             c.AckDeferred,
+		"retry_exceeded_err":       c.RetryExceededErr,
+		"retry_rnr_exceeded_err":   c.RetryRNRExceededErr,
+		"completer_retry_err":      c.CompleterRetryErr,
+		"contradicting_responses":  c.ContradictingResponse,
+		"send_err":                 c.SendErr,
+		"rdma_sends":               c.RDMASends,
+		"rdma_recvs":               c.RDMARecvs,
+		"sent_bytes":               c.SentBytes,
+		"rcvd_bytes":               c.RcvdBytes,
+		"retransmits":              c.Retransmits,
+		"window_cuts":              c.WindowCuts,
+		"read_budget_waits":        c.ReadBudgetWaits,
+		"naks_sent":                c.NAKsSent,
+		"remote_access_naks":       c.RemoteAccessNAKs,
+		"invalid_request_naks":     c.InvalidRequestNAKs,
+		"completions_generated":    c.CompletionsGenerated,
+		"flushed_work_requests":    c.FlushedWorkRequests,
+		"cnps_sent":                c.CNPsSent,
+		"cnps_received":            c.CNPsReceived,
+		"ecn_marked_pkts_received": c.ECNMarkedPktsReceived,
 	}
-	for _, r := range qp.DropReasons() {
-		m["drop_"+r.String()] = c.Drops[r].Load()
+	for _, r := range rxego.DropReasons() {
+		m["drop_"+r.String()] = c.Drops[r]
 	}
 	return m
 }

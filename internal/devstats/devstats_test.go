@@ -6,26 +6,25 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
-	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/transport"
 )
 
 // TestNames checks the names tools and the conformance suite rely on, and
 // that a fresh engine counts nothing.
 func TestNames(t *testing.T) {
-	var c qp.Counters
-	c.SentPkts.Add(3)
-	c.RcvdRNRErr.Add(2)
-	c.Drops[qp.DropNoRecvWQE].Add(1)
-	m := Engine(&c)
+	var c rxego.Stats
+	c.SentPkts = 3
+	c.RcvdRNRErr = 2
+	c.Drops[rxego.DropNoRecvWQE] = 1
+	m := Engine(c)
 	for name, want := range map[string]uint64{"sent_pkts": 3, "rcvd_rnr_err": 2, "drop_no_recv_wqe": 1, "rcvd_pkts": 0} {
 		if got, ok := m[name]; !ok || got != want {
 			t.Errorf("%s = %d (present %v), want %d", name, got, ok, want)
 		}
 	}
-	if len(m) != 28+len(qp.DropReasons()) {
-		t.Errorf("%d engine counters, want %d", len(m), 28+len(qp.DropReasons()))
+	if len(m) != 28+len(rxego.DropReasons()) {
+		t.Errorf("%d engine counters, want %d", len(m), 28+len(rxego.DropReasons()))
 	}
 	var s transport.Stats
 	s.SentPackets, s.Drops[transport.DropBadICRC] = 7, 4
@@ -63,7 +62,7 @@ func TestMapAndSettle(t *testing.T) {
 	}
 	wcs := make([]rxego.WC, 1)
 	deadline := time.Now().Add(5 * time.Second)
-	for qa.cq.Poll(wcs) == 0 {
+	for n, _ := qa.cq.Poll(wcs); n == 0; n, _ = qa.cq.Poll(wcs) {
 		if time.Now().After(deadline) {
 			t.Fatal("no completion")
 		}
@@ -117,10 +116,10 @@ func connectPair(t *testing.T, a, b *rxego.Device) (side, *rxego.MR) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(sa.qp, rxego.RemoteQP{Addr: b.Addr(), QPN: sb.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
+	if err := sa.qp.Connect(rxego.RemoteQP{Addr: b.Addr(), QPN: sb.qp.Num(), PSN: 200}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(sb.qp, rxego.RemoteQP{Addr: a.Addr(), QPN: sa.qp.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200}); err != nil {
+	if err := sb.qp.Connect(rxego.RemoteQP{Addr: a.Addr(), QPN: sa.qp.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 200}); err != nil {
 		t.Fatal(err)
 	}
 	return sa, mrb

@@ -109,7 +109,7 @@ func (n *Node) setup(c NodeConfig) (err error) {
 		if err != nil {
 			return err
 		}
-		if err := rxego.InitQP(q, 0); err != nil {
+		if err := q.Init(0); err != nil {
 			return err
 		}
 		n.QPs = append(n.QPs, q)
@@ -152,8 +152,9 @@ func (n *Node) Connect(i int, peer Endpoint, j int) error {
 	if i < 0 || i >= len(n.QPs) || j < 0 || j >= len(peer.QPNs) {
 		return fmt.Errorf("job: no QP pair %d-%d (have %d local, %d remote)", i, j, len(n.QPs), len(peer.QPNs))
 	}
-	return rxego.ConnectRC(n.QPs[i], rxego.RemoteQP{Addr: peer.Addr, QPN: peer.QPNs[j], PSN: peer.PSN},
+	return n.QPs[i].Connect(rxego.RemoteQP{Addr: peer.Addr, QPN: peer.QPNs[j], PSN: peer.PSN},
 		&rxego.ConnectOptions{MTU: 5, LocalPSN: startPSN, MaxRdAtomic: 16, MinRNRTimer: 1})
+
 }
 
 // SGE is the SGE of n bytes of the node's buffer at off.

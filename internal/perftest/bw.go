@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // wrID packs a QP index and that QP's work request count into a wr_id.
@@ -601,7 +600,7 @@ func (s *session) sendBWServer(size int) (Report, error) {
 				return Report{}, err
 			}
 			s.res.Checked++
-			if wc.Opcode != qp.WCRecv || int(wc.ByteLen) != size {
+			if wc.Opcode != rxego.WCRecv || int(wc.ByteLen) != size {
 				s.res.Mismatches++
 			}
 			if next[i] < len(offs[i]) {

@@ -9,6 +9,6 @@
 // rxego's fill pattern, and that nothing outside the targeted slots
 // changed (Result.Checked, Result.Mismatches). Config.Hold hands a test
 // the ranges of the peer's memory whose content rxego knows at the final
-// handshake, so the test can read the peer's memory there. docs/perf.md
+// handshake, so the test can read the peer's memory there. docs/perftest.md
 // describes the flags and the exchange, docs/cm.md the -R mode.
 package perftest

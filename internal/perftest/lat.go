@@ -5,11 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"runtime"
-	satomic "sync/atomic"
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // latHeader prints the latency table's header.
@@ -167,7 +165,7 @@ func (s *session) writeLat() error {
 // only after rxego's next write). This replaces perftest's volatile poll
 // on the last byte, which in Go would race with the engine.
 func (s *session) waitBytes(total uint64) error {
-	rcvd := func() uint64 { return s.dev.Count(func(c *qp.Counters) *satomic.Uint64 { return &c.RcvdBytes }) }
+	rcvd := func() uint64 { return s.dev.Stats().RcvdBytes }
 	start := time.Now()
 	for rcvd() < total {
 		if err := s.ctx.Err(); err != nil {

@@ -155,8 +155,8 @@ func engineSummary(r *Result) string {
 	}
 	s := r.Device.Stats()
 	return fmt.Sprintf("engine: sent %d rcvd %d retransmits %d rcvd_seq_err %d duplicate %d out_of_seq %d naks %d",
-		s.SentPkts.Load(), s.RcvdPkts.Load(), s.Retransmits.Load(), s.RcvdSeqErr.Load(), s.DuplicateRequest.Load(),
-		s.OutOfSeqRequest.Load(), s.NAKsSent.Load())
+		s.SentPkts, s.RcvdPkts, s.Retransmits, s.RcvdSeqErr, s.DuplicateRequest,
+		s.OutOfSeqRequest, s.NAKsSent)
 }
 
 // TestLoopback runs every test between two rxego peers on loopback: the

@@ -9,8 +9,7 @@ import (
 	"testing"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/netns"
-	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/internal/testenv/netns"
 )
 
 // TestMTUClampedToActive: "-m 4096" on a port whose link carries 1500
@@ -39,19 +38,19 @@ func TestMTUClampedToActive(t *testing.T) {
 	defer dev.Close()
 
 	var out bytes.Buffer
-	s := &session{cfg: normalised{Config: Config{Out: &out, Device: dev}, mtu: qp.MTU4096}}
+	s := &session{cfg: normalised{Config: Config{Out: &out, Device: dev}, mtu: rxego.MTU4096}}
 	if err := s.openDevice(dev.Addr().Addr()); err != nil {
 		t.Fatal(err)
 	}
-	if s.cfg.mtu != qp.MTU1024 {
+	if s.cfg.mtu != rxego.MTU1024 {
 		t.Fatalf("MTU after the clamp: %d bytes, want 1024", s.cfg.mtu.Bytes())
 	}
 	if !strings.Contains(out.String(), "Changing to active mtu - 1024") {
 		t.Fatalf("no notice of the change: %q", out.String())
 	}
 	out.Reset()
-	s.cfg.mtu = qp.MTU512
-	if s.openDevice(dev.Addr().Addr()); s.cfg.mtu != qp.MTU512 || out.Len() != 0 {
+	s.cfg.mtu = rxego.MTU512
+	if s.openDevice(dev.Addr().Addr()); s.cfg.mtu != rxego.MTU512 || out.Len() != 0 {
 		t.Fatalf("an MTU below the active one changed: %d bytes, %q", s.cfg.mtu.Bytes(), out.String())
 	}
 }

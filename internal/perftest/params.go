@@ -10,7 +10,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/qp"
 )
 
 // Test names one perftest program, e.g. WriteBW for ib_write_bw.
@@ -220,7 +219,7 @@ const noPeakWarning = " WARNING: BW peak won't be measured in this run.\n"
 // defaults and its dependency rules (force_dependecies).
 type normalised struct {
 	Config
-	mtu   qp.MTU
+	mtu   rxego.MTU
 	cqMod int
 	// postList is PostList, at least 1.
 	postList int
@@ -291,7 +290,7 @@ func normalise(c Config) (normalised, error) {
 	if n.MTU == 0 {
 		n.MTU = 1024
 	}
-	m, ok := qp.MTUFromBytes(n.MTU)
+	m, ok := rxego.MTUFromBytes(n.MTU)
 	if !ok {
 		return n, fmt.Errorf("perftest: MTU %d is not 256, 512, 1024, 2048 or 4096", n.MTU)
 	}
@@ -323,10 +322,10 @@ func normalise(c Config) (normalised, error) {
 	}
 	if v == read || v == atomic {
 		if n.OutReads == 0 {
-			n.OutReads = qp.MaxRdAtomicLimit
+			n.OutReads = rxego.MaxRdAtomicLimit
 		}
-		if n.OutReads < 1 || n.OutReads > qp.MaxRdAtomicLimit {
-			return n, fmt.Errorf("perftest: outstanding reads %d: want 1 to %d", n.OutReads, qp.MaxRdAtomicLimit)
+		if n.OutReads < 1 || n.OutReads > rxego.MaxRdAtomicLimit {
+			return n, fmt.Errorf("perftest: outstanding reads %d: want 1 to %d", n.OutReads, rxego.MaxRdAtomicLimit)
 		}
 	} else {
 		n.OutReads = 1

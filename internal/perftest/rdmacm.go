@@ -8,7 +8,6 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
-	"github.com/rxego/rxego/qp"
 )
 
 // perftest's -R (work_rdma_cm, which implies use_rdma_cm) replaces both
@@ -70,7 +69,7 @@ func newCMChannel(ctx context.Context, dev *rxego.Device, pd *rxego.PD) (*cmChan
 		Caps: rxego.Caps{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return nil, err
 	}
-	if err := rxego.InitQP(c.q, rxego.AccessLocalWrite); err != nil {
+	if err := c.q.Init(rxego.AccessLocalWrite); err != nil {
 		return nil, err
 	}
 	return c, c.postRecv()
@@ -81,9 +80,11 @@ func newCMChannel(ctx context.Context, dev *rxego.Device, pd *rxego.PD) (*cmChan
 // the QP goes to INIT with its receive posted again.
 func (c *cmChannel) reset() error {
 	var wc [4]rxego.WC
-	for c.rcq.Poll(wc[:]) > 0 || c.scq.Poll(wc[:]) > 0 {
+	for _, cq := range []*rxego.CQ{c.rcq, c.scq} {
+		for n, _ := cq.Poll(wc[:]); n > 0; n, _ = cq.Poll(wc[:]) {
+		}
 	}
-	if err := rxego.InitQP(c.q, rxego.AccessLocalWrite); err != nil {
+	if err := c.q.Init(rxego.AccessLocalWrite); err != nil {
 		return err
 	}
 	return c.postRecv()
@@ -99,7 +100,7 @@ func (c *cmChannel) wait(cq *rxego.CQ, what string) (rxego.WC, error) {
 	if _, err := cq.PollWait(c.ctx, wc[:]); err != nil {
 		return wc[0], fmt.Errorf("perftest: rdma_cm exchange: waiting to %s: %w", what, err)
 	}
-	if wc[0].Status != qp.WCSuccess {
+	if wc[0].Status != rxego.WCSuccess {
 		return wc[0], fmt.Errorf("perftest: rdma_cm exchange: %s: completion status %s", what, wc[0].Status)
 	}
 	return wc[0], nil
@@ -231,7 +232,7 @@ func (s *session) connectCM() error {
 	// record (the client then waits for the answer), a client's after
 	// reading the server's (the server then waits for the client).
 	mark := func() error {
-		s.rcvdBase = s.dev.Stats().RcvdBytes.Load() - s.cm.ch.received
+		s.rcvdBase = s.dev.Stats().RcvdBytes - s.cm.ch.received
 		return nil
 	}
 	if s.client {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/qp"
 )
 
 // Result is what a run measured and checked.
@@ -220,7 +219,7 @@ func (s *session) run() error {
 	if err != nil {
 		return err
 	}
-	c.mtu = qp.MTU(code)
+	c.mtu = rxego.MTU(code)
 	s.lay = layout{ctxSize: c.bufSizeFor(), cycle: cycle, cacheLine: cacheLine, numQPs: c.NumQPs}
 	if s.lay.total() > maxBuffer {
 		return fmt.Errorf("perftest: a %d-byte buffer (page size %d, %d QPs, size %d) exceeds %d bytes",
@@ -320,7 +319,7 @@ func (s *session) clampMTU() {
 // records.
 func (s *session) setup() error {
 	c := &s.cfg
-	s.rcvdBase = s.dev.Stats().RcvdBytes.Load()
+	s.rcvdBase = s.dev.Stats().RcvdBytes
 	var err error
 	if s.pd == nil {
 		if s.pd, err = s.dev.AllocPD(); err != nil {
@@ -354,7 +353,7 @@ func (s *session) setup() error {
 		if err != nil {
 			return err
 		}
-		if err := rxego.InitQP(q, access); err != nil {
+		if err := q.Init(access); err != nil {
 			return err
 		}
 		s.qps = append(s.qps, q)
@@ -422,28 +421,28 @@ func (s *session) modify() error {
 		if r.QPN == 0 || r.QPN > 0xffffff {
 			return fmt.Errorf("perftest: peer QP number %#x", r.QPN)
 		}
-		rtr := qp.Attr{State: qp.RTR, PathMTU: s.cfg.mtu, DestQPN: r.QPN, RQPSN: r.PSN,
+		rtr := rxego.QPAttr{State: rxego.StateRTR, PathMTU: s.cfg.mtu, DestQPN: r.QPN, RQPSN: r.PSN,
 			Dest: netip.AddrPortFrom(r.Addr(), rxego.DefaultPort), HopLimit: 0xff,
 			MaxDestRdAtomic: uint8(s.my[i].OutReads), MinRNRTimer: minRNRTimer}
-		if err := rxego.SetSourceGID(s.qps[i], rxego.RemoteQP{Addr: rtr.Dest, QPN: r.QPN, SGIDIndex: s.cfg.GIDIndex}); err != nil {
+		if err := s.qps[i].SetSourceGID(rxego.RemoteQP{Addr: rtr.Dest, QPN: r.QPN, SGIDIndex: s.cfg.GIDIndex}); err != nil {
 			return fmt.Errorf("perftest: %w", err)
 		}
-		if err := s.qps[i].Modify(&rtr, qp.AttrState|qp.AttrAV|qp.AttrPathMTU|qp.AttrDestQPN|qp.AttrRQPSN|
-			qp.AttrMaxDestRdAtomic|qp.AttrMinRNRTimer); err != nil {
+		if err := s.qps[i].Modify(&rtr, rxego.AttrState|rxego.AttrAV|rxego.AttrPathMTU|rxego.AttrDestQPN|rxego.AttrRQPSN|
+			rxego.AttrMaxDestRdAtomic|rxego.AttrMinRNRTimer); err != nil {
 			return fmt.Errorf("perftest: QP %d to RTR: %w", s.qps[i].Num(), err)
 		}
 		out := r.OutReads
-		if out == 0 || out > qp.MaxRdAtomicLimit {
-			out = min(max(out, 1), qp.MaxRdAtomicLimit)
+		if out == 0 || out > rxego.MaxRdAtomicLimit {
+			out = min(max(out, 1), rxego.MaxRdAtomicLimit)
 		}
 		timeout := uint8(defQPTimeout)
 		if s.cfg.QPTimeout != nil {
 			timeout = *s.cfg.QPTimeout
 		}
-		rts := qp.Attr{State: qp.RTS, SQPSN: s.my[i].PSN, Timeout: timeout, RetryCnt: 7, RNRRetry: 7,
+		rts := rxego.QPAttr{State: rxego.StateRTS, SQPSN: s.my[i].PSN, Timeout: timeout, RetryCnt: 7, RNRRetry: 7,
 			MaxRdAtomic: uint8(out)}
-		if err := s.qps[i].Modify(&rts, qp.AttrState|qp.AttrSQPSN|qp.AttrTimeout|qp.AttrRetryCnt|
-			qp.AttrRNRRetry|qp.AttrMaxQPRdAtomic); err != nil {
+		if err := s.qps[i].Modify(&rts, rxego.AttrState|rxego.AttrSQPSN|rxego.AttrTimeout|rxego.AttrRetryCnt|
+			rxego.AttrRNRRetry|rxego.AttrMaxQPRdAtomic); err != nil {
 			return fmt.Errorf("perftest: QP %d to RTS: %w", s.qps[i].Num(), err)
 		}
 	}
@@ -457,7 +456,7 @@ func (s *session) setQPTimeout() error {
 		return nil
 	}
 	for _, q := range s.qps {
-		if err := q.Modify(&qp.Attr{State: qp.RTS, Timeout: *s.cfg.QPTimeout}, qp.AttrState|qp.AttrTimeout); err != nil {
+		if err := q.Modify(&rxego.QPAttr{State: rxego.StateRTS, Timeout: *s.cfg.QPTimeout}, rxego.AttrState|rxego.AttrTimeout); err != nil {
 			return fmt.Errorf("perftest: -u %d: %w", *s.cfg.QPTimeout, err)
 		}
 	}
@@ -475,7 +474,7 @@ func (s *session) poll(cq *rxego.CQ, wcs []rxego.WC) (int, error) {
 		return 0, fmt.Errorf("perftest: waiting for completions: %w", err)
 	}
 	for _, wc := range wcs[:n] {
-		if wc.Status != qp.WCSuccess {
+		if wc.Status != rxego.WCSuccess {
 			return 0, fmt.Errorf("perftest: completion with error: status %s (%d), wr_id %#x, QP %#x",
 				wc.Status, wc.Status, wc.ID, wc.QPN)
 		}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/internal/perftest"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/reth"
 	"github.com/rxego/rxego/transport/pcaptap"
@@ -177,10 +177,10 @@ func TestResponderAgainstRxego(t *testing.T) {
 		t.Errorf("fecn-cnp: %+v: no CNP in the capture", res)
 	}
 	st := srv.Device.Stats()
-	if st.OutOfSeqRequest.Load() == 0 {
+	if st.OutOfSeqRequest == 0 {
 		t.Errorf("the server counted no sequence error, but psn-gap-nak conformed")
 	}
-	if st.DuplicateRequest.Load() == 0 {
+	if st.DuplicateRequest == 0 {
 		t.Errorf("the server counted no duplicate request, but duplicate-write conformed")
 	}
 	if !strings.Contains(rep.Summary, "responder mode") {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/internal/perftest"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestBuiltinScenarios: the built-in scenarios parse, are many enough,

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/internal/demo"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 )
 

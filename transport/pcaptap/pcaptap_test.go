@@ -20,7 +20,7 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/transport"
 	"github.com/rxego/rxego/transport/pcaptap"
@@ -53,10 +53,10 @@ func newEnd(t *testing.T, dev *rxego.Device) *end {
 
 func connect(t *testing.T, a, b *end) {
 	t.Helper()
-	if err := rxego.ConnectRC(a.qp, rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 500}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
+	if err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num(), PSN: 500}, &rxego.ConnectOptions{LocalPSN: 100}); err != nil {
 		t.Fatal(err)
 	}
-	if err := rxego.ConnectRC(b.qp, rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 500}); err != nil {
+	if err := b.qp.Connect(rxego.RemoteQP{Addr: a.dev.Addr(), QPN: a.qp.Num(), PSN: 100}, &rxego.ConnectOptions{LocalPSN: 500}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,0 +1,66 @@
+package qp
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"github.com/rxego/rxego/mr"
+)
+
+// gather copies message bytes [off, off+len(dst)) of w into dst.
+func (e *Engine) gather(q *QP, w *sendWQE, off uint32, dst []byte) error {
+	if w.wr.Flags&SendInline != 0 {
+		copy(dst, w.inline[off:])
+		return nil
+	}
+	for _, s := range w.sgl {
+		if len(dst) == 0 {
+			break
+		}
+		if off >= s.Length {
+			off -= s.Length
+			continue
+		}
+		n := min(uint32(len(dst)), s.Length-off)
+		src, err := e.cfg.MRs.Local(s.LKey, q.pd, s.Addr+uint64(off), n, 0)
+		if err != nil {
+			return err
+		}
+		copy(dst, src)
+		dst = dst[n:]
+		off = 0
+	}
+	return nil
+}
+
+// scatter copies src into an SGL at message offset off, with the access
+// needed to write local memory.
+func (e *Engine) scatter(pd *mr.PD, sgl []SGE, off uint32, src []byte) error {
+	for _, s := range sgl {
+		if len(src) == 0 {
+			return nil
+		}
+		if off >= s.Length {
+			off -= s.Length
+			continue
+		}
+		n := min(uint32(len(src)), s.Length-off)
+		dst, err := e.cfg.MRs.Local(s.LKey, pd, s.Addr+uint64(off), n, mr.LocalWrite)
+		if err != nil {
+			return err
+		}
+		copy(dst, src[:n])
+		src = src[n:]
+		off = 0
+	}
+	if len(src) > 0 {
+		return errLength
+	}
+	return nil
+}
+
+var errLength = errors.New("qp: message longer than the receive buffers")
+
+// putUint64Native stores v in host byte order, as verbs returns atomic
+// results into local memory.
+func putUint64Native(b []byte, v uint64) { binary.NativeEndian.PutUint64(b, v) }
