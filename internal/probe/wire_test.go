@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/testaddr"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestArrivalTime: a packet's arrival time is when the kernel received it,
