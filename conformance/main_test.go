@@ -50,6 +50,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,6 +99,7 @@ func runMain(m *testing.M) int {
 			fmt.Fprintf(os.Stderr, "conformance: built rxego in %v\n", time.Since(t0).Round(time.Millisecond))
 		}
 	}
+	runDescription = describeRun()
 	code := m.Run()
 	closeShared()
 	if rows := report.Rows(); len(rows) > 0 {
@@ -797,6 +799,7 @@ func reportMarkdown() string {
 		return slices.Index(lab.Kernels, a.Kernel) - slices.Index(lab.Kernels, b.Kernel)
 	})
 	sorted := lab.NewReport("rxego conformance against rdma_rxe")
+	sorted.SetRun(runDescription + ", load average at the end " + loadAverage())
 	results := map[string]int{}
 	for _, r := range rows {
 		sorted.Add(r)
@@ -816,4 +819,34 @@ func reportMarkdown() string {
 	}
 	b.WriteString(readingNotes)
 	return b.String()
+}
+
+// runDescription says which run the report comes from (describeRun).
+var runDescription string
+
+// describeRun names the run: the commit tested (and whether the work tree
+// had changes), whether it ran under CI, the host's CPUs and load average
+// at the start.
+func describeRun() string {
+	commit := "unknown commit"
+	if out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output(); err == nil {
+		commit = "commit " + strings.TrimSpace(string(out))
+		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(bytes.TrimSpace(st)) > 0 {
+			commit += " with local changes"
+		}
+	}
+	ci := "not CI"
+	if os.Getenv("CI") == "true" {
+		ci = "CI=true"
+	}
+	return fmt.Sprintf("%s, %s, %d CPUs, load average at the start %s", commit, ci, runtime.NumCPU(), loadAverage())
+}
+
+// loadAverage is the first three fields of /proc/loadavg, or "unknown".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }

@@ -30,8 +30,18 @@ type Row struct {
 // markdown table.
 type Report struct {
 	title string
+	run   string
 	mu    sync.Mutex
 	rows  []Row
+}
+
+// SetRun names the run the report comes from (commit, CI or not, host),
+// printed under the title, so that a report copied into the docs says
+// which run it is.
+func (r *Report) SetRun(run string) {
+	r.mu.Lock()
+	r.run = run
+	r.mu.Unlock()
 }
 
 // NewReport returns an empty report with a title.
@@ -56,6 +66,12 @@ func (r *Report) Markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# %s\n\n", r.title)
 	fmt.Fprintf(&b, "Generated %s.\n\n", time.Now().UTC().Format(time.RFC3339))
+	r.mu.Lock()
+	run := r.run
+	r.mu.Unlock()
+	if run != "" {
+		fmt.Fprintf(&b, "Run: %s.\n\n", run)
+	}
 	b.WriteString("| case | kernel | role | result | duration | resent | rxe counters (delta) | note |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows() {

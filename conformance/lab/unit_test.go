@@ -97,9 +97,11 @@ func TestReportMarkdown(t *testing.T) {
 	r.Add(Row{Case: "rc|pp", Kernel: "6.12", Role: "server", Result: "pass",
 		Duration: 1500 * time.Millisecond,
 		Counters: map[string]uint64{"sent_pkts": 4, "rcvd_pkts": 5, "ack_deferred": 0}, Resent: "2.0% (2/100)", Note: "a\nb"})
+	r.SetRun("commit abc, CI")
 	md := r.Markdown()
 	for _, want := range []string{
 		"# title\n",
+		"Run: commit abc, CI.\n",
 		"| case | kernel | role | result | duration | resent | rxe counters (delta) | note |",
 		`| rc\|pp | 6.12 | server | pass | 1.5s | 2.0% (2/100) | rcvd_pkts=5 sent_pkts=4 | a b |`,
 	} {
