@@ -1,10 +1,6 @@
 package qp
 
-import (
-	"time"
-
-	"github.com/rxego/rxego/bth"
-)
+import "time"
 
 // The requester's congestion window (issue 23). IBTA and rxe resend
 // everything from the oldest unacknowledged PSN after a timeout, up to
@@ -24,8 +20,7 @@ import (
 // minCwnd is the least a sequence error NAK or slow start's threshold
 // leaves of the congestion window, in PSNs: a few packets, enough to keep
 // ACKs coming back. A timeout leaves one PSN (the oldest unacknowledged,
-// resent), as TCP's loss window: the ACK that follows tells a spurious
-// timeout from a loss (resumeAt).
+// resent), as TCP's loss window; ACKs then open it again.
 const minCwnd = 2
 
 // queueDelay is the round-trip time beyond twice the least one seen at
@@ -119,21 +114,4 @@ func (e *Engine) cwndLoss(q *QP) {
 	r.ackedTo = r.compPSN
 	r.afterTimeout = false
 	e.Stats.WindowCuts.Add(1)
-}
-
-// resumeAt returns where the requester goes on sending after an
-// acknowledgement passed its send position (see complete). After a
-// timeout that means the timeout was spurious, as TCP's F-RTO detects:
-// the packets sent before it were only waiting in a slow responder's
-// queue, and the ACK answers those, not the resends. The rest of them
-// are still on their way, so the requester goes on after the last PSN it
-// ever sent instead of sending them all again; should one of them have
-// been lost after all, the responder's sequence error NAK or the next
-// timeout says so.
-func (e *Engine) resumeAt(q *QP) bth.PSN {
-	r := &q.req
-	if r.afterTimeout {
-		return r.maxSent
-	}
-	return r.compPSN
 }
