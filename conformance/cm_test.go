@@ -26,8 +26,10 @@ const cmListening = "rxego: rdma_cm listening on "
 // cmExpect: a disconnect moves the QPs to ERR (rdma_disconnect does so
 // too), which flushes the receives still posted; and a packet the peer
 // sent before it heard of the disconnect may reach rxego after the QP is
-// destroyed (drop_closed_qp, qp/quarantine.go). A packet for a QP number
-// rxego never had (drop_unknown_qp) stays an error.
+// destroyed (drop_closed_qp, qp/quarantine.go); so may a CM MAD for QP1
+// after rxego's connection manager closed (a DREP to a DREQ that crossed
+// the peer's: the one drop_unknown_qp seen in ib_atomic_lat -R runs). A
+// packet for a QP number rxego never had (drop_unknown_qp) stays an error.
 var cmExpect = []string{"flushed_work_requests", "drop_closed_qp"}
 
 // cmTimeout bounds one rdma_cm run: guests are slow, and a lost CM

@@ -202,6 +202,40 @@ func TestStaleNAKIgnored(t *testing.T) {
 	}
 }
 
+// TestDestroyQP1: a packet for QP1 after the QP1 was destroyed (a CM MAD
+// retransmitted to a device whose connection manager has closed) counts
+// as drop_closed_qp, not drop_unknown_qp, and QP1 can be made again at
+// once (it is a fixed number, not drawn from the pool).
+func TestDestroyQP1(t *testing.T) {
+	f := newFabric(t)
+	na, nb := f.node("198.18.0.1"), f.node("198.18.0.2")
+	gsi := func() *QP {
+		t.Helper()
+		cq, _ := NewCQ(4)
+		q, err := na.e.Create(InitAttr{Type: UD, PD: na.pd, SendCQ: cq, RecvCQ: cq,
+			Caps: Caps{MaxSendWR: 1, MaxRecvWR: 1}, QPN: 1})
+		if err != nil {
+			t.Fatalf("creating QP1: %v", err)
+		}
+		return q
+	}
+	if err := gsi().Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	mad := make([]byte, bth.Len+reth.DETHLen+256+bth.ICRCLen)
+	h := bth.BTH(mad)
+	h.SetOpcode(bth.UDSendOnly)
+	h.SetPKey(bth.DefaultPKey)
+	h.SetDestQP(1)
+	f.queue = append(f.queue, wirePkt{data: mad, src: nb.addr, dst: na.addr})
+	f.run(time.Millisecond)
+	st := &na.e.Stats
+	if closed, unknown := st.Drops[DropClosedQP].Load(), st.Drops[DropUnknownQP].Load(); closed != 1 || unknown != 0 {
+		t.Fatalf("a MAD for the destroyed QP1: closed_qp drops %d, unknown_qp drops %d; want 1 and 0", closed, unknown)
+	}
+	gsi()
+}
+
 // TestDestroy: a destroyed QP drops its work without completions, stops
 // its timers and refuses every call; packets for it are dropped as for
 // an unknown QP.

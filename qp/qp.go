@@ -135,7 +135,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 		if _, taken := e.qps[a.QPN]; taken || a.QPN > bth.PSNMask {
 			return nil, fmt.Errorf("%w: %d", ErrQPNTaken, a.QPN)
 		}
-		if e.recentlyClosed(a.QPN, now) {
+		if a.QPN >= 2 && e.recentlyClosed(a.QPN, now) {
 			return nil, fmt.Errorf("%w: %d was destroyed less than %v ago, and its peer may still send to it", ErrQPNTaken, a.QPN, closedQPHold)
 		}
 		q.num = a.QPN

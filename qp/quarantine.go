@@ -18,11 +18,10 @@ import "time"
 const closedQPHold = 10 * time.Second
 
 // quarantine records that QP number n was destroyed now. QP0 and QP1 are
-// fixed numbers and always reusable.
+// fixed numbers: they are recorded too (a CM MAD retransmitted to a
+// closed connection manager counts as drop_closed_qp) but Create gives
+// them out again at once.
 func (e *Engine) quarantine(n uint32) {
-	if n < 2 {
-		return
-	}
 	now := e.cfg.Clock.Now()
 	if e.closedQPs == nil {
 		e.closedQPs = map[uint32]time.Duration{}
