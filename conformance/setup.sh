@@ -31,7 +31,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 # (guests run the host's root, so its libibverbs too).
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
 	rdmacm-utils tshark nftables tcpdump iproute2 xz-utils cpio kmod
-	ethtool util-linux chromium fonts-liberation gcc libc6-dev libibverbs-dev curl)
+	ethtool util-linux chromium fonts-liberation gcc libc6-dev libibverbs-dev curl git)
 missing=()
 for p in "${pkgs[@]}"; do
 	if ! dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
@@ -63,6 +63,7 @@ programs=(
 	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer
 	sh bash dd cat echo true rm sha256sum                    # base system
 	curl                                                     # curl: under librspreload (librdmacm1) against rxego's HTTP over rsocket
+	git                                                      # git: the conformance report names the commit it tested
 )
 for p in "${programs[@]}"; do
 	command -v "$p" >/dev/null || die "$p not found after installing the packages above"
