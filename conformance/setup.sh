@@ -62,8 +62,8 @@ programs=(
 	chromium                                                 # chromium
 	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer
 	sh bash dd cat echo true rm sha256sum                    # base system
-	curl                                                     # curl: under librspreload (librdmacm1) against rxego's HTTP over rsocket
 	git                                                      # git: the conformance report names the commit it tested
+	curl                                                     # curl: under librspreload (librdmacm1) against rxego's HTTP over rsocket
 )
 for p in "${programs[@]}"; do
 	command -v "$p" >/dev/null || die "$p not found after installing the packages above"
