@@ -260,12 +260,45 @@ func (c *Conn) poll(ctx context.Context) {
 func (c *Conn) watchCM(ctx context.Context) {
 	select {
 	case <-c.cmc.Done():
+		c.settleCQ(ctx)
 		c.mu.Lock()
 		if c.state&stConnected != 0 {
 			c.failLocked(fmt.Errorf("CM: %v", c.cmc.Err()))
 		}
 		c.mu.Unlock()
 	case <-ctx.Done():
+	}
+}
+
+// cmSettle is how long watchCM lets the poll goroutine take what the CQ
+// holds before judging a DREQ, and cmSettleMax the most it waits for the
+// CQ to empty.
+const (
+	cmSettle    = 20 * time.Millisecond
+	cmSettleMax = 500 * time.Millisecond
+)
+
+// settleCQ waits, after the CM connection ended, until the poll goroutine
+// has handled what the CQ held (or the connection is no longer
+// connected). The peer's DISCONNECT message is acknowledged before its
+// DREQ goes out, so it is in the CQ by then, but the DREQ comes by
+// another path (QP1) and can be seen first: judged at once, a clean close
+// would read as a reset (nettest's BasicIO saw it under load).
+func (c *Conn) settleCQ(ctx context.Context) {
+	start := time.Now()
+	for {
+		c.mu.Lock()
+		connected := c.state&stConnected != 0
+		c.mu.Unlock()
+		waited := time.Since(start)
+		if !connected || waited >= cmSettleMax || waited >= cmSettle && c.cq.Len() == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Millisecond):
+		}
 	}
 }
 
