@@ -226,6 +226,7 @@ func counters(d *rxego.Device) map[string]uint64 {
 	return map[string]uint64{
 		"sent_pkts": e.SentPkts, "rcvd_pkts": e.RcvdPkts, "retransmits": e.Retransmits,
 		"rcvd_seq_err": e.RcvdSeqErr, "rnr_naks_sent": e.SendRNRErr, "engine_drops": drops,
+		"window_cuts": e.WindowCuts, "read_budget_waits": e.ReadBudgetWaits,
 		"gso_sends": t.GSOSends, "gso_segments": t.GSOSegments, "gro_batches": t.GROBatches,
 		"send_calls": t.SendCalls, "recv_calls": t.RecvCalls, "overflow_drops": t.Drops[transport.DropOverflow],
 	}

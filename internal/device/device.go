@@ -117,10 +117,17 @@ func readBudget(c transport.Conn, sharing int) (budget, chunk int) {
 	return budget, min(qp.DefaultReadChunk, max(budget/2, 4096))
 }
 
-// maxReadBudget bounds a shard's READ responses in flight: 256 KiB keep
-// a READ at gigabytes per second over a path of 100 us and bound what a
-// lost response costs (docs/reliability.md).
-const maxReadBudget = 256 << 10
+// maxReadBudget bounds a shard's READ responses in flight. The socket
+// (a quarter of its buffer) is the bound that matters; this one only
+// keeps a device with a huge buffer from asking for more than a fast
+// path needs: 1 MiB keeps a READ at 40 Gbit/s over a round trip of
+// 200 us (a loaded host's loopback). 256 KiB, the first choice, held a
+// quiet 2-CPU machine's READ to 0.54-0.73x of what it did without a
+// budget (bench/RESULTS.md, issue 29's sitting): requests waited for
+// room half a million times a second. What a lost response costs is
+// bounded by the congestion window, which the READ requests follow
+// (qp/readsplit.go), not by this budget.
+const maxReadBudget = 1 << 20
 
 // initialWindow is the congestion window a device's QPs start with
 // (qp.Config.InitialWindow), in PSNs: slow start opens it to
