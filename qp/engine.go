@@ -169,6 +169,15 @@ type Engine struct {
 	closedQPs   map[uint32]time.Duration
 	closedOrder []closedQP // the Destroys closedQPs holds, oldest first
 
+	// ready lists the QPs waiting for a turn to send, nextRound is the
+	// spare array for the round after; turnsHeld defers kicks to the end
+	// of a received batch or a timer pass, turning is set while turns run,
+	// and emitted counts the bytes emit has queued (turns.go).
+	ready, nextRound []*QP
+	turnsHeld        int
+	turning          bool
+	emitted          uint64
+
 	readOut  int   // bytes of READ responses asked for and not received (readsplit.go)
 	readWait []*QP // QPs waiting for room in the READ budget
 
@@ -322,9 +331,11 @@ func (e *Engine) InputWoke(pkts []InPacket) (woke bool) {
 func (e *Engine) input(pkts []InPacket) {
 	now := e.cfg.Clock.Now()
 	e.woke, e.pushed = false, false
+	e.holdTurns()
 	for i := range pkts {
 		e.receive(&pkts[i], now)
 	}
+	e.releaseTurns() // the QPs the batch's ACKs let send, each in turn
 }
 
 // InputPolled is Input for a goroutine that polls a CQ and takes in
