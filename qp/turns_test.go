@@ -3,6 +3,7 @@ package qp
 import (
 	"net/netip"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/rxego/rxego/bth"
@@ -213,5 +214,52 @@ func TestTurnsAreFair(t *testing.T) {
 	}
 	if len(runs) < 2*nqp {
 		t.Fatalf("only %d runs: the test wants several turns per QP", len(runs))
+	}
+}
+
+// forwardRecorder records the batches an engine emits and passes them on.
+type forwardRecorder struct {
+	turnRecorder
+	next Output
+}
+
+func (r *forwardRecorder) Emit(pkts []OutPacket) {
+	r.turnRecorder.Emit(pkts)
+	r.next.Emit(pkts)
+}
+
+// TestAcksOfManyQPsLeaveInOneEmit: the ACKs a received batch calls for,
+// one per QP for eight QPs, reach the Output in one Emit (one sendmmsg
+// on a device), not one each.
+func TestAcksOfManyQPsLeaveInOneEmit(t *testing.T) {
+	const nqp, size = 8, 512
+	f := newFabric(t)
+	f.batch = true
+	rec := &forwardRecorder{}
+	bAddr := netip.MustParseAddr("198.18.0.2")
+	f.engineCfg = func(c *Config) {
+		if c.Local == bAddr {
+			rec.next, c.Out = c.Out, rec
+		}
+	}
+	na, nb := f.node("198.18.0.1"), f.node(bAddr.String())
+	eps := make([]*endpoint, nqp)
+	for i := range eps {
+		eps[i] = na.newQP(t, RC, 8)
+		connect(t, eps[i], nb.newQP(t, RC, 8), defaultConn())
+	}
+	src, _ := na.reg(t, size, allAccess)
+	dst, _ := nb.reg(t, size, allAccess)
+	rec.reset()
+	for _, ep := range eps {
+		ep.post(t, SendWR{ID: 1, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(src, 0, size), RemoteAddr: dst.IOVA(), RKey: dst.RKey()})
+	}
+	f.step(f.clock.now) // B takes in the eight WRITEs in one Input
+	if rec.emits != 1 || len(rec.pkts) != nqp {
+		t.Fatalf("B answered one batch of %d WRITEs with %d Emits of %d packets in all, want 1 Emit of %d ACKs", nqp, rec.emits, len(rec.pkts), nqp)
+	}
+	f.run(time.Second)
+	for _, ep := range eps {
+		check(t, "WRITE", pollAll(ep.scq), want{1, WCSuccess, WCWrite})
 	}
 }
