@@ -10,7 +10,6 @@ import (
 func (e *Engine) emit(q *QP, buf []byte, dest netip.AddrPort, tos uint8) {
 	e.outq = append(e.outq, OutPacket{Buf: buf, Dest: dest, TOS: tos, QPN: q.num, DestQPN: bth.BTH(buf).DestQP()})
 	e.Stats.SentPkts.Add(1)
-	e.emitted += uint64(len(buf))
 	if len(e.outq) >= outBatch {
 		e.flush()
 	}

@@ -1,29 +1,47 @@
 package qp
 
+import "github.com/rxego/rxego/bth"
+
 // Turns: how the requesters of many QPs share the engine's send path.
 //
-// A UDP GSO datagram carries one QP's packets only (one destination, one
-// UDP header, and the Output finds a run by the packets lying back to
-// back in the slab), so what the Output can send in one system call
-// depends on how long each QP's run of adjacent packets is in the batch.
-// When every ACK of a received batch sent its QP's next few packets at
-// once, a batch with ACKs for eight QPs interleaved them in short runs,
-// and the system calls per byte grew with the QP count. Instead, a QP
-// with something to send joins a round-robin list of ready QPs, and the
-// list is run when the engine finishes what it was doing (a received
-// batch, a timer pass, a post): each QP in turn sends until its window,
-// credits or pacing stop it or its turn's budget (turnBytes) is spent,
-// and goes to the back of the list if it could send more. Every QP with
-// work gets one turn per round, so none waits for more than one round
-// of the others' turns.
+// A UDP GSO datagram carries the packets of one destination and source
+// port (and the Output finds a run by the packets lying back to back in
+// the slab), so what the Output can send as one datagram depends on how
+// long each QP's run of adjacent packets is in the batch. When every ACK
+// of a received batch sent its QP's next few packets at once, a batch
+// with several ACKs for each of many QPs interleaved them in short runs;
+// where QPs leave from different source ports (a device's default off
+// loopback) or go to different peers, each run became a datagram of its
+// own. Instead, a QP with something to send joins a round-robin list of
+// ready QPs, and the list is run when the engine finishes what it was
+// doing (a received batch, a timer pass, a post): each QP in turn sends
+// until its window, credits or pacing stop it or its turn's budget
+// (turnPackets) is spent, and goes to the back of the list if it could
+// send more. Every QP with work gets one turn per round, so none waits
+// for more than one round of the others' turns.
 
-// turnBytes is the most bytes (BTH through ICRC) a QP sends in one turn
-// while other QPs wait: four full UDP GSO datagrams (the kernel takes at
-// most 64 segments and 64 KiB in one), enough that the short datagram at
-// the turn's end is one in five or more, and little enough that sixteen
-// QPs' turns take a few batches, not a window each (at MTU 4096 a window
-// of 256 PSNs is 1 MiB).
-const turnBytes = 4 * (64 << 10)
+// gsoSegments and gsoBytes are the most one UDP GSO datagram carries: 64
+// segments (what every kernel with UDP_SEGMENT accepts) and 65,507 bytes
+// of UDP payload (an IPv4 datagram's), the limits transport.Coalesce
+// applies.
+const (
+	gsoSegments = 64
+	gsoBytes    = 65535 - 20 - 8
+)
+
+// turnDatagrams is how many full GSO datagrams of its packets a QP sends
+// in one turn while other QPs wait: enough that the turn's GSO runs are
+// long, and few enough that sixteen QPs' turns take a few batches, not a
+// window each (at MTU 4096 a window of 256 PSNs is 1 MiB).
+const turnDatagrams = 4
+
+// turnPackets is the most packets a QP with path MTU mtu sends in one
+// turn: turnDatagrams datagrams of full packets (a BTH, mtu bytes of
+// payload and the ICRC, as the MIDDLE packets of a long message are), so
+// that a turn ends where a datagram does.
+func turnPackets(mtu int) int {
+	return turnDatagrams * max(1, min(gsoSegments, gsoBytes/(bth.Len+mtu+bth.ICRCLen)))
+}
 
 // kick lets q's requester send what it can: at once, or, while the
 // engine is taking in a batch or running timers (turnsHeld), when that
@@ -85,12 +103,12 @@ func (e *Engine) turn(q *QP) (more bool) {
 		return false
 	}
 	now := e.cfg.Clock.Now()
-	start := e.emitted
-	for q.sqSend != q.sqTail && (q.state == RTS || q.state == SQD) {
+	budget := turnPackets(q.mtuOrMax())
+	for n := 0; q.sqSend != q.sqTail && (q.state == RTS || q.state == SQD); n++ {
 		if q.state == SQD && !q.wqe(q.sqSend).started {
 			break
 		}
-		if e.emitted-start+uint64(q.mtuOrMax()+maxHeaders) > turnBytes {
+		if n == budget {
 			return true
 		}
 		if !e.sendNext(q, now) {
@@ -99,7 +117,3 @@ func (e *Engine) turn(q *QP) (more bool) {
 	}
 	return false
 }
-
-// maxHeaders bounds a request packet's bytes beyond its payload: the
-// longest header set, pad and ICRC (MaxPacket less the largest payload).
-const maxHeaders = MaxPacket - 4096

@@ -169,9 +169,10 @@ func TestTurnsKeepEachQPsPacketsAdjacent(t *testing.T) {
 }
 
 // TestTurnsAreFair: when one received batch opens a large window for
-// each of four QPs, they take turns of at most turnBytes in round-robin
-// order: none sends a second turn before every other QP with work had
-// its first, and every turn but a QP's last is full.
+// each of four QPs, they take turns of turnPackets in round-robin order:
+// none sends a second turn before every other QP with work had its first,
+// every turn but a QP's last is full, and each full turn is turnDatagrams
+// GSO datagrams (but where the slab filled and cut one).
 func TestTurnsAreFair(t *testing.T) {
 	const nqp, window, mtu = 4, 1024, 1024
 	const size = 2 * window * mtu // two windows: the posts send the first
@@ -193,19 +194,20 @@ func TestTurnsAreFair(t *testing.T) {
 	eps[0].n.e.Input(batch)
 
 	runs := rec.runs()
+	turn := turnPackets(mtu)
+	perDatagram := turn / turnDatagrams
 	sent := map[uint32]int{}
+	datagrams := rec.emits - 1 // each Emit but the last may cut a run
 	for i, r := range runs {
 		sent[r.qpn] += r.pkts
 		if want := eps[i%nqp].qp.Num(); r.qpn != want {
 			t.Fatalf("run %d is QP %d's, want QP %d's (round robin): %v", i, r.qpn, want, runs)
 		}
-		if r.bytes > turnBytes {
-			t.Fatalf("run %d: %d bytes, more than a turn (%d)", i, r.bytes, turnBytes)
-		}
 		last := i+nqp >= len(runs)
-		if !last && r.bytes < turnBytes-(mtu+maxHeaders) {
-			t.Fatalf("run %d: %d bytes, a turn cut short while its QP had more to send: %v", i, r.bytes, runs)
+		if r.pkts > turn || !last && r.pkts != turn {
+			t.Fatalf("run %d: %d packets, want turns of %d (less only for a QP's last): %v", i, r.pkts, turn, runs)
 		}
+		datagrams += (r.pkts + perDatagram - 1) / perDatagram
 	}
 	for _, ep := range eps {
 		if got := sent[ep.qp.Num()]; got != window {
@@ -214,6 +216,9 @@ func TestTurnsAreFair(t *testing.T) {
 	}
 	if len(runs) < 2*nqp {
 		t.Fatalf("only %d runs: the test wants several turns per QP", len(runs))
+	}
+	if len(rec.datagrams) > datagrams {
+		t.Errorf("Coalesce made %d datagrams of the turns, want at most %d (%d per full turn)", len(rec.datagrams), datagrams, turnDatagrams)
 	}
 }
 
