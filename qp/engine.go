@@ -136,9 +136,12 @@ const MaxPacket = 4096 + 64
 // outBatch is the most packets queued before they are handed to the
 // Output; slabSize is the bytes they may take. A 64 KiB message at MTU
 // 1024 is 64 packets, so a batch holds several such messages and the
-// Output sees long runs.
+// Output sees long runs. The slab fills at about the same count of full
+// MTU 1024 packets (504), so a long stream is cut into batches (one
+// sendmmsg each, and a short GSO datagram where a run is cut) every 512
+// KiB at either MTU; with 256 the queue cut it every 256 KiB at MTU 1024.
 const (
-	outBatch = 256
+	outBatch = 512
 	slabSize = 512 << 10
 )
 
@@ -168,6 +171,14 @@ type Engine struct {
 	// the time (quarantine.go).
 	closedQPs   map[uint32]time.Duration
 	closedOrder []closedQP // the Destroys closedQPs holds, oldest first
+
+	// ready lists the QPs waiting for a turn to send, nextRound is the
+	// spare array for the round after; turnsHeld defers kicks to the end
+	// of a received batch or a timer pass, and turning is set while turns
+	// run (turns.go).
+	ready, nextRound []*QP
+	turnsHeld        int
+	turning          bool
 
 	readOut  int   // bytes of READ responses asked for and not received (readsplit.go)
 	readWait []*QP // QPs waiting for room in the READ budget
@@ -322,9 +333,11 @@ func (e *Engine) InputWoke(pkts []InPacket) (woke bool) {
 func (e *Engine) input(pkts []InPacket) {
 	now := e.cfg.Clock.Now()
 	e.woke, e.pushed = false, false
+	e.holdTurns()
 	for i := range pkts {
 		e.receive(&pkts[i], now)
 	}
+	e.releaseTurns() // the QPs the batch's ACKs let send, each in turn
 }
 
 // InputPolled is Input for a goroutine that polls a CQ and takes in

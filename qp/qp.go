@@ -91,6 +91,9 @@ type QP struct {
 	// readWaiting: q is on the engine's list of QPs waiting for room in
 	// the READ budget.
 	readWaiting bool
+	// turnQueued: q is on the engine's list of QPs waiting for a turn to
+	// send (turns.go).
+	turnQueued bool
 }
 
 // ErrQPNTaken is returned by Create for a QP number in use or out of range.

@@ -89,23 +89,6 @@ func spend(left *uint8) bool {
 	return true
 }
 
-// kick runs the requester of q until it cannot send more. In SQD it
-// finishes (and retransmits) the messages it had started, and starts none.
-func (e *Engine) kick(q *QP) {
-	if q.state != RTS && q.state != SQD || q.req.rnrWait {
-		return
-	}
-	now := e.cfg.Clock.Now()
-	for q.sqSend != q.sqTail && (q.state == RTS || q.state == SQD) {
-		if q.state == SQD && !q.wqe(q.sqSend).started {
-			break
-		}
-		if !e.sendNext(q, now) {
-			break
-		}
-	}
-}
-
 func (q *QP) wqe(i uint64) *sendWQE { return &q.sq[i%uint64(len(q.sq))] }
 
 func (q *QP) maxRdAtomic() int {

@@ -124,6 +124,8 @@ func (e *Engine) skim() {
 }
 
 func (e *Engine) runTimers(now time.Duration) {
+	e.holdTurns()
+	defer e.releaseTurns() // the QPs the timers let send, each in turn
 	for {
 		e.skim()
 		if e.timers.Len() == 0 || e.timers[0].at > now {
