@@ -231,8 +231,12 @@ func (c *child) stderr() string {
 }
 
 // Main is the command: "rxego-bench [flags]" runs the suite and prints the
-// report; "rxego-bench peer ..." is a child process.
+// report; "rxego-bench compare ..." compares the -json output of sittings
+// (see Compare); "rxego-bench peer ..." is a child process.
 func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "compare" {
+		return Compare(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "peer" {
 		if err := Peer(args[1:], stdout); err != nil {
 			fmt.Fprintln(stderr, "rxego-bench peer:", err)
