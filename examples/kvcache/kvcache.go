@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"github.com/rxego/rxego"
@@ -302,9 +303,9 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) (time.Duration, err
 	return job.CPU() - cpu0, nil
 }
 
-// TCP: each layer goes as an 8-byte header (layer, length) and its bytes,
-// on connection layer % Lanes; the decode side reads it straight into
-// the layer's place in its buffer.
+// TCP: each layer goes as an 8-byte header (layer, length) and its bytes
+// in one writev, on connection layer % Lanes; the decode side reads it
+// straight into the layer's place in its buffer.
 
 func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
@@ -384,11 +385,11 @@ func prefillTCP(ctx context.Context, c Config, r *job.Rank) (time.Duration, erro
 			for l := i; l < c.Layers; l += c.Lanes {
 				binary.BigEndian.PutUint32(hdr[:], uint32(l))
 				binary.BigEndian.PutUint32(hdr[4:], uint32(lb))
-				if _, err := cn.Write(hdr[:]); err != nil {
-					errs <- err
-					return
-				}
-				if _, err := cn.Write(buf[l*lb : (l+1)*lb]); err != nil {
+				// Header and layer in one writev: no 8-byte segment of
+				// its own (TCP_NODELAY sends it at once), so the decode
+				// side is not woken for the header alone.
+				bufs := net.Buffers{hdr[:], buf[l*lb : (l+1)*lb]}
+				if _, err := bufs.WriteTo(cn); err != nil {
 					errs <- err
 					return
 				}
