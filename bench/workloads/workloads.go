@@ -163,7 +163,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 	for i := range rounds {
 		fmt.Fprintf(progress, "round %d of %d\n", i+1, rounds)
 		if slices.Contains(only, "kvcache") {
-			rs, err := kvcache.Compare(ctx, p.kv, p.qps, p.conns, false, func(c kvcache.Config) job.Starter { return procs("kvcache", c) })
+			rs, err := kvcache.Compare(ctx, p.kv, p.qps, p.conns, false, true, func(c kvcache.Config) job.Starter { return procs("kvcache", c) })
 			if err != nil {
 				return err
 			}
@@ -172,6 +172,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 				kv.add(name+" Gbit/s", "Gbit/s", r.Gbps, "tcp 1 Gbit/s", false)
 				kv.add(name+" total", "ms", r.Total*1e3, "tcp 1 total", true)
 				kv.add(name+" first layer", "ms", r.First*1e3, "tcp 1 first layer", true)
+				kv.add(name+" untimed first pass", "ms", r.Cold*1e3, "tcp 1 untimed first pass", true)
 				kv.add(name+" prefill CPU", "s", r.SendCPU, "tcp 1 prefill CPU", true)
 				kv.add(name+" decode CPU", "s", r.CPU, "tcp 1 decode CPU", true)
 			}
