@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -94,7 +95,7 @@ func TestCases(t *testing.T) {
 // TestSuite checks the default suite covers what the report needs and
 // stays within its time budget.
 func TestSuite(t *testing.T) {
-	cs := Suite(false, false)
+	cs := Suite(false, nil)
 	var budget time.Duration
 	kinds := map[Kind]int{}
 	for _, c := range cs {
@@ -110,16 +111,29 @@ func TestSuite(t *testing.T) {
 	// -multi: for 4, 8 and 16 QPs, six rxego rows, TCP and UDP; the rate
 	// over 8 QPs.
 	extra := map[Kind]int{}
-	for _, c := range Suite(false, true)[len(cs):] {
+	for _, c := range Suite(false, MultiQPs)[len(cs):] {
 		extra[c.Kind]++
 	}
-	for _, c := range Suite(false, true) {
+	for _, c := range Suite(false, MultiQPs) {
 		if c.QPs > 1 && c.Kind != RxegoScale && !strings.Contains(c.Name(), fmt.Sprintf(", %d ", c.QPs)) {
 			t.Errorf("multi-QP case named %q", c.Name())
 		}
 	}
 	if n := len(MultiQPs) - 1; extra[RxegoBW] != 6*n || extra[TCPBW] != n || extra[UDPBW] != n || extra[RxegoRate] != 1 {
 		t.Errorf("multi-QP cases: %v", extra)
+	}
+	// -qps 1,2,4,8,16 (the 16-CPU sitting's): four counts above one.
+	qps, err := parseQPs("1, 2,4,8,16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(Suite(false, qps)) - len(cs); n != 4*8+1 {
+		t.Errorf("-qps 1,2,4,8,16 adds %d cases, want %d", n, 4*8+1)
+	}
+	for _, bad := range []string{"", "0", "4,2", "1,1", "x", "1,300"} {
+		if _, err := parseQPs(bad); err == nil {
+			t.Errorf("-qps %q accepted", bad)
+		}
 	}
 }
 
@@ -184,5 +198,26 @@ func TestCeiling(t *testing.T) {
 	writeCeiling(&b, results{tcp}, tcp, true) // no UDP GSO result: nothing to bound with
 	if b.Len() != 0 {
 		t.Errorf("ceiling without a UDP GSO/GRO result: %q", b.String())
+	}
+}
+
+// TestBudget checks that a spent -budget starts no case, reports each
+// case left out as not run and fails the run, and that the JSON lines
+// hold only the runs that happened.
+func TestBudget(t *testing.T) {
+	jsonPath := t.TempDir() + "/runs.json"
+	var out, progress bytes.Buffer
+	code := Main([]string{"-budget", "1ns", "-repeat", "2", "-run", "^TCP stream$", "-json", jsonPath}, &out, &progress)
+	if code != 1 {
+		t.Errorf("exit code %d, want 1", code)
+	}
+	if !strings.Contains(progress.String(), "time budget of 1ns spent: round 1 stops before TCP stream") {
+		t.Errorf("progress: %s", progress.String())
+	}
+	if !strings.Contains(out.String(), "| TCP stream | error |") {
+		t.Errorf("report lacks the case not run:\n%s", out.String())
+	}
+	if b, err := os.ReadFile(jsonPath); err != nil || len(b) != 0 {
+		t.Errorf("JSON lines of no run: %q, %v", b, err)
 	}
 }

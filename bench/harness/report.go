@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -376,6 +377,19 @@ func kernel() string {
 	return "Linux " + strings.TrimSpace(string(b))
 }
 
+// multiCounts are the QP counts of the bandwidth results, one included
+// when several are there, in rising order.
+func multiCounts(rs results) []int {
+	var ns []int
+	for _, r := range rs {
+		if n := max(r.Case.QPs, 1); r.Case.Kind == RxegoBW && !slices.Contains(ns, n) {
+			ns = append(ns, n)
+		}
+	}
+	slices.Sort(ns)
+	return ns
+}
+
 // writeMulti prints the multi-QP rows: for each QP count, N TCP streams,
 // N UDP GSO/GRO flows and rxego's operations over N QPs of one device
 // pair, with the ratios of the same sitting and the CPUs each row kept
@@ -388,7 +402,7 @@ func writeMulti(w io.Writer, rs results) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| QPs (streams, flows) | TCP Gbit/s (CPUs) | UDP GSO/GRO 4 KiB Gbit/s (CPUs) | operation | MTU | rxego Gbit/s | CPUs busy | vs TCP | vs UDP |")
 	fmt.Fprintln(w, "|---:|---:|---:|---|---:|---:|---:|---:|---:|")
-	for _, n := range MultiQPs {
+	for _, n := range multiCounts(rs) {
 		t, tok := rs.tcpN(n)
 		u, uok := rs.udpBWN(UDPGSO, 4096, n)
 		ts, us := "–", "–"

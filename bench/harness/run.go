@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -20,8 +21,9 @@ import (
 
 // Suite returns the cases of a full run: the yardsticks first, then rxego.
 // quick shortens every measurement and keeps one size per family, for a
-// smoke run; multi adds the multi-QP rows.
-func Suite(quick, multi bool) []Case {
+// smoke run; multiQPs, when not empty, adds the multi-QP rows for each of
+// its QP counts above one (one QP's rows are in the suite already).
+func Suite(quick bool, multiQPs []int) []Case {
 	warm, dur := 300*time.Millisecond, 1500*time.Millisecond
 	if quick {
 		warm, dur = 100*time.Millisecond, 300*time.Millisecond
@@ -73,9 +75,9 @@ func Suite(quick, multi bool) []Case {
 	add(Case{Kind: RxegoScale, MTU: 4096, Size: 4096, QPs: qps})
 	// Multi-QP rows: N QPs of one device pair, beside N TCP streams and N
 	// UDP GSO/GRO flows of the same sitting.
-	for _, n := range MultiQPs[1:] { // one QP: the rows above
-		if !multi {
-			break
+	for _, n := range multiQPs {
+		if n <= 1 {
+			continue // one QP: the rows above
 		}
 		add(Case{Kind: TCPBW, QPs: n})
 		add(Case{Kind: UDPBW, Mode: UDPGSO, Size: 4096, QPs: n})
@@ -85,14 +87,35 @@ func Suite(quick, multi bool) []Case {
 			}
 		}
 	}
-	if multi {
+	if len(multiQPs) > 0 {
 		add(Case{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: 32, Busy: true, QPs: 8})
 	}
 	return cs
 }
 
-// MultiQPs are the QP (stream, flow) counts of the multi-QP rows.
+// MultiQPs are the default QP (stream, flow) counts of the multi-QP rows
+// (-multi); -qps chooses others.
 var MultiQPs = []int{1, 4, 8, 16}
+
+// maxMultiQPs bounds -qps: more QPs than this are the scale case's job.
+const maxMultiQPs = 256
+
+// parseQPs reads -qps: QP counts separated by commas, each 1 to
+// maxMultiQPs, in rising order.
+func parseQPs(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 || n > maxMultiQPs {
+			return nil, fmt.Errorf("-qps: %q is not a QP count from 1 to %d", f, maxMultiQPs)
+		}
+		if len(out) > 0 && n <= out[len(out)-1] {
+			return nil, fmt.Errorf("-qps: %d after %d: counts must rise", n, out[len(out)-1])
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
 
 // bwDepth keeps about 4 MiB in flight, between 2 and 64 messages.
 func bwDepth(size int) int { return max(2, min(64, (4<<20)/size)) }
@@ -208,8 +231,12 @@ func (c *child) stderr() string {
 }
 
 // Main is the command: "rxego-bench [flags]" runs the suite and prints the
-// report; "rxego-bench peer ..." is a child process.
+// report; "rxego-bench compare ..." compares the -json output of sittings
+// (see Compare); "rxego-bench peer ..." is a child process.
 func Main(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "compare" {
+		return Compare(args[1:], stdout, stderr)
+	}
 	if len(args) > 0 && args[0] == "peer" {
 		if err := Peer(args[1:], stdout); err != nil {
 			fmt.Fprintln(stderr, "rxego-bench peer:", err)
@@ -226,6 +253,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	jsonOut := fs.String("json", "", "also write every result as JSON lines to this file")
 	repeat := fs.Int("repeat", 3, "run the suite this many times, in rounds, and report each case's median run")
 	multi := fs.Bool("multi", false, "add the multi-QP rows: 4, 8 and 16 QPs of WRITE, READ and SEND beside as many TCP streams and UDP GSO/GRO flows, and the 64-byte rate over 8 QPs (about 50 s a round, -quick 20 s)")
+	qpList := fs.String("qps", "", "the multi-QP rows' QP counts, comma-separated (e.g. 1,2,4,8,16; implies -multi; default 1,4,8,16)")
+	budget := fs.Duration("budget", 0, "start no case once this much time has passed (0: no limit); cases not run are reported as such, so a sitting with a fixed time ends in it")
 	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20, needs root) so other load on the machine disturbs the figures less")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rxego-bench [flags]\n\nMeasures rxego, raw UDP and TCP between two processes on loopback and prints a markdown report.")
@@ -234,7 +263,18 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cases := Suite(*quick, *multi)
+	var qps []int
+	if *multi {
+		qps = MultiQPs
+	}
+	if *qpList != "" {
+		var err error
+		if qps, err = parseQPs(*qpList); err != nil {
+			fmt.Fprintln(stderr, "rxego-bench:", err)
+			return 2
+		}
+	}
+	cases := Suite(*quick, qps)
 	if *run != "" {
 		re, err := regexp.Compile(*run)
 		if err != nil {
@@ -287,6 +327,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	total := len(cases) * *repeat
 	for round := range *repeat {
 		for i, c := range cases {
+			if *budget > 0 && time.Since(start) >= *budget {
+				fmt.Fprintf(stderr, "time budget of %v spent: round %d stops before %s\n", *budget, round+1, c.Name())
+				break
+			}
 			fmt.Fprintf(stderr, "[%3d/%d] %-44s ", round*len(cases)+i+1, total, c.Name())
 			r, err := RunCase(exe, c)
 			if err != nil {
@@ -306,6 +350,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	results := make([]Result, len(cases))
 	failed := false
 	for i := range runs {
+		if len(runs[i]) == 0 {
+			runs[i] = []Result{{Case: cases[i], Err: errNotRun}}
+		}
 		results[i] = median(runs[i])
 		failed = failed || results[i].Err != ""
 	}
@@ -315,6 +362,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	return 0
 }
+
+// errNotRun is the error of a case the time budget left out.
+const errNotRun = "not run: the time budget (-budget) was spent"
 
 // median returns the run with the median figure of the runs that
 // succeeded (throughput, latency p50 or rate), with the lowest and highest

@@ -281,7 +281,6 @@ func rxegoBW(p *peer) (Result, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
 	defer cancel()
-	wcs := make([]rxego.WC, 64)
 	if p.server {
 		if c.Op == "send" {
 			return serveRecvs(ctx, p, s, c.Size, recvs)
@@ -292,69 +291,94 @@ func rxegoBW(p *peer) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	qidx := make(map[uint32]int, nqp)
-	wrs := make([][]rxego.SendWR, nqp)
-	for i, q := range s.qps {
-		qidx[q.Num()] = i
+	lists := make([][]rxego.SendWR, nqp)
+	for i := range s.qps {
 		off := uint64(i * c.Size)
 		wr.SGL = []rxego.SGE{{Addr: s.mr.IOVA() + off, Length: uint32(c.Size), LKey: s.mr.LKey()}}
 		wr.RemoteAddr, wr.RKey, wr.Flags = them.VA+off, them.RKey, rxego.SendSignaled
-		wrs[i] = make([]rxego.SendWR, depth)
-		for k := range wrs[i] {
-			wrs[i][k] = wr
+		lists[i] = make([]rxego.SendWR, depth)
+		for k := range lists[i] {
+			lists[i][k] = wr
 		}
 	}
+	// Each refill is one PostSend for all of a QP's free slots (a post
+	// list); every WR is signaled.
+	return s.keepInFlight(ctx, p, inFlight{lists: lists, depth: depth, perWC: 1, size: c.Size, poll: 64})
+}
+
+// inFlight is what a client keeps outstanding on its QPs: lists[i] holds
+// QP i's work requests, of which one PostSend takes as many as fit in
+// depth in whole multiples of perWC, the WRs each completion stands for
+// (every perWC-th is signaled); size is each WR's payload; poll is how
+// many completions one wait takes at most.
+type inFlight struct {
+	lists        [][]rxego.SendWR
+	depth, perWC int
+	size, poll   int
+}
+
+// keepInFlight is the client loop of the bandwidth and rate cases: it
+// refills every QP's free slots, waits for completions, times the
+// measured window (counting the messages completed in it, its packets
+// and allocations), then lets the last messages complete, so the server
+// sees no loss, and tells the server it is done.
+func (s *rxSide) keepInFlight(ctx context.Context, p *peer, f inFlight) (Result, error) {
+	qidx := make(map[uint32]int, len(s.qps))
+	for i, q := range s.qps {
+		qidx[q.Num()] = i
+	}
+	wcs := make([]rxego.WC, f.poll)
 	var res Result
 	var am allocMeter
 	var pkts0 uint64
 	w := p.newWindow()
-	inflight := make([]int, nqp)
+	inflight := make([]int, len(s.qps))
 	total := 0
 	for {
-		// Refill each QP with one PostSend for all its free slots (a
-		// post list), all QPs' in one Device.Batch: their packets leave
-		// together, in a few sendmmsg calls, instead of a call per QP
-		// (with many QPs a poll returns few completions per QP, and a
-		// call per post list made the system calls per byte grow with
-		// the QP count).
+		// Refill each QP with post lists for its free slots, all QPs'
+		// in one Device.Batch: their packets leave together, in a few
+		// sendmmsg calls, instead of a call per QP (with many QPs a poll
+		// returns few completions per QP, and a call per post list made
+		// the system calls per byte grow with the QP count).
 		var perr error
 		s.dev.Batch(func() {
 			for i, q := range s.qps {
-				if free := depth - inflight[i]; free > 0 {
-					if perr = q.PostSend(wrs[i][:free]...); perr != nil {
+				for {
+					k := min(f.depth-inflight[i], len(f.lists[i])) / f.perWC * f.perWC
+					if k <= 0 {
+						break
+					}
+					if perr = q.PostSend(f.lists[i][:k]...); perr != nil {
 						return
 					}
-					inflight[i] = depth
-					total += free
+					inflight[i] += k
+					total += k
 				}
 			}
 		})
 		if perr != nil {
 			return res, perr
 		}
-		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		done, err := s.complete(ctx, wcs, p.c.Busy)
 		if err != nil {
 			return res, err
 		}
-		if err := checkWCs(wcs[:n]); err != nil {
-			return res, err
+		for _, wc := range done {
+			inflight[qidx[wc.QPN]] -= f.perWC
 		}
-		for _, wc := range wcs[:n] {
-			inflight[qidx[wc.QPN]]--
-		}
-		total -= n
+		total -= len(done) * f.perWC
 		now := time.Now()
 		was := w.on
-		measuring, done := w.tick(now)
+		measuring, over := w.tick(now)
 		if measuring && !was {
 			am.start()
 			pkts0 = packets(s.dev)
 			continue // completions before the start do not count
 		}
 		if measuring {
-			res.Msgs += uint64(n)
+			res.Msgs += uint64(len(done) * f.perWC)
 		}
-		if done {
+		if over {
 			res.Elapsed = w.elapsed(now)
 			res.CPU = p.cpu()
 			res.Packets = packets(s.dev) - pkts0
@@ -362,15 +386,30 @@ func rxegoBW(p *peer) (Result, error) {
 			break
 		}
 	}
-	res.Bytes = res.Msgs * uint64(c.Size)
-	// Let the last messages complete, so the server sees no loss.
+	res.Bytes = res.Msgs * uint64(f.size)
 	for total > 0 {
-		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
+		n, err := waitCQ(ctx, s.cq, wcs, p.c.Busy)
 		if err != nil {
 			return res, err
 		}
-		total -= n
+		total -= n * f.perWC
 	}
+	return s.done(p, res)
+}
+
+// complete waits for completions on the side's CQ and fails on the
+// first unsuccessful one.
+func (s *rxSide) complete(ctx context.Context, wcs []rxego.WC, busy bool) ([]rxego.WC, error) {
+	n, err := waitCQ(ctx, s.cq, wcs, busy)
+	if err != nil {
+		return nil, err
+	}
+	return wcs[:n], checkWCs(wcs[:n])
+}
+
+// done adds the side's counters to the client's result and tells the
+// server the measurement is over.
+func (s *rxSide) done(p *peer, res Result) (Result, error) {
 	res.Counters = counters(s.dev)
 	return res, p.ctl.send(signal{"done"})
 }
@@ -409,7 +448,7 @@ func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Resul
 	defer cancel()
 	wcs := make([]rxego.WC, 64)
 	for {
-		n, err := waitCQ(ctx, s.cq, wcs, p.c.Busy)
+		done, err := s.complete(ctx, wcs, p.c.Busy)
 		if err != nil {
 			if stop.stop.Load() {
 				<-stop.ended
@@ -417,10 +456,7 @@ func serveRecvs(ctx context.Context, p *peer, s *rxSide, size, depth int) (Resul
 			}
 			return Result{}, err
 		}
-		if err := checkWCs(wcs[:n]); err != nil {
-			return Result{}, err
-		}
-		for _, wc := range wcs[:n] {
+		for _, wc := range done {
 			if err := post(int(wc.ID)); err != nil {
 				return Result{}, err
 			}
@@ -461,17 +497,14 @@ func rxegoLat(p *peer) (Result, error) {
 		defer scancel()
 		for {
 			// Echo each message until the client says it is done.
-			n, err := waitCQ(sctx, s.cq, wcs, c.Busy)
+			done, err := s.complete(sctx, wcs, c.Busy)
 			if err != nil {
 				if stop.stop.Load() {
 					break
 				}
 				return Result{}, err
 			}
-			if err := checkWCs(wcs[:n]); err != nil {
-				return Result{}, err
-			}
-			for range n {
+			for range done {
 				if err := q.PostRecv(recv); err != nil {
 					return Result{}, err
 				}
@@ -501,11 +534,7 @@ func rxegoLat(p *peer) (Result, error) {
 		if err := q.PostSend(wr); err != nil {
 			return err
 		}
-		n, err := waitCQ(ctx, s.cq, wcs[:1], c.Busy)
-		if err != nil {
-			return err
-		}
-		if err := checkWCs(wcs[:n]); err != nil {
+		if _, err := s.complete(ctx, wcs[:1], c.Busy); err != nil {
 			return err
 		}
 		if c.Op == "send" {
@@ -518,8 +547,7 @@ func rxegoLat(p *peer) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	res.Counters = counters(s.dev)
-	return res, p.ctl.send(signal{"done"})
+	return s.done(p, res)
 }
 
 // rxegoRate keeps Depth 64-byte inline WRITEs in flight.
@@ -539,74 +567,17 @@ func rxegoRate(p *peer) (Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), caseTimeout(c))
 	defer cancel()
 	// Each QP writes its own 64 bytes of the server's memory, Depth WRITEs
-	// in flight per QP.
-	qidx := make(map[uint32]int, nqp)
-	wrs := make([][]rxego.SendWR, nqp)
+	// in flight per QP, in post lists of rateBatch, the last of each
+	// signaled.
+	lists := make([][]rxego.SendWR, nqp)
 	payload := make([]byte, size)
-	for i, q := range s.qps {
-		qidx[q.Num()] = i
-		wrs[i] = make([]rxego.SendWR, rateBatch)
-		for k := range wrs[i] {
-			wrs[i][k] = rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendInline, Inline: payload,
+	for i := range s.qps {
+		lists[i] = make([]rxego.SendWR, rateBatch)
+		for k := range lists[i] {
+			lists[i][k] = rxego.SendWR{Opcode: rxego.WRWrite, Flags: rxego.SendInline, Inline: payload,
 				RemoteAddr: them.VA + uint64(i*4096), RKey: them.RKey}
 		}
-		wrs[i][rateBatch-1].Flags |= rxego.SendSignaled
+		lists[i][rateBatch-1].Flags |= rxego.SendSignaled
 	}
-	wcs := make([]rxego.WC, 16)
-	var res Result
-	var am allocMeter
-	var pkts0 uint64
-	w := p.newWindow()
-	inflight := make([]int, nqp)
-	total := 0
-	for {
-		for i, q := range s.qps {
-			for inflight[i]+rateBatch <= depth {
-				if err := q.PostSend(wrs[i]...); err != nil {
-					return res, err
-				}
-				inflight[i] += rateBatch
-				total += rateBatch
-			}
-		}
-		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
-		if err != nil {
-			return res, err
-		}
-		if err := checkWCs(wcs[:n]); err != nil {
-			return res, err
-		}
-		for _, wc := range wcs[:n] {
-			inflight[qidx[wc.QPN]] -= rateBatch
-		}
-		total -= n * rateBatch
-		now := time.Now()
-		was := w.on
-		measuring, done := w.tick(now)
-		if measuring && !was {
-			am.start()
-			pkts0 = packets(s.dev)
-			continue
-		}
-		if measuring {
-			res.Msgs += uint64(n * rateBatch)
-		}
-		if done {
-			res.Elapsed = w.elapsed(now)
-			res.CPU = p.cpu()
-			res.Packets = packets(s.dev) - pkts0
-			res.AllocsPerPkt = float64(am.stop()) / float64(max(res.Packets, 1))
-			break
-		}
-	}
-	res.Bytes = res.Msgs * size
-	for total > 0 {
-		n, err := waitCQ(ctx, s.cq, wcs, c.Busy)
-		if err != nil {
-			return res, err
-		}
-		total -= n * rateBatch
-	}
-	res.Counters = counters(s.dev)
-	return res, p.ctl.send(signal{"done"})
+	return s.keepInFlight(ctx, p, inFlight{lists: lists, depth: depth, perWC: rateBatch, size: size, poll: 16})
 }

@@ -100,6 +100,9 @@ type row struct {
 	vals  []float64
 	ratio string // a row name to compare with (same unit)
 	lower bool   // lower is better
+	// beside names a row whose median is printed in this row's cell
+	// too: the prefix cache's owner CPU beside its throughput.
+	beside string
 }
 
 type table struct {
@@ -121,6 +124,13 @@ func (t *table) add(name, unit string, v float64, ratio string, lower bool) {
 	r.vals = append(r.vals, v)
 }
 
+// besides makes row name's cell also show row other's median.
+func (t *table) besides(name, other string) {
+	if r := t.index[name]; r != nil {
+		r.beside = other
+	}
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
@@ -134,7 +144,11 @@ func (t *table) write(w io.Writer) {
 		if b := t.index[r.ratio]; b != nil {
 			vs = fmt.Sprintf("%.2fx %s", median(r.vals)/median(b.vals), b.name)
 		}
-		fmt.Fprintf(w, "| %s (%s) | %.3g | %.3g-%.3g | %s |\n", r.name, r.unit, median(r.vals), slices.Min(r.vals), slices.Max(r.vals), vs)
+		cell := fmt.Sprintf("%.3g", median(r.vals))
+		if b := t.index[r.beside]; b != nil {
+			cell += fmt.Sprintf(" (%s %.3g %s)", b.name, median(b.vals), b.unit)
+		}
+		fmt.Fprintf(w, "| %s (%s) | %s | %.3g-%.3g | %s |\n", r.name, r.unit, cell, slices.Min(r.vals), slices.Max(r.vals), vs)
 	}
 	fmt.Fprintln(w)
 }
@@ -149,7 +163,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 	for i := range rounds {
 		fmt.Fprintf(progress, "round %d of %d\n", i+1, rounds)
 		if slices.Contains(only, "kvcache") {
-			rs, err := kvcache.Compare(ctx, p.kv, p.qps, p.conns, false, func(c kvcache.Config) job.Starter { return procs("kvcache", c) })
+			rs, err := kvcache.Compare(ctx, p.kv, p.qps, p.conns, false, true, func(c kvcache.Config) job.Starter { return procs("kvcache", c) })
 			if err != nil {
 				return err
 			}
@@ -158,6 +172,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 				kv.add(name+" Gbit/s", "Gbit/s", r.Gbps, "tcp 1 Gbit/s", false)
 				kv.add(name+" total", "ms", r.Total*1e3, "tcp 1 total", true)
 				kv.add(name+" first layer", "ms", r.First*1e3, "tcp 1 first layer", true)
+				kv.add(name+" untimed first pass", "ms", r.Cold*1e3, "tcp 1 untimed first pass", true)
 				kv.add(name+" prefill CPU", "s", r.SendCPU, "tcp 1 prefill CPU", true)
 				kv.add(name+" decode CPU", "s", r.CPU, "tcp 1 decode CPU", true)
 			}
@@ -172,6 +187,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 				px.add(r.Transport+" owner CPU", "s", r.CPU, "tcp owner CPU", true)
 				px.add(r.Transport+" owner CPU per GiB", "s", r.CPU/(float64(r.Served)/(1<<30)), "tcp owner CPU per GiB", true)
 				px.add(r.Transport+" readers' CPU", "s", r.ReaderCPU, "tcp readers' CPU", true)
+				px.besides(r.Transport+" Gbit/s", r.Transport+" owner CPU")
 			}
 		}
 		if slices.Contains(only, "allreduce") {

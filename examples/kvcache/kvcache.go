@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"github.com/rxego/rxego"
@@ -75,6 +76,11 @@ type Config struct {
 	// Verify makes the decode side check each layer byte for byte as it
 	// arrives (its "start on the layer").
 	Verify bool
+	// Warm sends the whole cache once, untimed, over the same QPs or
+	// connections into the same memory before the measured transfer, as
+	// a long-lived prefill-decode pair runs warm: the first pass's time is
+	// Result.Cold.
+	Warm bool
 	// Devices, when set, gives each rank's RDMA device options (a Tap);
 	// in-process runs only.
 	Devices func(rank int) *rxego.Options `json:"-"`
@@ -93,6 +99,7 @@ type Result struct {
 	SendCPU   float64 // the prefill process's (Run), over its own sending
 	Drops     uint64  // datagrams the decode side's socket dropped (RDMA)
 	Order     []int   // layers in the order they became usable
+	Cold      float64 // with Config.Warm: the untimed first pass's Total
 }
 
 // seed is the pattern the prefill side's KV is filled with.
@@ -196,45 +203,101 @@ func (d *decoder) finish() Result {
 	return d.res
 }
 
+// passes is how many times the cache goes over: twice when warming up.
+func (c Config) passes() int {
+	if c.Warm {
+		return 2
+	}
+	return 1
+}
+
+// timePass times one pass on the decode side: the clock starts before the
+// barrier that lets prefill go, so the decode side never starts it late
+// (a descheduled decode process would otherwise see layers that came
+// before its start); take calls d.layer for each layer as it becomes
+// usable. The last pass's result is returned, with an earlier pass's
+// time in Cold.
+func timePass(c Config, r *job.Rank, buf []byte, transport string, take func(d *decoder) error) (Result, error) {
+	var res Result
+	for pass := range c.passes() {
+		pc := c
+		// Only the measured pass checks the bytes: a check during the
+		// untimed one would read memory the next pass's WRITEs then
+		// overwrite, ordered only by the barrier's packets.
+		pc.Verify = c.Verify && pass == c.passes()-1
+		d := newDecoder(pc, buf, transport)
+		d.start()
+		if err := r.Barrier(); err != nil {
+			return res, err
+		}
+		if err := take(d); err != nil {
+			return res, err
+		}
+		cold := res.Total
+		res = d.finish()
+		if pass > 0 {
+			res.Cold = cold
+		}
+	}
+	return res, nil
+}
+
+// sendPasses runs send once a pass on the prefill side, each after the
+// barrier the decode side starts its clock at, and returns the CPU time
+// of the last.
+func sendPasses(c Config, r *job.Rank, send func() error) (time.Duration, error) {
+	var cpu time.Duration
+	for range c.passes() {
+		if err := r.Barrier(); err != nil {
+			return 0, err
+		}
+		cpu0 := job.CPU()
+		if err := send(); err != nil {
+			return 0, err
+		}
+		cpu = job.CPU() - cpu0
+	}
+	return cpu, nil
+}
+
 func decodeRDMA(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
 	job.Touch(buf)
+	layers := c.Layers * c.passes()
 	n, _, err := job.OpenLinked(r, job.NodeConfig{Buf: buf, Access: rxego.AccessRemoteWrite, QPs: c.Lanes,
-		RecvDepth: c.Layers/c.Lanes + 1, CQDepth: c.Layers + 1, Options: job.DeviceOptions(c.Devices, r.ID)}, lanes(c, 1))
+		RecvDepth: c.passes() * (c.Layers/c.Lanes + 1), CQDepth: layers + 1, Options: job.DeviceOptions(c.Devices, r.ID)}, lanes(c, 1))
 	if err != nil {
 		return nil, err
 	}
 	defer n.Close()
-	// One receive per layer on the QP that carries it: the WRITE with
-	// immediate consumes it (its data went where the WRITE pointed).
-	for l := 0; l < c.Layers; l++ {
-		if err := n.QPs[l%c.Lanes].PostRecv(rxego.RecvWR{ID: uint64(l)}); err != nil {
+	// One receive per layer and pass on the QP that carries it: the
+	// WRITE with immediate consumes it (its data went where the WRITE
+	// pointed).
+	for l := 0; l < layers; l++ {
+		if err := n.QPs[l%c.Layers%c.Lanes].PostRecv(rxego.RecvWR{ID: uint64(l)}); err != nil {
 			return nil, err
 		}
-	}
-	// The clock starts before the barrier that lets prefill go, so the
-	// decode side never starts it late (a descheduled decode process
-	// would otherwise see layers that came before its start).
-	d := newDecoder(c, buf, "rdma")
-	d.start()
-	if err := r.Barrier(); err != nil {
-		return nil, err
 	}
 	wcs := make([]rxego.WC, 64)
-	for got := 0; got < c.Layers; {
-		k, err := job.Poll(ctx, n.RecvCQ, wcs)
-		if err != nil {
-			return nil, err
-		}
-		now := time.Now()
-		for _, wc := range wcs[:k] {
-			if err := d.layer(int(wc.Imm), now); err != nil {
-				return nil, err
+	res, err := timePass(c, r, buf, "rdma", func(d *decoder) error {
+		for got := 0; got < c.Layers; {
+			k, err := job.Poll(ctx, n.RecvCQ, wcs)
+			if err != nil {
+				return err
 			}
-			got++
+			now := time.Now()
+			for _, wc := range wcs[:k] {
+				if err := d.layer(int(wc.Imm), now); err != nil {
+					return err
+				}
+				got++
+			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	res := d.finish()
 	res.Drops = n.Drops()
 	return res, nil
 }
@@ -250,61 +313,60 @@ func prefillRDMA(ctx context.Context, c Config, r *job.Rank) (time.Duration, err
 		return 0, err
 	}
 	defer n.Close()
-	if err := r.Barrier(); err != nil {
-		return 0, err
-	}
-	cpu0 := job.CPU()
 	dst := eps[0]
 	lb, bb := c.LayerBytes(), c.blockBytes()
 	nb := (lb + bb - 1) / bb
 	if nb > sendDepth {
 		return 0, fmt.Errorf("kvcache: %d blocks a layer, more than the send queue's %d", nb, sendDepth)
 	}
-	outstanding := make([]int, c.Lanes) // WRs posted and not yet known complete, per QP
 	wcs := make([]rxego.WC, 64)
-	done := 0
-	reap := func() error {
-		k, err := job.Poll(ctx, n.SendCQ, wcs)
-		for _, wc := range wcs[:k] {
-			// The layer's signaled WRITE with immediate completes after
-			// its unsignaled block WRITEs: all of them left the queue.
-			outstanding[int(wc.ID)%c.Lanes] -= nb
-			done++
-		}
-		return err
-	}
 	wrs := make([]rxego.SendWR, nb)
-	for l := 0; l < c.Layers; l++ {
-		q := l % c.Lanes
-		for outstanding[q]+nb > sendDepth {
+	return sendPasses(c, r, func() error {
+		outstanding := make([]int, c.Lanes) // WRs posted and not yet known complete, per QP
+		done := 0
+		reap := func() error {
+			k, err := job.Poll(ctx, n.SendCQ, wcs)
+			for _, wc := range wcs[:k] {
+				// The layer's signaled WRITE with immediate completes
+				// after its unsignaled block WRITEs: all of them left
+				// the queue.
+				outstanding[int(wc.ID)%c.Lanes] -= nb
+				done++
+			}
+			return err
+		}
+		for l := 0; l < c.Layers; l++ {
+			q := l % c.Lanes
+			for outstanding[q]+nb > sendDepth {
+				if err := reap(); err != nil {
+					return err
+				}
+			}
+			for b := range nb {
+				off := l*lb + b*bb
+				size := min(bb, lb-b*bb)
+				wrs[b] = rxego.SendWR{ID: uint64(l), Opcode: rxego.WRWrite, SGL: n.SGE(off, size),
+					RemoteAddr: dst.VA + uint64(off), RKey: dst.RKey}
+			}
+			// The last block carries the layer's signal.
+			wrs[nb-1].Opcode, wrs[nb-1].Imm, wrs[nb-1].Flags = rxego.WRWriteImm, uint32(l), rxego.SendSignaled
+			if err := n.QPs[q].PostSend(wrs...); err != nil {
+				return err
+			}
+			outstanding[q] += nb
+		}
+		for done < c.Layers {
 			if err := reap(); err != nil {
-				return 0, err
+				return err
 			}
 		}
-		for b := range nb {
-			off := l*lb + b*bb
-			size := min(bb, lb-b*bb)
-			wrs[b] = rxego.SendWR{ID: uint64(l), Opcode: rxego.WRWrite, SGL: n.SGE(off, size),
-				RemoteAddr: dst.VA + uint64(off), RKey: dst.RKey}
-		}
-		// The last block carries the layer's signal.
-		wrs[nb-1].Opcode, wrs[nb-1].Imm, wrs[nb-1].Flags = rxego.WRWriteImm, uint32(l), rxego.SendSignaled
-		if err := n.QPs[q].PostSend(wrs...); err != nil {
-			return 0, err
-		}
-		outstanding[q] += nb
-	}
-	for done < c.Layers {
-		if err := reap(); err != nil {
-			return 0, err
-		}
-	}
-	return job.CPU() - cpu0, nil
+		return nil
+	})
 }
 
-// TCP: each layer goes as an 8-byte header (layer, length) and its bytes,
-// on connection layer % Lanes; the decode side reads it straight into
-// the layer's place in its buffer.
+// TCP: each layer goes as an 8-byte header (layer, length) and its bytes
+// in one writev, on connection layer % Lanes; the decode side reads it
+// straight into the layer's place in its buffer.
 
 func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	buf := make([]byte, c.Bytes())
@@ -314,11 +376,6 @@ func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 		return nil, err
 	}
 	defer done()
-	d := newDecoder(c, buf, "tcp")
-	d.start() // before the barrier, as decodeRDMA
-	if err := r.Barrier(); err != nil {
-		return nil, err
-	}
 	type arrival struct {
 		layer int
 		at    time.Time
@@ -326,42 +383,48 @@ func decodeTCP(ctx context.Context, c Config, r *job.Rank) (any, error) {
 	}
 	arrivals := make(chan arrival, c.Layers)
 	lb := c.LayerBytes()
-	for i, cn := range conns {
-		go func() {
-			var hdr [8]byte
-			for l := i; l < c.Layers; l += c.Lanes {
-				if _, err := io.ReadFull(cn, hdr[:]); err != nil {
-					arrivals <- arrival{err: err}
-					return
+	res, err := timePass(c, r, buf, "tcp", func(d *decoder) error {
+		for i, cn := range conns {
+			go func() {
+				var hdr [8]byte
+				for l := i; l < c.Layers; l += c.Lanes {
+					if _, err := io.ReadFull(cn, hdr[:]); err != nil {
+						arrivals <- arrival{err: err}
+						return
+					}
+					got, size := int(binary.BigEndian.Uint32(hdr[:])), int(binary.BigEndian.Uint32(hdr[4:]))
+					if got != l || size != lb {
+						arrivals <- arrival{err: fmt.Errorf("kvcache: header for layer %d size %d, want %d size %d", got, size, l, lb)}
+						return
+					}
+					if _, err := io.ReadFull(cn, buf[l*lb:(l+1)*lb]); err != nil {
+						arrivals <- arrival{err: err}
+						return
+					}
+					arrivals <- arrival{layer: l, at: time.Now()}
 				}
-				got, size := int(binary.BigEndian.Uint32(hdr[:])), int(binary.BigEndian.Uint32(hdr[4:]))
-				if got != l || size != lb {
-					arrivals <- arrival{err: fmt.Errorf("kvcache: header for layer %d size %d, want %d size %d", got, size, l, lb)}
-					return
-				}
-				if _, err := io.ReadFull(cn, buf[l*lb:(l+1)*lb]); err != nil {
-					arrivals <- arrival{err: err}
-					return
-				}
-				arrivals <- arrival{layer: l, at: time.Now()}
+			}()
+		}
+		for range c.Layers {
+			var a arrival
+			select {
+			case a = <-arrivals:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-		}()
+			if a.err != nil {
+				return a.err
+			}
+			if err := d.layer(a.layer, a.at); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	for range c.Layers {
-		var a arrival
-		select {
-		case a = <-arrivals:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		if a.err != nil {
-			return nil, a.err
-		}
-		if err := d.layer(a.layer, a.at); err != nil {
-			return nil, err
-		}
-	}
-	return d.finish(), nil
+	return res, nil
 }
 
 func prefillTCP(ctx context.Context, c Config, r *job.Rank) (time.Duration, error) {
@@ -372,49 +435,51 @@ func prefillTCP(ctx context.Context, c Config, r *job.Rank) (time.Duration, erro
 		return 0, err
 	}
 	defer done()
-	if err := r.Barrier(); err != nil {
-		return 0, err
-	}
-	cpu0 := job.CPU()
 	lb := c.LayerBytes()
-	errs := make(chan error, c.Lanes)
-	for i, cn := range conns {
-		go func() {
-			var hdr [8]byte
-			for l := i; l < c.Layers; l += c.Lanes {
-				binary.BigEndian.PutUint32(hdr[:], uint32(l))
-				binary.BigEndian.PutUint32(hdr[4:], uint32(lb))
-				if _, err := cn.Write(hdr[:]); err != nil {
-					errs <- err
-					return
+	return sendPasses(c, r, func() error {
+		errs := make(chan error, c.Lanes)
+		for i, cn := range conns {
+			go func() {
+				var hdr [8]byte
+				for l := i; l < c.Layers; l += c.Lanes {
+					binary.BigEndian.PutUint32(hdr[:], uint32(l))
+					binary.BigEndian.PutUint32(hdr[4:], uint32(lb))
+					// Header and layer in one writev: no 8-byte segment
+					// of its own (TCP_NODELAY sends it at once), so the
+					// decode side is not woken for the header alone.
+					bufs := net.Buffers{hdr[:], buf[l*lb : (l+1)*lb]}
+					if _, err := bufs.WriteTo(cn); err != nil {
+						errs <- err
+						return
+					}
 				}
-				if _, err := cn.Write(buf[l*lb : (l+1)*lb]); err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- nil
-		}()
-	}
-	var all error
-	for range conns {
-		all = errors.Join(all, <-errs)
-	}
-	return job.CPU() - cpu0, all
+				errs <- nil
+			}()
+		}
+		var all error
+		for range conns {
+			all = errors.Join(all, <-errs)
+		}
+		return all
+	})
 }
 
 // Compare runs the transfer over RDMA with qps QPs and (when qps > 1)
 // with one, then over one TCP connection and (when conns > 1) over
-// conns, each job's ranks started by start.
-func Compare(ctx context.Context, s Shape, qps, conns int, verify bool, start func(Config) job.Starter) ([]Result, error) {
-	cs := []Config{{Shape: s, Lanes: qps, Verify: verify}}
+// conns, each job's ranks started by start; verify and warm set
+// Config.Verify and Config.Warm of each.
+func Compare(ctx context.Context, s Shape, qps, conns int, verify, warm bool, start func(Config) job.Starter) ([]Result, error) {
+	cs := []Config{{Shape: s, Lanes: qps}}
 	if qps > 1 {
 		// One QP delivers the layers in order: the first is usable soonest.
-		cs = append(cs, Config{Shape: s, Lanes: 1, Verify: verify})
+		cs = append(cs, Config{Shape: s, Lanes: 1})
 	}
-	cs = append(cs, Config{Shape: s, TCP: true, Lanes: 1, Verify: verify})
+	cs = append(cs, Config{Shape: s, TCP: true, Lanes: 1})
 	if conns > 1 {
-		cs = append(cs, Config{Shape: s, TCP: true, Lanes: conns, Verify: verify})
+		cs = append(cs, Config{Shape: s, TCP: true, Lanes: conns})
+	}
+	for i := range cs {
+		cs[i].Verify, cs[i].Warm = verify, warm
 	}
 	return job.Each(cs, func(c Config) string {
 		return fmt.Sprintf("%s over %d", map[bool]string{false: "rdma", true: "tcp"}[c.TCP], c.Lanes)
@@ -426,13 +491,17 @@ func Compare(ctx context.Context, s Shape, qps, conns int, verify bool, start fu
 func Table(w io.Writer, s Shape, rs []Result) {
 	fmt.Fprintf(w, "KV cache: %d layers x %d tokens x %d values x %d bytes = %.1f MiB (%.2f MiB a layer, blocks of %d tokens)\n\n",
 		s.Layers, s.Tokens, s.Width, s.DTypeBytes, float64(s.Bytes())/(1<<20), float64(s.LayerBytes())/(1<<20), s.BlockTokens)
-	fmt.Fprintln(w, "| transfer | total ms | first layer usable ms | Gbit/s | prefill CPU s | decode CPU s | socket drops | checked |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---|")
+	fmt.Fprintln(w, "| transfer | total ms | first layer usable ms | Gbit/s | untimed first pass ms | prefill CPU s | decode CPU s | socket drops | checked |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|")
 	for _, r := range rs {
 		lanes := fmt.Sprintf("RDMA WRITE + WRITE_IMM, %d QPs", r.Lanes)
 		if r.Transport == "tcp" {
 			lanes = fmt.Sprintf("TCP, %d connection(s)", r.Lanes)
 		}
-		fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %.3f | %.3f | %d | %v |\n", lanes, r.Total*1e3, r.First*1e3, r.Gbps, r.SendCPU, r.CPU, r.Drops, r.Verified)
+		cold := "–"
+		if r.Cold > 0 {
+			cold = fmt.Sprintf("%.1f", r.Cold*1e3)
+		}
+		fmt.Fprintf(w, "| %s | %.1f | %.2f | %.2f | %s | %.3f | %.3f | %d | %v |\n", lanes, r.Total*1e3, r.First*1e3, r.Gbps, cold, r.SendCPU, r.CPU, r.Drops, r.Verified)
 	}
 }

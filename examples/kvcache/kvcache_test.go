@@ -23,6 +23,8 @@ func TestTransfer(t *testing.T) {
 		{Shape: small, Lanes: 1, Verify: true},
 		{Shape: small, TCP: true, Lanes: 1, Verify: true},
 		{Shape: small, TCP: true, Lanes: 3, Verify: true},
+		{Shape: small, Lanes: 3, Verify: true, Warm: true},
+		{Shape: small, TCP: true, Lanes: 2, Verify: true, Warm: true},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		res, err := Run(ctx, c, job.Goroutines(Rank(c)))
@@ -32,6 +34,11 @@ func TestTransfer(t *testing.T) {
 		}
 		if !res.Verified || res.Bytes != small.Bytes() || len(res.Order) != small.Layers || res.First > res.Total || res.Gbps <= 0 {
 			t.Errorf("tcp=%v lanes=%d: %+v", c.TCP, c.Lanes, res)
+		}
+		// Warm: both passes moved every layer (the timed one checked
+		// each byte), the first timed apart.
+		if (res.Cold > 0) != c.Warm {
+			t.Errorf("tcp=%v lanes=%d warm=%v: untimed first pass %v s", c.TCP, c.Lanes, c.Warm, res.Cold)
 		}
 		// On one QP or connection the layers arrive in order.
 		if c.Lanes == 1 {
@@ -76,7 +83,7 @@ func TestMain(m *testing.M) {
 func TestProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	rs, err := Compare(ctx, small, 3, 2, true, func(c Config) job.Starter { return job.Processes(nil, c) })
+	rs, err := Compare(ctx, small, 3, 2, true, false, func(c Config) job.Starter { return job.Processes(nil, c) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ func main() {
 	qps := flag.Int("qps", 4, "RDMA QPs the layers are spread over")
 	conns := flag.Int("conns", 4, "TCP connections of the multi-connection run (1 runs only the single-connection one)")
 	verify := flag.Bool("verify", true, "the decode side checks every layer byte for byte as it arrives")
+	warm := flag.Bool("warm", false, "send the cache once untimed over the same QPs or connections before the measured transfer")
 	inproc := flag.Bool("inproc", false, "run both sides as goroutines of this process instead of two processes")
 	flag.Parse()
 	start := func(c kvcache.Config) job.Starter { return job.Processes(nil, c) }
@@ -41,7 +42,7 @@ func main() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	rs, err := kvcache.Compare(ctx, s, *qps, *conns, *verify, start)
+	rs, err := kvcache.Compare(ctx, s, *qps, *conns, *verify, *warm, start)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kvcache:", err)
 		os.Exit(1)

@@ -1,0 +1,358 @@
+package harness
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Compare is "rxego-bench compare TREE...": each TREE is the -json output
+// of one tree's runs (files separated by commas, every round of a
+// sitting; "name=files" labels it, else the first file's name less its
+// "-N.json" round suffix does). It prints a markdown table of each case's
+// median per tree with every later tree's ratio to the first, then the
+// targets of issue 29 for each tree.
+func Compare(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" {
+		fmt.Fprintln(stderr, "usage: rxego-bench compare [name=]before.json[,more.json] [name=]after.json[,more.json] ...\n\nPrints each case's median per tree (the -json files of its rounds), the ratio of each later tree to the first, and issue 29's target ratios.")
+		return 2
+	}
+	var trees []tree
+	for _, a := range args {
+		t, err := loadTree(a)
+		if err != nil {
+			fmt.Fprintln(stderr, "rxego-bench compare:", err)
+			return 1
+		}
+		trees = append(trees, t)
+	}
+	writeComparison(stdout, trees)
+	return 0
+}
+
+// tree is one source tree's runs of a sitting, by case name.
+type tree struct {
+	name  string
+	runs  map[string][]Result
+	order []string // case names in the order first seen
+}
+
+// roundSuffix is the "-N.json" (or ".json") a sitting's file names end in.
+var roundSuffix = regexp.MustCompile(`(-\d+)?\.json$`)
+
+// loadTree reads "[name=]file[,file...]".
+func loadTree(arg string) (tree, error) {
+	name, files, labelled := strings.Cut(arg, "=")
+	if !labelled {
+		files = arg
+		name = roundSuffix.ReplaceAllString(filepath.Base(strings.Split(arg, ",")[0]), "")
+	}
+	t := tree{name: name, runs: map[string][]Result{}}
+	for _, f := range strings.Split(files, ",") {
+		if err := t.read(f); err != nil {
+			return t, err
+		}
+	}
+	if len(t.order) == 0 {
+		return t, fmt.Errorf("%s: no results", files)
+	}
+	return t, nil
+}
+
+// read adds the results of one -json file (a JSON object a line).
+func (t *tree) read(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<16), 1<<24)
+	for line := 1; sc.Scan(); line++ {
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var r Result
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return fmt.Errorf("%s:%d: %w", path, line, err)
+		}
+		if r.Case.Kind == "" {
+			return fmt.Errorf("%s:%d: a result without a case", path, line)
+		}
+		n := r.Case.Name()
+		if _, seen := t.runs[n]; !seen {
+			t.order = append(t.order, n)
+		}
+		t.runs[n] = append(t.runs[n], r)
+	}
+	return sc.Err()
+}
+
+// results is the tree's median result of each case (see median).
+func (t tree) results() results {
+	var rs results
+	for _, n := range t.order {
+		rs = append(rs, median(t.runs[n]))
+	}
+	return rs
+}
+
+// cell formats a median result for the comparison table: Gbit/s and
+// Gbit/s per busy CPU, M messages/s, or latency p50 / p99.
+func cell(r Result) string {
+	switch {
+	case r.Err != "":
+		return "error"
+	case r.Samples > 0:
+		return fmt.Sprintf("%s / %s", us(r.P50), us(r.P99))
+	case r.Case.Kind == RxegoRate:
+		return fmt.Sprintf("%.2f M/s", r.Rate()/1e6)
+	case r.Bytes > 0 && r.CPU > 0:
+		return fmt.Sprintf("%.2f (%.2f/CPU)", r.Gbps(), r.Gbps()/r.Cores())
+	case r.Bytes > 0:
+		return fmt.Sprintf("%.2f", r.Gbps())
+	}
+	return "–"
+}
+
+func writeComparison(w io.Writer, trees []tree) {
+	var names []string
+	for _, t := range trees {
+		names = append(names, t.name)
+	}
+	fmt.Fprintf(w, "# rxego-bench compare: %s\n\n", strings.Join(names, " vs "))
+	fmt.Fprintln(w, "Medians of each tree's runs (how many in square brackets). Bandwidth: Gbit/s (Gbit/s per busy CPU, both processes); rate: M messages/s; latency: p50 / p99. A ratio is the later tree's figure over the first's (for latency, p50's: below 1 is faster).")
+	fmt.Fprintln(w)
+	head := "| case |"
+	rule := "|---|"
+	for _, n := range names {
+		head += " " + n + " |"
+		rule += "---:|"
+	}
+	for _, n := range names[1:] {
+		head += " " + n + "/" + names[0] + " |"
+		rule += "---:|"
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, rule)
+	meds := make([]map[string]Result, len(trees))
+	for i, t := range trees {
+		meds[i] = map[string]Result{}
+		for _, r := range t.results() {
+			meds[i][r.Case.Name()] = r
+		}
+	}
+	var cases []string
+	for _, t := range trees {
+		for _, n := range t.order {
+			if !slices.Contains(cases, n) {
+				cases = append(cases, n)
+			}
+		}
+	}
+	for _, c := range cases {
+		row := "| " + c + " |"
+		for i, t := range trees {
+			r, ok := meds[i][c]
+			if !ok {
+				row += " – |"
+				continue
+			}
+			row += fmt.Sprintf(" %s [%d] |", cell(r), len(t.runs[c]))
+		}
+		first, ok := meds[0][c]
+		for i := range trees[1:] {
+			r, rok := meds[i+1][c]
+			if !ok || !rok || first.Err != "" || r.Err != "" {
+				row += " – |"
+				continue
+			}
+			row += " " + ratio(r.figure(), first.figure()) + " |"
+		}
+		fmt.Fprintln(w, row)
+	}
+	fmt.Fprintln(w)
+	writeTargets(w, trees)
+}
+
+// target is one of issue 29's ratios: its value in a tree's medians, or
+// false when that tree lacks a case it needs.
+type target struct {
+	name   string
+	want   float64
+	atMost bool
+	value  func(rs results) (float64, bool)
+}
+
+// perCPU is a bandwidth result's Gbit/s per busy CPU, both processes.
+func perCPU(r Result, ok bool) (float64, bool) {
+	if !ok || r.CPU <= 0 || r.Elapsed <= 0 || r.Bytes == 0 {
+		return 0, false
+	}
+	return r.Gbps() / r.Cores(), true
+}
+
+// quotient is a/b when both are there.
+func quotient(a float64, aok bool, b float64, bok bool) (float64, bool) {
+	if !aok || !bok || b <= 0 {
+		return 0, false
+	}
+	return a / b, true
+}
+
+// issue29Targets are the ratios issue 29 asks of a quiet sitting.
+func issue29Targets() []target {
+	var ts []target
+	for _, op := range []string{"write", "read", "send"} {
+		for _, mtu := range []int{4096, 1024} {
+			for _, n := range []int{8, 16} {
+				ts = append(ts, target{
+					name: fmt.Sprintf("%s 64 KiB MTU %d: per-CPU efficiency, %d QPs / 1 QP", strings.ToUpper(op), mtu, n),
+					want: 0.95,
+					value: func(rs results) (float64, bool) {
+						many, mok := perCPU(rs.rxBWN(op, 64<<10, mtu, n))
+						one, ook := perCPU(rs.rxBW(op, 64<<10, mtu))
+						return quotient(many, mok, one, ook)
+					},
+				})
+			}
+		}
+	}
+	for _, mtu := range []struct {
+		mtu  int
+		want float64
+	}{{4096, 0.8}, {1024, 0.75}} {
+		ts = append(ts, target{
+			name: fmt.Sprintf("WRITE 64 KiB MTU %d, 1 QP: per CPU / UDP GSO %s per CPU", mtu.mtu, sizeName(mtu.mtu)),
+			want: mtu.want,
+			value: func(rs results) (float64, bool) {
+				rx, rok := perCPU(rs.rxBW("write", 64<<10, mtu.mtu))
+				u, uok := perCPU(rs.udpBW(UDPGSO, mtu.mtu))
+				return quotient(rx, rok, u, uok)
+			},
+		})
+	}
+	for _, busy := range []bool{false, true} {
+		for _, op := range []string{"send", "write", "read", "atomic"} {
+			for _, p := range []struct {
+				name string
+				want float64
+				of   func(Result) time.Duration
+			}{{"p50", 1.2, func(r Result) time.Duration { return r.P50 }}, {"p99", 1.5, func(r Result) time.Duration { return r.P99 }}} {
+				ts = append(ts, target{
+					name: fmt.Sprintf("%s 64 B round trip %s / UDP ping-pong's, %s", strings.ToUpper(op), p.name, wait(busy)),
+					want: p.want, atMost: true,
+					value: func(rs results) (float64, bool) {
+						r, rok := rs.rxLat(op, busy)
+						u, uok := rs.udpPing(busy)
+						return quotient(float64(p.of(r)), rok, float64(p.of(u)), uok)
+					},
+				})
+			}
+		}
+	}
+	// The rate over several QPs against one QP's in the same wait mode
+	// and post lists.
+	rateN := func(rs results, n int) (Result, bool) {
+		var many Result
+		found := false
+		for _, r := range rs {
+			if r.Case.Kind == RxegoRate && r.Case.QPs == n && r.Err == "" {
+				many, found = r, true
+			}
+		}
+		return many, found
+	}
+	ts = append(ts, target{
+		name: "WRITE 64 B rate, 8 QPs / 1 QP (same wait, post lists)", want: 1,
+		value: func(rs results) (float64, bool) {
+			many, ok := rateN(rs, 8)
+			one, ook := rs.find(func(c Case) bool {
+				return ok && c.Kind == RxegoRate && c.QPs <= 1 && c.Busy == many.Case.Busy && c.rateBatch() == many.Case.rateBatch() && c.Depth == many.Case.Depth
+			})
+			return quotient(many.Rate(), ok, one.Rate(), ook)
+		},
+	}, target{
+		name: "WRITE 64 B rate, 8 QPs, M/s", want: 3,
+		value: func(rs results) (float64, bool) {
+			r, ok := rateN(rs, 8)
+			return r.Rate() / 1e6, ok
+		},
+	})
+	// The 16-CPU machine's: one device pair against eight TCP streams
+	// and eight UDP GSO flows; 16 QPs against 8.
+	ts = append(ts, target{
+		name: "WRITE 64 KiB MTU 4096, 8 QPs / 8 TCP streams (16 CPUs)", want: 1,
+		value: func(rs results) (float64, bool) {
+			r, ok := rs.rxBWN("write", 64<<10, 4096, 8)
+			t, tok := rs.tcpN(8)
+			return quotient(r.Gbps(), ok, t.Gbps(), tok)
+		},
+	}, target{
+		name: "WRITE 64 KiB MTU 4096, 8 QPs / 8 UDP GSO 4 KiB flows (16 CPUs)", want: 0.7,
+		value: func(rs results) (float64, bool) {
+			r, ok := rs.rxBWN("write", 64<<10, 4096, 8)
+			u, uok := rs.udpBWN(UDPGSO, 4096, 8)
+			return quotient(r.Gbps(), ok, u.Gbps(), uok)
+		},
+	}, target{
+		name: "WRITE 64 KiB MTU 4096, 16 QPs / 8 QPs (16 CPUs)", want: 1,
+		value: func(rs results) (float64, bool) {
+			a, aok := rs.rxBWN("write", 64<<10, 4096, 16)
+			b, bok := rs.rxBWN("write", 64<<10, 4096, 8)
+			return quotient(a.Gbps(), aok, b.Gbps(), bok)
+		},
+	})
+	return ts
+}
+
+// writeTargets prints each target's value in every tree, and whether
+// each tree meets it.
+func writeTargets(w io.Writer, trees []tree) {
+	fmt.Fprintln(w, "## Issue 29's targets")
+	fmt.Fprintln(w)
+	head, rule := "| target | want |", "|---|---:|"
+	for _, t := range trees {
+		head += " " + t.name + " |"
+		rule += "---:|"
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, rule)
+	rss := make([]results, len(trees))
+	for i, t := range trees {
+		rss[i] = t.results()
+	}
+	for _, tg := range issue29Targets() {
+		bound := ">="
+		if tg.atMost {
+			bound = "<="
+		}
+		row := fmt.Sprintf("| %s | %s %.2f |", tg.name, bound, tg.want)
+		any := false
+		for _, rs := range rss {
+			v, ok := tg.value(rs)
+			if !ok {
+				row += " – |"
+				continue
+			}
+			any = true
+			met := ""
+			if (tg.atMost && v > tg.want) || (!tg.atMost && v < tg.want) {
+				met = " **no**"
+			}
+			row += fmt.Sprintf(" %.2f%s |", v, met)
+		}
+		if any {
+			fmt.Fprintln(w, row)
+		}
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Targets no tree measured are left out. Per-CPU efficiency is Gbit/s per busy CPU of both processes, from each case's median run.")
+}

@@ -1,0 +1,82 @@
+package harness
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCompare compares two trees of a real sitting (testdata: a few
+// cases of each run's -json lines, two rounds of "before", one of
+// "after", and a failed run) and checks the medians, the ratio column
+// and issue 29's target ratios, worked out by hand from those lines.
+func TestCompare(t *testing.T) {
+	after := filepath.Join(t.TempDir(), "after-1.json")
+	b, err := os.ReadFile("testdata/after-1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A failed run of a case the other tree has: the table says error
+	// and gives no ratio.
+	b = append(b, []byte(`{"Case":{"Kind":"tcp-pp"},"Role":"client","Err":"peer went away"}`+"\n")...)
+	if err := os.WriteFile(after, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	beforeTCPPP := filepath.Join(t.TempDir(), "tcppp.json")
+	if err := os.WriteFile(beforeTCPPP, []byte(`{"Case":{"Kind":"tcp-pp"},"Role":"client","Elapsed":1000000000,"P50":64000,"P99":94000,"Samples":100}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	code := Compare([]string{"testdata/before-1.json,testdata/before-2.json," + beforeTCPPP, "new=" + after}, &out, &errs)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	report := out.String()
+	for _, want := range []string{
+		"# rxego-bench compare: before vs new",
+		"| case | before | new | new/before |",
+		// The median of two runs is the faster (35.14 of 32.61 and
+		// 35.14 Gbit/s); after/before 26.14/35.14.
+		"| rxego write 64 KiB mtu 4096 | 35.14 (19.94/CPU) [2] | 26.14 (16.12/CPU) [1] | 0.74x |",
+		"| TCP 64 B ping-pong | 64.0 us / 94.0 us [1] | error [1] | – |",
+		"| WRITE 64 KiB MTU 4096: per-CPU efficiency, 8 QPs / 1 QP | >= 0.95 | 0.93 **no** | 1.10 |",
+		"| WRITE 64 KiB MTU 4096, 1 QP: per CPU / UDP GSO 4 KiB per CPU | >= 0.80 | 0.56 **no** | 0.42 **no** |",
+		"| SEND 64 B round trip p50 / UDP ping-pong's, blocking | <= 1.20 | 0.87 | 1.06 |",
+		"| SEND 64 B round trip p99 / UDP ping-pong's, blocking | <= 1.50 | 0.89 | 0.88 |",
+		"| WRITE 64 B rate, 8 QPs / 1 QP (same wait, post lists) | >= 1.00 | 0.91 **no** | 0.78 **no** |",
+		"| WRITE 64 B rate, 8 QPs, M/s | >= 3.00 | 1.90 **no** | 1.59 **no** |",
+	} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+	// Targets neither tree has the cases for are left out.
+	if strings.Contains(report, "READ 64 KiB MTU 4096: per-CPU") || strings.Contains(report, "16 QPs / 8 QPs") {
+		t.Errorf("report has targets without cases:\n%s", report)
+	}
+}
+
+// TestCompareBadInput checks that a missing file, a line that is not a
+// result and no arguments each fail with an error naming the problem.
+func TestCompareBadInput(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"Case":{"Kind":"tcp-bw"}}`+"\nnot json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "usage: rxego-bench compare"},
+		{[]string{"testdata/no-such.json"}, 1, "no-such.json"},
+		{[]string{bad}, 1, "bad.json:2:"},
+	} {
+		var out, errs bytes.Buffer
+		if code := Compare(tc.args, &out, &errs); code != tc.code || !strings.Contains(errs.String(), tc.want) || out.Len() != 0 {
+			t.Errorf("compare %v: exit %d, stderr %q, stdout %q; want exit %d and %q", tc.args, code, errs.String(), out.String(), tc.code, tc.want)
+		}
+	}
+}
