@@ -2,6 +2,7 @@ package harness
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -149,6 +150,15 @@ func udpBWN(p *peer) (Result, error) {
 		closing.Store(true)
 		if err := p.ctl.send(signal{"stop"}); err != nil {
 			return res, err
+		}
+		// A receiver that failed stopped counting: the figure would be
+		// that of the flows still running, so the case fails instead.
+		select {
+		case err := <-errs:
+			if err != nil {
+				return res, fmt.Errorf("a receiving flow stopped: %w", err)
+			}
+		default:
 		}
 		if res.Msgs == 0 {
 			return res, errors.New("no datagram arrived")
