@@ -231,14 +231,33 @@ func (r *Receiver) pollLoop() {
 			continue
 		}
 		r.in.FlushAcks() // held for a poller that has stopped polling
-		if r.now()-time.Duration(r.lastPoll.Load()) < r.busy {
-			// An application is polling and takes the packets in itself:
-			// stand back rather than be woken for every packet.
-			time.Sleep(r.busy)
-			continue
+		if !r.standBack() {
+			return
 		}
 		if err := r.poller.WaitReadable(); err != nil && r.closing(err) {
 			return
+		}
+	}
+}
+
+// standBack sleeps while an application polls the socket (pollOnce),
+// reading nothing meanwhile: the poller takes in every packet the socket
+// holds, whichever QP it is for, so a read here would only take the
+// socket's lock from under it and hand a packet over between goroutines
+// (a wake-up and a switch on the poller's round trip). It wakes when the
+// last poll is BusyPoll old, to take the socket back; it reports false
+// when the device closes.
+func (r *Receiver) standBack() bool {
+	for {
+		idle := r.now() - time.Duration(r.lastPoll.Load())
+		if idle >= r.busy {
+			return true
+		}
+		time.Sleep(r.busy - idle)
+		select {
+		case <-r.stop:
+			return false
+		default:
 		}
 	}
 }
