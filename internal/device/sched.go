@@ -223,6 +223,9 @@ func (r *Receiver) now() time.Duration { return time.Since(r.start) }
 // pollLoop is the receive loop over a transport.Poller.
 func (r *Receiver) pollLoop() {
 	for {
+		if !r.standBack() {
+			return
+		}
 		n, err := r.receiveOnce()
 		if err != nil && r.closing(err) {
 			return
@@ -231,9 +234,6 @@ func (r *Receiver) pollLoop() {
 			continue
 		}
 		r.in.FlushAcks() // held for a poller that has stopped polling
-		if !r.standBack() {
-			return
-		}
 		if err := r.poller.WaitReadable(); err != nil && r.closing(err) {
 			return
 		}
@@ -241,7 +241,8 @@ func (r *Receiver) pollLoop() {
 }
 
 // standBack sleeps while an application polls the socket (pollOnce),
-// reading nothing meanwhile: the poller takes in every packet the socket
+// reading nothing meanwhile (also when WaitReadable returns because a
+// packet came for the poller): the poller takes in every packet the socket
 // holds, whichever QP it is for, so a read here would only take the
 // socket's lock from under it and hand a packet over between goroutines
 // (a wake-up and a switch on the poller's round trip). It wakes when the
@@ -249,8 +250,9 @@ func (r *Receiver) pollLoop() {
 // when the device closes.
 func (r *Receiver) standBack() bool {
 	for {
-		idle := r.now() - time.Duration(r.lastPoll.Load())
-		if idle >= r.busy {
+		last := r.lastPoll.Load()
+		idle := r.now() - time.Duration(last)
+		if last == 0 || idle >= r.busy { // 0: no application has polled yet
 			return true
 		}
 		time.Sleep(r.busy - idle)
@@ -269,7 +271,7 @@ func (r *Receiver) pollOnce() {
 		return
 	}
 	defer r.mu.Unlock()
-	r.lastPoll.Store(int64(r.now()))
+	r.lastPoll.Store(max(int64(r.now()), 1)) // 0 is never
 	if n, _ := r.poller.TryRecv(r.msgs); n > 0 {
 		r.inputWith(n, r.in.InputPolled)
 	} else {
