@@ -35,7 +35,7 @@ printf '| case | side | round trips | syscalls | recvmmsg | with data | sendmmsg
 printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 for c in "${cases[@]}"; do
 	dir=$(mktemp -d)
-	RXEGO_BENCH_TRACE=$dir "$bin" -repeat 1 -duration 2s -run "^${c}\$" -json "$dir/r.json" >/dev/null 2>&1 &
+	RXEGO_BENCH_TRACE=$dir "$bin" -multi -repeat 1 -duration 2s -run "^${c}\$" -json "$dir/r.json" >/dev/null 2>&1 &
 	h=$!
 	perfs=()
 	for role in server client; do # each peer counted from its start to its end
