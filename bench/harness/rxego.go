@@ -377,9 +377,11 @@ func idleServer(p *peer, s *rxSide) (Result, error) {
 	w := p.ctl.watch()
 	if p.c.Busy {
 		wcs := make([]rxego.WC, 16)
-		for !w.stop.Load() {
+		for i := 0; !w.stop.Load(); i++ {
 			s.cq.Poll(wcs)
-			runtime.Gosched()
+			if i&63 == 63 {
+				runtime.Gosched() // as waitCQ
+			}
 		}
 	}
 	err := w.wait()
