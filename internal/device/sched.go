@@ -281,23 +281,47 @@ func (r *Receiver) pollOnce() {
 
 // Attach gives cq the scheduling of the Receivers in rs, which serve the
 // QPs that may complete work on it: in busy-poll mode, polling the empty
-// CQ takes in the packets of each of them (home's first); in blocking
-// mode, a goroutine waiting on it reads home's socket itself while the
-// other Receivers' goroutines serve theirs (their completions wake it).
-// Call it before cq is used.
-func Attach(cq *qp.CQ, rs []*Receiver, home int) {
+// CQ takes in the packets of home's Receiver and of those of the shards
+// the returned function has marked as holding one of the CQ's QPs (home
+// is marked); in blocking mode, a goroutine waiting on it reads home's
+// socket itself while the other Receivers' goroutines serve theirs (their
+// completions wake it). Call it before cq is used, and the function for
+// each QP created with cq, with its shard (an index into rs).
+func Attach(cq *qp.CQ, rs []*Receiver, home int) (use func(shard int)) {
 	h := rs[home]
 	switch {
 	case h.busy > 0 && len(rs) == 1:
 		cq.SetPoller(h.pollOnce, h.busy)
 	case h.busy > 0:
-		cq.SetPoller(func() {
-			for i := range rs {
-				rs[(home+i)%len(rs)].pollOnce()
-			}
-		}, h.busy)
+		p := &shardPoller{rs: rs, home: home, used: make([]atomic.Bool, len(rs))}
+		cq.SetPoller(p.poll, h.busy)
+		return p.use
 	case h.waker != nil:
 		cq.SetWaiter((*cqWaiter)(h))
+	}
+	return func(int) {}
+}
+
+// shardPoller is the poller of a busy-polling CQ on a device with several
+// shards: it polls the sockets of the shards that hold the CQ's QPs, and
+// no other, so that polling a CQ of one shard's QPs costs one
+// non-blocking recvmmsg, not one per shard. A packet for one of its QPs
+// that arrives on another shard's socket (where the kernel could not
+// steer it) is taken in by that shard's receive goroutine.
+type shardPoller struct {
+	rs   []*Receiver
+	home int
+	used []atomic.Bool // a QP of the CQ lives on the shard (never unset)
+}
+
+func (p *shardPoller) use(shard int) { p.used[shard].Store(true) }
+
+func (p *shardPoller) poll() {
+	p.rs[p.home].pollOnce()
+	for i := 1; i < len(p.rs); i++ {
+		if s := (p.home + i) % len(p.rs); p.used[s].Load() {
+			p.rs[s].pollOnce()
+		}
 	}
 }
 

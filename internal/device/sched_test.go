@@ -245,3 +245,38 @@ func sendFrom(t *testing.T, a, b transport.Conn, psn int) {
 		t.Fatalf("Send = %d, %v", n, err)
 	}
 }
+
+// TestBusyPollShards checks that a busy-polling CQ on a device with
+// several shards polls the sockets of the shards its QPs live on (home
+// from the start, the others once marked), and takes in their packets.
+func TestBusyPollShards(t *testing.T) {
+	a, b0 := pair(t)
+	_, b1 := pair(t)
+	in := &pathRecorder{}
+	rs := []*Receiver{
+		NewReceiver(ReceiverConfig{Conn: b0, In: in, Local: b0.LocalAddr().Addr(), BusyPoll: time.Second, Stop: make(chan struct{})}),
+		NewReceiver(ReceiverConfig{Conn: b1, In: in, Local: b1.LocalAddr().Addr(), BusyPoll: time.Second, Stop: make(chan struct{})}),
+	}
+	cq, err := qp.NewCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := Attach(cq, rs, 0)
+	sendFrom(t, a, b1, 7)
+	time.Sleep(10 * time.Millisecond) // loopback delivers synchronously; leave room anyway
+	cq.Poll(make([]qp.WC, 1))
+	if rs[0].lastPoll.Load() == 0 {
+		t.Fatal("polling the CQ did not poll its home shard")
+	}
+	if rs[1].lastPoll.Load() != 0 || in.count() != 0 {
+		t.Fatalf("polling the CQ polled a shard none of its QPs lives on (%d packets taken in)", in.count())
+	}
+	use(1) // a QP of the CQ on shard 1
+	cq.Poll(make([]qp.WC, 1))
+	if rs[1].lastPoll.Load() == 0 {
+		t.Fatal("polling the CQ did not poll shard 1 once a QP of it lived there")
+	}
+	if _, polled := in.paths(); polled != 1 || in.psns[0] != 7 {
+		t.Fatalf("shard 1's packet: %d taken in by the poller, PSNs %v", polled, in.psns)
+	}
+}
