@@ -347,10 +347,10 @@ func (d *Device) AttachCQ(cq *qp.CQ, s int) (use func(shard int)) {
 	if len(d.rcvs) > 1 {
 		home = s
 	}
-	use = Attach(cq, d.rcvs, home)
+	mark := Attach(cq, d.rcvs, home)
 	return func(shard int) {
 		if len(d.rcvs) > 1 {
-			use(shard)
+			mark(shard)
 		}
 	}
 }
