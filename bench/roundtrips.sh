@@ -11,7 +11,9 @@
 #   bench/roundtrips.sh ['case regexp' ...]   (default: the latency cases)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=$(mktemp -d)/rxego-bench
+bindir=$(mktemp -d)
+trap 'rm -rf "$bindir"' EXIT
+bin=$bindir/rxego-bench
 go build -o "$bin" ./cmd/rxego-bench
 cases=("$@")
 if [ ${#cases[@]} -eq 0 ]; then
