@@ -12,7 +12,8 @@ import (
 // polling, reading the socket on the waiting goroutine) is the device's.
 type CQ struct {
 	cq   *qp.CQ
-	once sync.Once // attaches the CQ to its first QP's shard
+	once sync.Once       // attaches the CQ to its first QP's shard
+	use  func(shard int) // marks a shard as holding one of the CQ's QPs (device.Attach)
 }
 
 // CreateCQ makes a completion queue of the given depth. Close it (after
@@ -48,9 +49,11 @@ func (d *Device) CreateCQ(depth int) (*CQ, error) {
 
 // attach gives the CQ its device's scheduling, with shard s, the shard of
 // the first QP created with it, as its home: a goroutine waiting on the
-// CQ reads that shard's socket itself.
+// CQ reads that shard's socket itself; a busy poller polls the sockets
+// of the shards its QPs live on.
 func (c *CQ) attach(d *Device, s int) {
-	c.once.Do(func() { d.dev.AttachCQ(c.cq, s) })
+	c.once.Do(func() { c.use = d.dev.AttachCQ(c.cq, s) })
+	c.use(s)
 }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many

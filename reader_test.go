@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -256,5 +257,98 @@ func TestPollWaitWakes(t *testing.T) {
 	b.dev.Close()
 	if r := <-ch; !errors.Is(r.err, rxego.ErrClosed) {
 		t.Fatalf("PollWait after the device closed = %d, %v; want ErrClosed", r.n, r.err)
+	}
+}
+
+// TestPollWaitTimerFires: a goroutine blocked in PollWait, reading the
+// socket itself, returns for a completion a timer makes: the QP's peer
+// does not exist, its retransmit timer fires while the goroutine reads,
+// and the retries run out (WCRetryExcErr).
+func TestPollWaitTimerFires(t *testing.T) {
+	a, b := open(t, rxego.RC, 4096), open(t, rxego.RC, 4096)
+	// No QP on b has this number: b drops every packet.
+	err := a.qp.Connect(rxego.RemoteQP{Addr: b.dev.Addr(), QPN: b.qp.Num() + 1000, PSN: 200},
+		&rxego.ConnectOptions{LocalPSN: 100, MTU: qp.MTU1024, Timeout: 8, RetryCnt: 2}) // 1 ms, twice
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.qp.PostSend(sendWR(a, 0, rxego.SendSignaled)); err != nil {
+		t.Fatal(err)
+	}
+	if wc := wait1(t, a.cq); wc.Status != rxego.WCRetryExcErr {
+		t.Fatalf("completion %v, want %v", wc.Status, rxego.WCRetryExcErr)
+	}
+	if n := a.dev.Stats().Retransmits; n == 0 {
+		t.Fatal("no retransmission counted: the timer did not fire")
+	}
+}
+
+// TestPollWaitNoPacketTwice: the application's goroutine and the
+// device's receive goroutine take turns at the socket (short waits, and
+// pauses in which the receive goroutine takes it back); every packet the
+// peer sent is taken in exactly once, and every message completes once,
+// in order.
+func TestPollWaitNoPacketTwice(t *testing.T) {
+	a, b := open(t, rxego.RC, 4096), open(t, rxego.RC, 4096)
+	connectPair(t, a, b, &rxego.ConnectOptions{MTU: qp.MTU1024})
+	const msgs = 40
+	for i := range msgs {
+		if err := b.qp.PostRecv(rxego.RecvWR{ID: uint64(i), SGL: []rxego.SGE{{Addr: b.mr.IOVA() + uint64(64*(i%16)), Length: 64, LKey: b.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := make(chan error, 1)
+	go func() {
+		for i := range msgs {
+			if err := a.qp.PostSend(rxego.SendWR{ID: uint64(i), Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
+				SGL: []rxego.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}); err != nil {
+				sent <- err
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			wc := make([]rxego.WC, 1)
+			_, err := a.cq.PollWait(ctx, wc) // not wait1: t.Fatal belongs to the test's goroutine
+			cancel()
+			if err != nil || wc[0].Status != qp.WCSuccess || wc[0].ID != uint64(i) {
+				sent <- fmt.Errorf("send %d: completion %+v, %v", i, wc[0], err)
+				return
+			}
+			if i%4 == 3 {
+				time.Sleep(3 * time.Millisecond) // b's receive goroutine takes the socket back meanwhile
+			}
+		}
+		sent <- nil
+	}()
+	wc := make([]rxego.WC, 1)
+	for next := 0; next < msgs; {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Millisecond)
+		n, err := b.cq.PollWait(ctx, wc)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			if next%5 == 0 {
+				time.Sleep(2 * time.Millisecond)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 || wc[0].Status != qp.WCSuccess || wc[0].ID != uint64(next) {
+			t.Fatalf("receive %d: completion %+v", next, wc[0])
+		}
+		next++
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	a.dev.Sync()
+	b.dev.Sync()
+	if r := a.dev.Stats().Retransmits; r == 0 {
+		if got, want := b.dev.Stats().RcvdPkts, a.dev.Stats().SentPkts; got != want {
+			t.Fatalf("b took in %d packets, a sent %d: a packet was taken in twice or lost", got, want)
+		}
+	}
+	if n, _ := b.cq.Poll(wc); n != 0 {
+		t.Fatalf("an extra completion: %+v", wc[0])
 	}
 }

@@ -226,9 +226,10 @@ type Options struct {
 	// polls so for up to BusyPoll before it blocks. An application that
 	// spins on Poll then sees a reply with no wake-up or goroutine switch
 	// in between, at the price of a busy CPU. While an application polls,
-	// the device's own receive goroutine stands back (it looks again every
-	// BusyPoll), so packets wait at most about twice BusyPoll once the
-	// application stops polling. Used with the sockets of
+	// the device's own receive goroutine stands back and reads nothing
+	// (the poller takes in every QP's packets); it takes the socket back
+	// once the last poll is BusyPoll old, so packets wait at most about
+	// BusyPoll once the application stops polling. Used with the sockets of
 	// transport.Listen; ignored for other Conns.
 	BusyPoll time.Duration
 	// GIDs are further addresses the device serves besides Open's, each

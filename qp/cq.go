@@ -295,10 +295,17 @@ func (c *CQ) PollWait(ctx context.Context, wcs []WC) (int, error) {
 			if n := c.Poll(wcs); n > 0 {
 				return n, nil
 			}
-			if i%64 == 0 && (ctx.Err() != nil || time.Now().After(end)) {
-				break
+			if i%64 == 0 {
+				if ctx.Err() != nil || time.Now().After(end) {
+					break
+				}
+				// Let other goroutines of this P run now and then; a
+				// yield at every poll would put a trip through the
+				// scheduler between each packet's arrival and its being
+				// seen, where the poll (a non-blocking recvmmsg) already
+				// takes a system call.
+				runtime.Gosched()
 			}
-			runtime.Gosched()
 		}
 	}
 	for {

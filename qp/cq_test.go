@@ -214,3 +214,54 @@ func TestCQCloseBusy(t *testing.T) {
 		t.Fatalf("acquire of a closed CQ: %v", err)
 	}
 }
+
+// countWaiter is a Waiter that counts its wake-ups.
+type countWaiter struct{ wakes int }
+
+func (w *countWaiter) WaitCQ(ctx context.Context, c *CQ) error { return c.Wait(ctx) }
+func (w *countWaiter) Wake()                                   { w.wakes++ } // called under c.mu
+
+// TestCQWakesOncePerBatch checks that completions of many QPs arriving
+// together wake a watching poller once, not once per completion, and
+// that the bell of a goroutine in Wait holds one token however many
+// arrive: the wake-up per batch that lets one recvmmsg's completions for
+// many QPs cost one hand-off.
+func TestCQWakesOncePerBatch(t *testing.T) {
+	c, err := NewCQ(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &countWaiter{}
+	c.SetWaiter(w)
+	if !c.Watch() {
+		t.Fatal("Watch on an empty CQ reported false")
+	}
+	for qpn := range uint32(8) {
+		for range 4 {
+			if !c.push(WC{QPN: 17 + qpn}) {
+				t.Fatal("push failed")
+			}
+		}
+	}
+	c.Unwatch()
+	if w.wakes != 1 {
+		t.Fatalf("32 completions of 8 QPs woke the watcher %d times, want 1", w.wakes)
+	}
+	// A goroutine in Wait: one token in the bell, however many arrive.
+	wcs := make([]WC, 64)
+	if n := c.Poll(wcs); n != 32 {
+		t.Fatalf("Poll = %d, want 32", n)
+	}
+	c.mu.Lock()
+	c.waiters++ // as WaitOr does
+	c.mu.Unlock()
+	for range 16 {
+		c.push(WC{QPN: 17})
+	}
+	if n := len(c.bell); n != 1 {
+		t.Fatalf("bell holds %d tokens after 16 completions, want 1", n)
+	}
+	c.mu.Lock()
+	c.waiters--
+	c.mu.Unlock()
+}

@@ -347,6 +347,7 @@ type recvState struct {
 	buf   []byte
 	slot  int
 	n     int // datagrams read by the last call
+	dirty int // headers the kernel may have written since readBatch reset them
 	errno unix.Errno
 	fn    func(fd uintptr) bool
 	try   func(fd uintptr) // fn once, without waiting (TryRecv)
@@ -376,6 +377,7 @@ func (r *recvState) init(batch, slot int) {
 	r.ctrl = make([]byte, batch*recvCtrlSpace)
 	r.buf = make([]byte, batch*slot)
 	r.slot = slot
+	r.dirty = batch // none set up yet
 	r.drops = make([]dropRec, 0, maxDropRecs)
 	for i := range r.hdrs {
 		h := &r.hdrs[i].hdr
@@ -616,13 +618,16 @@ var errNothing = errors.New("transport: nothing queued")
 // deadline) before a datagram comes.
 func (c *udpConn) readBatch(how recvHow) error {
 	r := &c.r
-	for i := range r.hdrs {
+	// Only the headers the last call filled need resetting: a ping-pong's
+	// receive reads one datagram of the 256 the batch has room for.
+	for i := range r.hdrs[:r.dirty] {
 		h := &r.hdrs[i]
 		h.n = 0
 		h.hdr.Namelen = unix.SizeofSockaddrInet6
 		h.hdr.SetControllen(recvCtrlSpace)
 		h.hdr.Flags = 0
 	}
+	r.dirty = 0
 	r.n, r.next = 0, 0
 	rc := c.rc
 	if c.raw != nil {
@@ -649,9 +654,11 @@ func (c *udpConn) readBatch(how recvHow) error {
 	}
 	c.ctr.recvCalls.Add(1)
 	if r.errno != 0 {
+		r.dirty = len(r.hdrs) // whatever the kernel wrote before it failed
 		r.n = 0
 		return c.mapClosed(os.NewSyscallError("recvmmsg", r.errno))
 	}
+	r.dirty = r.n
 	c.ctr.recvDatagrams.Add(uint64(r.n))
 	return nil
 }

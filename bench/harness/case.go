@@ -124,6 +124,9 @@ type Result struct {
 	// Latency percentiles of round trips.
 	P50, P99 time.Duration `json:",omitempty"`
 	Samples  int           `json:",omitempty"`
+	// Rounds counts every round trip, the warm-up's too: the divisor of
+	// whole-process counts (bench/roundtrips.sh).
+	Rounds int `json:",omitempty"` // message rate: every WRITE completed
 	// AllocsPerPkt is heap allocations per packet over the measurement,
 	// both directions of this process's traffic counted.
 	AllocsPerPkt float64 `json:",omitempty"`

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"runtime/trace"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -155,7 +156,10 @@ const acceptTimeout = 30 * time.Second
 // JSON [-ctl ADDR]". A server prints "ctl ADDR" on stdout once it listens;
 // both sides print "result JSON" at the end. With $RXEGO_BENCH_PROFILE
 // set to a directory, each side writes its CPU profile there
-// (server.pprof, client.pprof).
+// (server.pprof, client.pprof). With $RXEGO_BENCH_TRACE set to a
+// directory, each side writes an execution trace of one second, from one
+// second after it starts, there (server.trace, client.trace): the
+// goroutine switches and wake-ups per round trip (bench/roundtrips.sh).
 func Peer(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("peer", flag.ContinueOnError)
 	role := fs.String("role", "", "server or client")
@@ -208,6 +212,13 @@ func Peer(args []string, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if dir := os.Getenv("RXEGO_BENCH_TRACE"); dir != "" {
+		stop, err := traceLater(filepath.Join(dir, *role+".trace"), time.Second, time.Second)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	p := &peer{c: c, server: *role == "server", ctl: newCtl(conn)}
 	res, err := run(p)
 	res.Case, res.Role = c, p.role()
@@ -217,6 +228,35 @@ func Peer(args []string, stdout io.Writer) error {
 	b, _ := json.Marshal(res)
 	fmt.Fprintf(stdout, "result %s\n", b)
 	return err
+}
+
+// traceLater writes an execution trace of the interval [after,
+// after+span) from now to path; the function it returns ends it early
+// and waits for the file to be written.
+func traceLater(path string, after, span time.Duration) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer f.Close()
+		select {
+		case <-quit:
+			return
+		case <-time.After(after):
+		}
+		if trace.Start(f) != nil {
+			return
+		}
+		select {
+		case <-quit:
+		case <-time.After(span):
+		}
+		trace.Stop()
+	}()
+	return func() { close(quit); <-done }, nil
 }
 
 // runPair runs both sides of c in this process, connected by a loopback

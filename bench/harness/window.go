@@ -1,6 +1,8 @@
 package harness
 
 import (
+	"context"
+	"runtime/trace"
 	"slices"
 	"time"
 )
@@ -57,7 +59,11 @@ func (p *peer) roundTrips(round func() error) (Result, error) {
 			return res, err
 		}
 		now := time.Now()
+		res.Rounds++
 		measuring, done := w.tick(now)
+		if trace.IsEnabled() {
+			trace.Log(context.Background(), "round trip", "") // counted by bench/roundtrips.sh
+		}
 		if measuring && len(samples) < cap(samples) {
 			samples = append(samples, now.Sub(t0))
 		}

@@ -347,13 +347,19 @@ func (d *Device) NewSRQ(pd *mr.PD, depth, maxSGE int) (*qp.SRQ, error) {
 
 // AttachCQ gives cq the device's scheduling, with shard s (that of the
 // first QP created with it) as its home: a goroutine waiting on the CQ
-// reads that shard's socket itself.
-func (d *Device) AttachCQ(cq *qp.CQ, s int) {
+// reads that shard's socket itself. Call the function it returns with
+// the shard of every QP created with cq (Attach).
+func (d *Device) AttachCQ(cq *qp.CQ, s int) (use func(shard int)) {
 	home := 0
 	if len(d.rcvs) > 1 {
 		home = s
 	}
-	Attach(cq, d.rcvs, home)
+	mark := Attach(cq, d.rcvs, home)
+	return func(shard int) {
+		if len(d.rcvs) > 1 {
+			mark(shard)
+		}
+	}
 }
 
 // Counters returns the sum of the shards' engine counters, read now.

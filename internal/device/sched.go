@@ -223,6 +223,9 @@ func (r *Receiver) now() time.Duration { return time.Since(r.start) }
 // pollLoop is the receive loop over a transport.Poller.
 func (r *Receiver) pollLoop() {
 	for {
+		if !r.standBack() {
+			return
+		}
 		n, err := r.receiveOnce()
 		if err != nil && r.closing(err) {
 			return
@@ -231,14 +234,32 @@ func (r *Receiver) pollLoop() {
 			continue
 		}
 		r.in.FlushAcks() // held for a poller that has stopped polling
-		if r.now()-time.Duration(r.lastPoll.Load()) < r.busy {
-			// An application is polling and takes the packets in itself:
-			// stand back rather than be woken for every packet.
-			time.Sleep(r.busy)
-			continue
-		}
 		if err := r.poller.WaitReadable(); err != nil && r.closing(err) {
 			return
+		}
+	}
+}
+
+// standBack sleeps while an application polls the socket (pollOnce),
+// reading nothing meanwhile (also when WaitReadable returns because a
+// packet came for the poller): the poller takes in every packet the socket
+// holds, whichever QP it is for, so a read here would only take the
+// socket's lock from under it and hand a packet over between goroutines
+// (a wake-up and a switch on the poller's round trip). It wakes when the
+// last poll is BusyPoll old, to take the socket back; it reports false
+// when the device closes.
+func (r *Receiver) standBack() bool {
+	for {
+		last := r.lastPoll.Load()
+		idle := r.now() - time.Duration(last)
+		if last == 0 || idle >= r.busy { // 0: no application has polled yet
+			return true
+		}
+		time.Sleep(r.busy - idle)
+		select {
+		case <-r.stop:
+			return false
+		default:
 		}
 	}
 }
@@ -250,7 +271,7 @@ func (r *Receiver) pollOnce() {
 		return
 	}
 	defer r.mu.Unlock()
-	r.lastPoll.Store(int64(r.now()))
+	r.lastPoll.Store(max(int64(r.now()), 1)) // 0 is never
 	if n, _ := r.poller.TryRecv(r.msgs); n > 0 {
 		r.inputWith(n, r.in.InputPolled)
 	} else {
@@ -260,23 +281,47 @@ func (r *Receiver) pollOnce() {
 
 // Attach gives cq the scheduling of the Receivers in rs, which serve the
 // QPs that may complete work on it: in busy-poll mode, polling the empty
-// CQ takes in the packets of each of them (home's first); in blocking
-// mode, a goroutine waiting on it reads home's socket itself while the
-// other Receivers' goroutines serve theirs (their completions wake it).
-// Call it before cq is used.
-func Attach(cq *qp.CQ, rs []*Receiver, home int) {
+// CQ takes in the packets of home's Receiver and of those of the shards
+// the returned function has marked as holding one of the CQ's QPs (home
+// is marked); in blocking mode, a goroutine waiting on it reads home's
+// socket itself while the other Receivers' goroutines serve theirs (their
+// completions wake it). Call it before cq is used, and the function for
+// each QP created with cq, with its shard (an index into rs).
+func Attach(cq *qp.CQ, rs []*Receiver, home int) (use func(shard int)) {
 	h := rs[home]
 	switch {
 	case h.busy > 0 && len(rs) == 1:
 		cq.SetPoller(h.pollOnce, h.busy)
 	case h.busy > 0:
-		cq.SetPoller(func() {
-			for i := range rs {
-				rs[(home+i)%len(rs)].pollOnce()
-			}
-		}, h.busy)
+		p := &shardPoller{rs: rs, home: home, used: make([]atomic.Bool, len(rs))}
+		cq.SetPoller(p.poll, h.busy)
+		return p.use
 	case h.waker != nil:
 		cq.SetWaiter((*cqWaiter)(h))
+	}
+	return func(int) {}
+}
+
+// shardPoller is the poller of a busy-polling CQ on a device with several
+// shards: it polls the sockets of the shards that hold the CQ's QPs, and
+// no other, so that polling a CQ of one shard's QPs costs one
+// non-blocking recvmmsg, not one per shard. A packet for one of its QPs
+// that arrives on another shard's socket (where the kernel could not
+// steer it) is taken in by that shard's receive goroutine.
+type shardPoller struct {
+	rs   []*Receiver
+	home int
+	used []atomic.Bool // a QP of the CQ lives on the shard (never unset)
+}
+
+func (p *shardPoller) use(shard int) { p.used[shard].Store(true) }
+
+func (p *shardPoller) poll() {
+	p.rs[p.home].pollOnce()
+	for i := 1; i < len(p.rs); i++ {
+		if s := (p.home + i) % len(p.rs); p.used[s].Load() {
+			p.rs[s].pollOnce()
+		}
 	}
 }
 

@@ -118,3 +118,165 @@ func TestSettle(t *testing.T) {
 		t.Fatalf("Settle took in %d of 5 queued packets", n)
 	}
 }
+
+// pathRecorder is a recorder that also counts the packets each path
+// took in: the receive goroutine's (InputWoke) and a poller's
+// (InputPolled).
+type pathRecorder struct {
+	recorder
+	woke, polled int
+}
+
+func (r *pathRecorder) InputWoke(pkts []qp.InPacket) bool {
+	r.mu.Lock()
+	r.woke += len(pkts)
+	r.mu.Unlock()
+	return r.take(pkts)
+}
+
+func (r *pathRecorder) InputPolled(pkts []qp.InPacket) bool {
+	r.mu.Lock()
+	r.polled += len(pkts)
+	r.mu.Unlock()
+	return r.take(pkts)
+}
+
+func (r *pathRecorder) paths() (woke, polled int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.woke, r.polled
+}
+
+// TestBusyPollStandBack checks that, in busy-poll mode, the receive
+// goroutine leaves the socket to an application that polls a CQ: every
+// packet sent while the application polls is taken in by the poller, on
+// the polling goroutine, and each once; once the application stops
+// polling, the receive goroutine takes packets in again; and it returns
+// when the device closes while an application polls.
+func TestBusyPollStandBack(t *testing.T) {
+	a, b := pair(t)
+	in := &pathRecorder{}
+	stop := make(chan struct{})
+	const busy = 200 * time.Millisecond // long beside a poll, on a loaded machine too
+	r := NewReceiver(ReceiverConfig{Conn: b, In: in, Local: b.LocalAddr().Addr(), BusyPoll: busy, Stop: stop})
+	cq, err := qp.NewCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	Attach(cq, []*Receiver{r}, 0)
+	done := make(chan struct{})
+	go func() { r.Run(); close(done) }()
+
+	// Poll for a while, sending a packet now and then: the poller takes
+	// each one in, the receive goroutine none.
+	wcs := make([]qp.WC, 1)
+	for range 50 {
+		cq.Poll(wcs)
+	}
+	const sent = 20
+	psn := 0
+	for end := time.Now().Add(2 * time.Second); psn < sent || in.count() < sent; {
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d packets taken in while polling", in.count(), sent)
+		}
+		if psn < sent {
+			sendFrom(t, a, b, psn)
+			psn++
+		}
+		for range 50 {
+			cq.Poll(wcs)
+		}
+	}
+	if woke, polled := in.paths(); woke != 0 || polled != sent {
+		t.Fatalf("while an application polled: receive goroutine took %d packets, poller %d; want 0 and %d", woke, polled, sent)
+	}
+	for i, p := range in.psns {
+		if p != uint32(i) {
+			t.Fatalf("packet %d has PSN %d (taken twice or lost)", i, p)
+		}
+	}
+
+	// Stop polling: the receive goroutine takes the next packet in.
+	sendFrom(t, a, b, sent)
+	for end := time.Now().Add(5 * time.Second); in.count() < sent+1; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the receive goroutine did not take the socket back once polling stopped")
+		}
+	}
+	if woke, _ := in.paths(); woke != 1 {
+		t.Fatalf("after polling stopped the receive goroutine took %d packets, want 1", woke)
+	}
+
+	// Poll again, and close the device meanwhile: Run returns, whether
+	// it stood back or waited for the socket.
+	polling := make(chan struct{})
+	go func() {
+		defer close(polling)
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			cq.Poll(make([]qp.WC, 1))
+		}
+	}()
+	time.Sleep(busy / 2)
+	close(stop) // as Device.Close does
+	b.Close()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the device stopped")
+	}
+	<-polling
+}
+
+// sendFrom sends one RC SEND Only packet with the given PSN from a to b.
+func sendFrom(t *testing.T, a, b transport.Conn, psn int) {
+	t.Helper()
+	buf := make([]byte, 64)
+	h := bth.Header{Opcode: bth.RCSendOnly, PKey: bth.DefaultPKey, DestQP: 17, PSN: bth.PSN(psn)}
+	k, err := h.Encode(buf, make([]byte, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := a.Send([]transport.Message{{Buf: buf[:k], Peer: b.LocalAddr()}}); err != nil || n != 1 {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+}
+
+// TestBusyPollShards checks that a busy-polling CQ on a device with
+// several shards polls the sockets of the shards its QPs live on (home
+// from the start, the others once marked), and takes in their packets.
+func TestBusyPollShards(t *testing.T) {
+	a, b0 := pair(t)
+	_, b1 := pair(t)
+	in := &pathRecorder{}
+	rs := []*Receiver{
+		NewReceiver(ReceiverConfig{Conn: b0, In: in, Local: b0.LocalAddr().Addr(), BusyPoll: time.Second, Stop: make(chan struct{})}),
+		NewReceiver(ReceiverConfig{Conn: b1, In: in, Local: b1.LocalAddr().Addr(), BusyPoll: time.Second, Stop: make(chan struct{})}),
+	}
+	cq, err := qp.NewCQ(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	use := Attach(cq, rs, 0)
+	sendFrom(t, a, b1, 7)
+	time.Sleep(10 * time.Millisecond) // loopback delivers synchronously; leave room anyway
+	cq.Poll(make([]qp.WC, 1))
+	if rs[0].lastPoll.Load() == 0 {
+		t.Fatal("polling the CQ did not poll its home shard")
+	}
+	if rs[1].lastPoll.Load() != 0 || in.count() != 0 {
+		t.Fatalf("polling the CQ polled a shard none of its QPs lives on (%d packets taken in)", in.count())
+	}
+	use(1) // a QP of the CQ on shard 1
+	cq.Poll(make([]qp.WC, 1))
+	if rs[1].lastPoll.Load() == 0 {
+		t.Fatal("polling the CQ did not poll shard 1 once a QP of it lived there")
+	}
+	if _, polled := in.paths(); polled != 1 || in.psns[0] != 7 {
+		t.Fatalf("shard 1's packet: %d taken in by the poller, PSNs %v", polled, in.psns)
+	}
+}
