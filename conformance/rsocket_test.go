@@ -496,16 +496,7 @@ func TestRsocketHTTP(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
 			defer cancel()
 			addr := p.HostIP + ":8080"
-			h := &hostProc{cmd: p.Lab.CommandContext(ctx, bin, "-serve", addr), done: make(chan struct{})}
-			h.cmd.Stdout, h.cmd.Stderr = &h.stdout, &h.stdout
-			if err := h.cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			go func() { h.err = h.cmd.Wait(); close(h.done) }()
-			defer func() { h.cmd.Process.Kill(); <-h.done }()
-			if err := h.waitOutput(ctx, "serving HTTP over rsocket on "); err != nil {
-				t.Fatalf("server: %v\n%s", err, h.stdout.Bytes())
-			}
+			h := p.serveHTTP(ctx, t, bin, addr)
 			env := []string{"LD_PRELOAD=" + rspreload}
 			res, err := p.Guest.Exec(ctx, lab.Cmd{Argv: []string{"curl", "-sS", "--max-time", "60", "http://" + addr + "/hello"}, Env: env})
 			if err != nil || !bytes.HasPrefix(res.Stdout, []byte("hello over rsocket, "+p.Guest.IP()+":")) {
@@ -524,5 +515,42 @@ func TestRsocketHTTP(t *testing.T) {
 			}
 			return Outcome{Note: "GET and a 1 MB POST, sha256 " + want[:12] + " matches"}
 		})
+		p.Case(t, Case{Name: "poll-driven C client (rspoll) under librspreload, net/http on rsocket", Role: "rxego server", Expect: rsocketExpect}, func(t *testing.T) Outcome {
+			ctx, cancel := context.WithTimeout(context.Background(), cmTimeout)
+			defer cancel()
+			addr := p.HostIP + ":8080"
+			h := p.serveHTTP(ctx, t, bin, addr)
+			const n = 1000000
+			body := make([]byte, n)
+			for i := range body {
+				body[i] = byte(i*131 + i>>8)
+			}
+			sum := sha256.Sum256(body)
+			want := fmt.Sprintf("%d bytes, sha256 %x\n", n, sum)
+			res, err := p.Guest.Exec(ctx, lab.Cmd{Argv: []string{cPeer(t, p.Lab, "rspoll"), p.HostIP, "8080", strconv.Itoa(n)},
+				Env: []string{"LD_PRELOAD=" + rspreload}})
+			if err != nil || string(res.Stdout) != want {
+				t.Fatalf("guest rspoll: %v\nstdout: %q, want %q\nstderr: %s\nserver: %s", err, res.Stdout, want, res.Stderr, h.stdout.Bytes())
+			}
+			return Outcome{Note: fmt.Sprintf("nonblocking connect, a 1 MB POST written while the answer is read, every wait in poll(); sha256 %x matches", sum[:6])}
+		})
 	})
+}
+
+// serveHTTP runs the example examples/rsockethttp (built as bin) as an
+// HTTP server over rxego's rsocket on addr, in the lab, until the test
+// ends, and waits until it listens.
+func (p *Peer) serveHTTP(ctx context.Context, t *testing.T, bin, addr string) *hostProc {
+	t.Helper()
+	h := &hostProc{cmd: p.Lab.CommandContext(ctx, bin, "-serve", addr), done: make(chan struct{})}
+	h.cmd.Stdout, h.cmd.Stderr = &h.stdout, &h.stdout
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { h.err = h.cmd.Wait(); close(h.done) }()
+	t.Cleanup(func() { h.cmd.Process.Kill(); <-h.done })
+	if err := h.waitOutput(ctx, "serving HTTP over rsocket on "); err != nil {
+		t.Fatalf("server: %v\n%s", err, h.stdout.Bytes())
+	}
+	return h
 }
