@@ -332,7 +332,14 @@ func rstreamSizeCase(size int) rstreamCase {
 // an emulated guest (TestRstreamAll). One connection per size; the C
 // tools in the guest first, then against rxego in both roles. Each
 // report row covers the 33 sizes, its rxego counters summed over them.
+// It runs only with RXEGO_RSTREAM_SIZES=1: 99 connections take about
+// three minutes per kernel in the lab (the baseline's 33 runs of both C
+// ends in one emulated guest alone over a minute), beyond the minute per
+// kernel the default suite allows it.
 func TestRstreamSizes(t *testing.T) {
+	if os.Getenv("RXEGO_RSTREAM_SIZES") != "1" {
+		t.Skip("99 rstream connections, about three minutes per kernel in the lab; set RXEGO_RSTREAM_SIZES=1 to run them")
+	}
 	sizes := rstreamTableSizes()
 	name := "rstream -T v, each size of -S all"
 	note := func(last string) string {
@@ -397,14 +404,8 @@ func TestRstreamAll(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), rstreamAllTimeout)
 			defer cancel()
 			ip := p.Guest.IP()
-			srv, err := p.Guest.Start(append([]string{"rstream", "-b", ip}, args...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
+			srv := startGuestServer(ctx, t, p.Guest, "rstream", ip, args)
 			defer srv.Kill()
-			if err := p.waitCMListen(ctx, 7471); err != nil {
-				t.Fatal(err)
-			}
 			res, err := p.Guest.Run(ctx, append([]string{"rstream", "-s", ip}, args...)...)
 			sres, serr := srv.Wait(ctx)
 			if err != nil || serr != nil {
@@ -433,14 +434,8 @@ func TestRstreamAll(t *testing.T) {
 						t.Fatalf("guest rstream: %v\n%s%s\nrxego server: %v\n%s", err, res.Stdout, res.Stderr, herr, h.output())
 					}
 				} else {
-					proc, err := p.Guest.Start(append([]string{"rstream", "-b", p.Guest.IP()}, args...)...)
-					if err != nil {
-						t.Fatal(err)
-					}
+					proc := startGuestServer(ctx, t, p.Guest, "rstream", p.Guest.IP(), args)
 					defer proc.Kill()
-					if err := p.waitCMListen(ctx, 7471); err != nil {
-						t.Fatal(err)
-					}
 					h = p.startRxego(t, ctx, append(rx, "-s", p.Guest.IP(), "-b", p.HostIP)...)
 					herr := h.wait(ctx)
 					if herr != nil {
