@@ -26,7 +26,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 # --- packages ---------------------------------------------------------------
 # chromium: the headless-browser test of rxego trace's HTML page
 # (internal/ladder); fonts-liberation gives its text metrics. gcc,
-# libc6-dev and libibverbs-dev build mwpeer and mcpeer (mwpeer/mwpeer.c, mcpeer/mcpeer.c), the
+# libc6-dev and libibverbs-dev build mwpeer, mcpeer and rspoll (mwpeer/mwpeer.c, mcpeer/mcpeer.c, rspoll/rspoll.c), the
 # memory-window and multicast peers the tests compile into the lab's share directory
 # (guests run the host's root, so its libibverbs too).
 pkgs=(qemu-system-x86 busybox-static rdma-core ibverbs-utils perftest
@@ -60,8 +60,8 @@ programs=(
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
 	rping ucmatose udaddy mckey rstream rcopy riostream      # rdmacm-utils
 	chromium                                                 # chromium
-	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer
-	sh bash dd cat echo true rm sha256sum                    # base system
+	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer, rspoll
+	sh bash dd cat echo true rm sha256sum stdbuf             # base system, stdbuf from coreutils
 	git                                                      # git: the conformance report names the commit it tested
 	curl                                                     # curl: under librspreload (librdmacm1) against rxego's HTTP over rsocket
 )
