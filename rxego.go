@@ -119,61 +119,6 @@ type (
 	CCStats = qp.CCStats
 )
 
-// Access flags (ibv_access_flags).
-const (
-	AccessLocalWrite   = mr.LocalWrite
-	AccessRemoteWrite  = mr.RemoteWrite
-	AccessRemoteRead   = mr.RemoteRead
-	AccessRemoteAtomic = mr.RemoteAtomic
-	AccessZeroBased    = mr.ZeroBased
-	AccessMWBind       = mr.MWBind
-)
-
-// Memory window types (ibv_mw_type).
-const (
-	MWType1 = mr.MWType1
-	MWType2 = mr.MWType2
-)
-
-// QP types.
-const (
-	RC = qp.RC
-	UC = qp.UC
-	UD = qp.UD
-)
-
-// Work request opcodes.
-const (
-	WRWrite       = qp.WRWrite
-	WRWriteImm    = qp.WRWriteImm
-	WRSend        = qp.WRSend
-	WRSendImm     = qp.WRSendImm
-	WRRead        = qp.WRRead
-	WRCompareSwap = qp.WRCompareSwap
-	WRFetchAdd    = qp.WRFetchAdd
-	WRLocalInv    = qp.WRLocalInv
-	WRBindMW      = qp.WRBindMW
-	WRSendInv     = qp.WRSendInv
-	WRFlush       = qp.WRFlush
-	WRAtomicWrite = qp.WRAtomicWrite
-)
-
-// Completion flags (WC.Flags): the GRH is in the receive buffer's first
-// 40 bytes (UD), an immediate (WC.Imm) or an invalidated rkey came.
-const (
-	WCWithGRH = qp.WCWithGRH
-	WCWithImm = qp.WCWithImm
-	WCWithInv = qp.WCWithInv
-)
-
-// Send flags.
-const (
-	SendFence     = qp.SendFence
-	SendSignaled  = qp.SendSignaled
-	SendSolicited = qp.SendSolicited
-	SendInline    = qp.SendInline
-)
-
 // DefaultPort is RoCEv2's UDP port.
 const DefaultPort = transport.Port
 
