@@ -69,12 +69,8 @@ import (
 // Types shared with the engine, re-exported so applications need only this
 // package.
 type (
-	// MR is a registered memory region.
-	MR = mr.MR
 	// Access is a set of memory access rights (ibv_access_flags).
 	Access = mr.Access
-	// MW is a memory window (ibv_mw).
-	MW = mr.MW
 	// MWType is a memory window's type (ibv_mw_type).
 	MWType = mr.MWType
 	// MWBind is what a BIND_MW work request binds (ibv_send_wr.bind_mw).
@@ -476,8 +472,7 @@ func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	m, err := p.pd.Register(buf, access)
-	return m, apiErr(err)
+	return p.wrapMR(p.pd.Register(buf, access))
 }
 
 // RegMRInvalidatable registers buf so that SEND with Invalidate and
@@ -486,8 +481,7 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	m, err := p.pd.Register(buf, access, mr.WithInvalidate())
-	return m, apiErr(err)
+	return p.wrapMR(p.pd.Register(buf, access, mr.WithInvalidate()))
 }
 
 // AllocMW allocates an unbound memory window (ibv_alloc_mw). Bind a type
@@ -496,7 +490,18 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 // unbinds a type 2 window. Windows reach MRs registered with AccessMWBind.
 func (p *PD) AllocMW(typ MWType) (*MW, error) {
 	w, err := p.pd.AllocMW(typ)
-	return w, apiErr(err)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return &MW{w}, nil
+}
+
+// wrapMR gives the application its view of a region p registered.
+func (p *PD) wrapMR(m *mr.MR, err error) (*MR, error) {
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return &MR{m: m, pd: p}, nil
 }
 
 // QPInitAttr describes a QP to create (ibv_qp_init_attr); its PD is the
