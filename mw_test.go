@@ -2,6 +2,8 @@ package rxego_test
 
 import (
 	"bytes"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/rxego/rxego"
@@ -75,5 +77,42 @@ func TestMemoryWindowLoopback(t *testing.T) {
 	}
 	if wc := post(rxego.SendWR{ID: 6, Opcode: rxego.WRRead, SGL: sg(0, 8), RemoteAddr: 0, RKey: k2}); wc.Status != qp.WCRemAccessErr {
 		t.Fatalf("READ after invalidation: %v, want remote access error", wc.Status)
+	}
+}
+
+// TestMemoryHandlesAreTheRoots: an MR knows the root PD it was registered
+// in, and the errors of MRs and MWs read "rxego: ..." and match the root's
+// ErrInvalidArgument (deregistering, deallocating twice; binding no
+// window), as every other call's do.
+func TestMemoryHandlesAreTheRoots(t *testing.T) {
+	a := open(t, rxego.RC, 4096)
+	m, err := a.pd.RegMR(make([]byte, 4096), rxego.AccessLocalWrite|rxego.AccessMWBind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.PD() != a.pd || m.Len() != 4096 || m.LKey() != m.RKey() {
+		t.Errorf("MR: PD %p (want %p), len %d, lkey %#x rkey %#x", m.PD(), a.pd, m.Len(), m.LKey(), m.RKey())
+	}
+	if _, err := a.qp.BindMW(nil, 1, 0, m, m.IOVA(), 64, rxego.AccessRemoteRead); !errors.Is(err, rxego.ErrInvalidArgument) ||
+		!strings.HasPrefix(err.Error(), "rxego: ") {
+		t.Errorf("BindMW without a window: %v", err)
+	}
+	w, err := a.pd.AllocMW(rxego.MWType2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.NextRKey(); !errors.Is(err, rxego.ErrInvalidArgument) {
+		t.Errorf("NextRKey of a type 2 window: %v", err)
+	}
+	if err := w.Dealloc(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Deregister(); err != nil {
+		t.Fatal(err)
+	}
+	for what, err := range map[string]error{"Dealloc": w.Dealloc(), "Deregister": m.Deregister()} {
+		if !errors.Is(err, rxego.ErrInvalidArgument) || !strings.HasPrefix(err.Error(), "rxego: ") {
+			t.Errorf("%s twice: %v, want an rxego: error matching ErrInvalidArgument", what, err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/rxego/rxego/mr"
 	"github.com/rxego/rxego/qp"
 )
 
@@ -59,7 +60,14 @@ func (q *QP) PostRecv(wrs ...RecvWR) error { return apiErr(q.q.PostRecv(wrs...))
 // the window (m may then be nil). Type 2 windows are bound by posting a
 // WRBindMW work request.
 func (q *QP) BindMW(w *MW, id uint64, flags SendFlags, m *MR, addr, length uint64, access Access) (uint32, error) {
-	k, err := q.q.BindMW(w, id, flags, m, addr, length, access)
+	if w == nil {
+		return 0, fmt.Errorf("%w: BindMW without a window", ErrInvalidArgument)
+	}
+	var region *mr.MR
+	if m != nil {
+		region = m.m
+	}
+	k, err := q.q.BindMW(w.w, id, flags, region, addr, length, access)
 	return k, apiErr(err)
 }
 

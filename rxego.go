@@ -69,12 +69,8 @@ import (
 // Types shared with the engine, re-exported so applications need only this
 // package.
 type (
-	// MR is a registered memory region.
-	MR = mr.MR
 	// Access is a set of memory access rights (ibv_access_flags).
 	Access = mr.Access
-	// MW is a memory window (ibv_mw).
-	MW = mr.MW
 	// MWType is a memory window's type (ibv_mw_type).
 	MWType = mr.MWType
 	// MWBind is what a BIND_MW work request binds (ibv_send_wr.bind_mw).
@@ -117,61 +113,6 @@ type (
 	CongestionConfig = qp.CongestionConfig
 	// CCStats are a QP's DCQCN figures (QP.CongestionStats).
 	CCStats = qp.CCStats
-)
-
-// Access flags (ibv_access_flags).
-const (
-	AccessLocalWrite   = mr.LocalWrite
-	AccessRemoteWrite  = mr.RemoteWrite
-	AccessRemoteRead   = mr.RemoteRead
-	AccessRemoteAtomic = mr.RemoteAtomic
-	AccessZeroBased    = mr.ZeroBased
-	AccessMWBind       = mr.MWBind
-)
-
-// Memory window types (ibv_mw_type).
-const (
-	MWType1 = mr.MWType1
-	MWType2 = mr.MWType2
-)
-
-// QP types.
-const (
-	RC = qp.RC
-	UC = qp.UC
-	UD = qp.UD
-)
-
-// Work request opcodes.
-const (
-	WRWrite       = qp.WRWrite
-	WRWriteImm    = qp.WRWriteImm
-	WRSend        = qp.WRSend
-	WRSendImm     = qp.WRSendImm
-	WRRead        = qp.WRRead
-	WRCompareSwap = qp.WRCompareSwap
-	WRFetchAdd    = qp.WRFetchAdd
-	WRLocalInv    = qp.WRLocalInv
-	WRBindMW      = qp.WRBindMW
-	WRSendInv     = qp.WRSendInv
-	WRFlush       = qp.WRFlush
-	WRAtomicWrite = qp.WRAtomicWrite
-)
-
-// Completion flags (WC.Flags): the GRH is in the receive buffer's first
-// 40 bytes (UD), an immediate (WC.Imm) or an invalidated rkey came.
-const (
-	WCWithGRH = qp.WCWithGRH
-	WCWithImm = qp.WCWithImm
-	WCWithInv = qp.WCWithInv
-)
-
-// Send flags.
-const (
-	SendFence     = qp.SendFence
-	SendSignaled  = qp.SendSignaled
-	SendSolicited = qp.SendSolicited
-	SendInline    = qp.SendInline
 )
 
 // DefaultPort is RoCEv2's UDP port.
@@ -532,8 +473,7 @@ func (p *PD) RegMR(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	m, err := p.pd.Register(buf, access)
-	return m, apiErr(err)
+	return p.wrapMR(p.pd.Register(buf, access))
 }
 
 // RegMRInvalidatable registers buf so that SEND with Invalidate and
@@ -542,8 +482,7 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 	if err := p.check(); err != nil {
 		return nil, err
 	}
-	m, err := p.pd.Register(buf, access, mr.WithInvalidate())
-	return m, apiErr(err)
+	return p.wrapMR(p.pd.Register(buf, access, mr.WithInvalidate()))
 }
 
 // AllocMW allocates an unbound memory window (ibv_alloc_mw). Bind a type
@@ -552,7 +491,18 @@ func (p *PD) RegMRInvalidatable(buf []byte, access Access) (*MR, error) {
 // unbinds a type 2 window. Windows reach MRs registered with AccessMWBind.
 func (p *PD) AllocMW(typ MWType) (*MW, error) {
 	w, err := p.pd.AllocMW(typ)
-	return w, apiErr(err)
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return &MW{w}, nil
+}
+
+// wrapMR gives the application its view of a region p registered.
+func (p *PD) wrapMR(m *mr.MR, err error) (*MR, error) {
+	if err != nil {
+		return nil, apiErr(err)
+	}
+	return &MR{m: m, pd: p}, nil
 }
 
 // QPInitAttr describes a QP to create (ibv_qp_init_attr); its PD is the

@@ -1,9 +1,13 @@
 package rxego
 
-import "github.com/rxego/rxego/qp"
+import (
+	"github.com/rxego/rxego/mr"
+	"github.com/rxego/rxego/qp"
+)
 
 // The values below are those of verbs (ibv_qp_state, ibv_qp_attr_mask,
-// ibv_mtu, ibv_wc_status, ibv_wc_opcode), so code and intuition carry
+// ibv_mtu, ibv_wc_status, ibv_wc_opcode, ibv_access_flags, ibv_wr_opcode,
+// ibv_send_flags, ...), all in this one file, so code and intuition carry
 // over. Their types are the engine's (see the type list in rxego.go), so
 // the engine and the API agree without conversions.
 
@@ -133,3 +137,58 @@ const MaxRdAtomicLimit = qp.MaxRdAtomicLimit
 // MTUFromBytes returns the ibv_mtu for 256, 512, 1024, 2048 or 4096; ok
 // is false for any other size.
 func MTUFromBytes(n int) (m MTU, ok bool) { return qp.MTUFromBytes(n) }
+
+// Access flags (ibv_access_flags).
+const (
+	AccessLocalWrite   = mr.LocalWrite
+	AccessRemoteWrite  = mr.RemoteWrite
+	AccessRemoteRead   = mr.RemoteRead
+	AccessRemoteAtomic = mr.RemoteAtomic
+	AccessZeroBased    = mr.ZeroBased
+	AccessMWBind       = mr.MWBind
+)
+
+// Memory window types (ibv_mw_type).
+const (
+	MWType1 = mr.MWType1
+	MWType2 = mr.MWType2
+)
+
+// QP types.
+const (
+	RC = qp.RC
+	UC = qp.UC
+	UD = qp.UD
+)
+
+// Work request opcodes.
+const (
+	WRWrite       = qp.WRWrite
+	WRWriteImm    = qp.WRWriteImm
+	WRSend        = qp.WRSend
+	WRSendImm     = qp.WRSendImm
+	WRRead        = qp.WRRead
+	WRCompareSwap = qp.WRCompareSwap
+	WRFetchAdd    = qp.WRFetchAdd
+	WRLocalInv    = qp.WRLocalInv
+	WRBindMW      = qp.WRBindMW
+	WRSendInv     = qp.WRSendInv
+	WRFlush       = qp.WRFlush
+	WRAtomicWrite = qp.WRAtomicWrite
+)
+
+// Completion flags (WC.Flags): the GRH is in the receive buffer's first
+// 40 bytes (UD), an immediate (WC.Imm) or an invalidated rkey came.
+const (
+	WCWithGRH = qp.WCWithGRH
+	WCWithImm = qp.WCWithImm
+	WCWithInv = qp.WCWithInv
+)
+
+// Send flags.
+const (
+	SendFence     = qp.SendFence
+	SendSignaled  = qp.SendSignaled
+	SendSolicited = qp.SendSolicited
+	SendInline    = qp.SendInline
+)

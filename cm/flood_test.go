@@ -11,16 +11,52 @@ import (
 	"github.com/rxego/rxego"
 )
 
-// forgedREQ is a REQ for port as a flooder sends it: random
-// communication ID, CA GUID and source address, never retransmitted, its
-// REP never answered.
-func forgedREQ(t *testing.T, rng *rand.Rand, port uint16) (netip.Addr, []byte) {
+// forgedSource is where a forged request claims to come from: a random
+// address in 198.18.0.0/15 and source port, in the rdma_cm IP header
+// that is the request's private data.
+func forgedSource(t *testing.T, rng *rand.Rand) (netip.Addr, []byte) {
 	src := netip.AddrFrom4([4]byte{198, 18, byte(rng.IntN(256)), byte(1 + rng.IntN(254))})
 	priv := make([]byte, IPHeaderSize)
 	hdr := IPHeader{Version: IPHeaderVersion, SrcPort: uint16(rng.Uint32()), Src: src, Dst: serverAddr}
 	if err := hdr.Marshal(priv); err != nil {
 		t.Fatal(err)
 	}
+	return src, priv
+}
+
+// startFlood hands m forged MADs from a goroutine, burst of them a
+// millisecond, until n are sent, ten seconds have passed or the test is
+// done with it (stop ends the flood and waits for the goroutine). sent
+// counts the MADs handed in so far.
+func startFlood(t *testing.T, m *Manager, seed uint64, n, burst int64,
+	forge func(*testing.T, *rand.Rand) (netip.Addr, []byte)) (sent *atomic.Int64, stop func()) {
+	sent = new(atomic.Int64)
+	done := make(chan struct{})
+	flooded := make(chan struct{})
+	go func() {
+		defer close(flooded)
+		rng := rand.New(rand.NewPCG(seed, seed+1))
+		end := time.Now().Add(10 * time.Second)
+		for sent.Load() < n && time.Now().Before(end) {
+			for range burst {
+				m.receive(forge(t, rng))
+			}
+			sent.Add(burst)
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	return sent, func() { close(done); <-flooded }
+}
+
+// forgedREQ is a REQ for port as a flooder sends it: random
+// communication ID, CA GUID and source address, never retransmitted, its
+// REP never answered.
+func forgedREQ(t *testing.T, rng *rand.Rand, port uint16) (netip.Addr, []byte) {
+	src, priv := forgedSource(t, rng)
 	req := REQ{LocalCommID: rng.Uint32() | 1, ServiceID: ServiceID(PortSpaceTCP, port), LocalCAGUID: rng.Uint64() | 1,
 		LocalQPN: rng.Uint32() & 0xffffff, TransportType: TransportRC, StartingPSN: rng.Uint32() & 0xffffff,
 		RemoteCMResponseTimeout: 20, LocalCMResponseTimeout: 20, RetryCount: 7, PKey: 0xffff,
@@ -61,27 +97,10 @@ func TestREQFlood(t *testing.T) {
 
 	// The flood: bounded in count and time, stopped early when the test
 	// is done with it.
-	var sent atomic.Int64
-	stop := make(chan struct{})
-	flooded := make(chan struct{})
-	go func() {
-		defer close(flooded)
-		rng := rand.New(rand.NewPCG(7, 8))
-		end := time.Now().Add(10 * time.Second)
-		for sent.Load() < floodN && time.Now().Before(end) {
-			for range burst {
-				from, mad := forgedREQ(t, rng, port)
-				p.srv.m.receive(from, mad)
-			}
-			sent.Add(burst)
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
-	defer func() { close(stop); <-flooded }()
+	sent, stop := startFlood(t, p.srv.m, 7, floodN, burst, func(t *testing.T, rng *rand.Rand) (netip.Addr, []byte) {
+		return forgedREQ(t, rng, port)
+	})
+	defer stop()
 
 	// The server: one slot, given back when a request goes half-open.
 	type result struct {

@@ -11,12 +11,7 @@ import (
 // forgedSIDRREQ is a SIDR_REQ for port as a flooder sends it: random
 // request ID and source address, never retransmitted.
 func forgedSIDRREQ(t *testing.T, rng *rand.Rand, port uint16) (netip.Addr, []byte) {
-	src := netip.AddrFrom4([4]byte{198, 18, byte(rng.IntN(256)), byte(1 + rng.IntN(254))})
-	priv := make([]byte, IPHeaderSize)
-	hdr := IPHeader{Version: IPHeaderVersion, SrcPort: uint16(rng.Uint32()), Src: src, Dst: serverAddr}
-	if err := hdr.Marshal(priv); err != nil {
-		t.Fatal(err)
-	}
+	src, priv := forgedSource(t, rng)
 	mad, err := Marshal(rng.Uint64(), &SIDRREQ{RequestID: rng.Uint32(), PKey: 0xffff, ServiceID: ServiceID(PortSpaceUDP, port), PrivateData: priv})
 	if err != nil {
 		t.Fatal(err)
@@ -47,27 +42,10 @@ func TestSIDRFlood(t *testing.T) {
 	}
 	sq := p.srv.udEndpoint(t)
 
-	var sent atomic.Int64
-	stop := make(chan struct{})
-	flooded := make(chan struct{})
-	go func() {
-		defer close(flooded)
-		rng := rand.New(rand.NewPCG(9, 10))
-		end := time.Now().Add(10 * time.Second)
-		for sent.Load() < floodN && time.Now().Before(end) {
-			for range burst {
-				from, mad := forgedSIDRREQ(t, rng, port)
-				p.srv.m.receive(from, mad)
-			}
-			sent.Add(burst)
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}()
-	defer func() { close(stop); <-flooded }()
+	sent, stop := startFlood(t, p.srv.m, 9, floodN, burst, func(t *testing.T, rng *rand.Rand) (netip.Addr, []byte) {
+		return forgedSIDRREQ(t, rng, port)
+	})
+	defer stop()
 
 	// The slow application: answers every request, 2 ms each.
 	var answered atomic.Int64

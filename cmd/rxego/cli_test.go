@@ -238,6 +238,27 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// TestRegisterTwicePanics checks that a command name claimed twice stops
+// the program at start-up with the name, and that the command registered
+// first stays in place.
+func TestRegisterTwicePanics(t *testing.T) {
+	before := commands["version"]
+	for _, reg := range []func(string, string, func([]string) error){register, registerCTool} {
+		func() {
+			defer func() {
+				r := recover()
+				if msg, _ := r.(string); !strings.Contains(msg, `"version"`) {
+					t.Errorf("registering version twice: recovered %v, want a panic naming it", r)
+				}
+			}()
+			reg("version", "a second version", func([]string) error { return nil })
+		}()
+	}
+	if got := commands["version"]; got.summary != before.summary || got.cTool != before.cTool {
+		t.Errorf("version's command after the panics: %+v, want the first one", got)
+	}
+}
+
 // TestExpandShort checks the getopt spellings against Go's flag forms.
 func TestExpandShort(t *testing.T) {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)

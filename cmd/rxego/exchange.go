@@ -5,39 +5,35 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"os"
 
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
 	"github.com/rxego/rxego/internal/ladder"
 )
 
-// exchange is one of the rdma_cm burst tools (ucmatose, udaddy): the same
-// flags, a server and a client, and one summary line.
-type exchange struct {
+// burstTool is one of the rdma_cm burst tools (ucmatose, udaddy): the
+// same flags, a server and a client, and one summary line.
+type burstTool struct {
 	name, usage string
 	port        uint
 	conns       int // default -c
 	count       int // default -C
 	size        int // default -S
-	// check refuses settings before anything listens or dials.
-	check func(c exchangeConfig) error
+	// tool refuses settings before anything listens or dials.
+	tool exchange.Tool
 	// serve runs the server on the manager, listening on port, and calls
 	// ready once it listens; dial runs the client toward raddr. Both
 	// return the run's counts.
-	serve func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error)
-	dial  func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error)
+	serve func(ctx context.Context, m *cm.Manager, port uint16, c exchange.Params, ready func()) (exchange.Result, error)
+	dial  func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchange.Params) (exchange.Result, error)
 	// serverChecks, when set, follows the server's summary: what the
 	// server can check of what it received where it verifies no content.
 	serverChecks string
 }
 
-// exchangeConfig is what the flags set.
-type exchangeConfig struct{ conns, count, size int }
-
-// exchangeResult is what the summary line reports.
-type exchangeResult struct{ conns, sent, received, verified int }
-
 // run parses args and runs the tool.
-func (x exchange) run(args []string) error {
+func (x burstTool) run(args []string) error {
 	fs := flag.NewFlagSet(x.name, flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: rxego %s [-s server_address] [-b bind_address] [-c connections] [-C message_count] [-S message_size] [-p port]\n\n%s\nflags:\n", x.name, x.usage)
@@ -56,14 +52,14 @@ func (x exchange) run(args []string) error {
 	if *port > 0xffff {
 		return usageErrorf("port %d out of range", *port)
 	}
-	cfg := exchangeConfig{*conns, *count, *size}
+	cfg := exchange.Params{Connections: *conns, Count: *count, Size: *size, Out: os.Stdout}
 	// Checked before anything listens or dials.
-	if err := x.check(cfg); err != nil {
+	if err := x.tool.Check(cfg); err != nil {
 		return &usageError{err.Error()}
 	}
-	report := func(server bool, res exchangeResult, err error) error {
+	report := func(server bool, res exchange.Result, err error) error {
 		fmt.Printf("rxego %s: %s, %d sent, %d received, %d verified",
-			x.name, ladder.Count(res.conns, "connection"), res.sent, res.received, res.verified)
+			x.name, ladder.Count(res.Connections, "connection"), res.Sent, res.Received, res.Verified)
 		if server && x.serverChecks != "" {
 			fmt.Printf(" (%s)", x.serverChecks)
 		}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -34,13 +35,23 @@ var commands = map[string]command{}
 // register adds a subcommand; called from the init function of each
 // subcommand's file.
 func register(name, summary string, run func(args []string) error) {
-	commands[name] = command{summary: summary, run: run}
+	add(name, command{summary: summary, run: run})
 }
 
 // registerCTool adds the command named after a C tool, which takes that
 // tool's flags exactly; summary names the tool it stands in for.
 func registerCTool(name, summary string, run func(args []string) error) {
-	commands[name] = command{summary: summary, run: run, cTool: true}
+	add(name, command{summary: summary, run: run, cTool: true})
+}
+
+// add puts c in commands under name. A name taken twice is a programming
+// error (two files' init functions claim one command, and which one ran
+// would depend on file order), so it panics at start-up, naming it.
+func add(name string, c command) {
+	if _, dup := commands[name]; dup {
+		panic("rxego: command " + strconv.Quote(name) + " registered twice")
+	}
+	commands[name] = c
 }
 
 func init() {

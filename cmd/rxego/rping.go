@@ -18,6 +18,7 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cmd/rxego/internal/cmatose"
+	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
 	"github.com/rxego/rxego/cmd/rxego/internal/rping"
 )
 
@@ -431,7 +432,7 @@ func localAddr(flagValue string, peer netip.Addr) (netip.Addr, error) {
 }
 
 // ucmatoseTool is rxego ucmatose.
-var ucmatoseTool = exchange{
+var ucmatoseTool = burstTool{
 	name: "ucmatose",
 	usage: `Talks to librdmacm's ucmatose: several rdma_cm connections, each carrying
 message_count SENDs each way. Without -s it is the server; -b is the local
@@ -441,24 +442,14 @@ RoCE address (the client's default: the route's source toward -s).
   ucmatose -s 198.18.0.1 -c 2                 # the peer, elsewhere
 `,
 	port: cmatose.DefaultPort, conns: cmatose.DefaultConnections, count: cmatose.DefaultCount, size: cmatose.DefaultSize,
-	check: func(c exchangeConfig) error { return cmatoseConfig(c).Check() },
-	serve: func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error) {
+	tool: cmatose.Tool,
+	serve: func(ctx context.Context, m *cm.Manager, port uint16, c exchange.Params, ready func()) (exchange.Result, error) {
 		l, err := m.Listen(port)
 		if err != nil {
-			return exchangeResult{}, err
+			return exchange.Result{}, err
 		}
 		ready()
-		return cmatoseResult(cmatose.Serve(ctx, m, l, cmatoseConfig(c)))
+		return cmatose.Serve(ctx, m, l, c)
 	},
-	dial: func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error) {
-		return cmatoseResult(cmatose.Dial(ctx, m, raddr, cmatoseConfig(c)))
-	},
-}
-
-func cmatoseConfig(c exchangeConfig) cmatose.Config {
-	return cmatose.Config{Connections: c.conns, Count: c.count, Size: c.size, Out: os.Stdout}
-}
-
-func cmatoseResult(r cmatose.Result, err error) (exchangeResult, error) {
-	return exchangeResult{r.Connections, r.Sent, r.Received, r.Verified}, err
+	dial: cmatose.Dial,
 }

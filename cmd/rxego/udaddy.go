@@ -2,10 +2,9 @@ package main
 
 import (
 	"context"
-	"net/netip"
-	"os"
 
 	"github.com/rxego/rxego/cm"
+	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
 	"github.com/rxego/rxego/cmd/rxego/internal/udaddy"
 )
 
@@ -14,7 +13,7 @@ func init() {
 }
 
 // udaddyTool is rxego udaddy.
-var udaddyTool = exchange{
+var udaddyTool = burstTool{
 	name: "udaddy",
 	usage: `Talks to librdmacm's udaddy: UD QPs found through rdma_cm's UDP port space
 (SIDR_REQ/SIDR_REP on QP1), message_count datagrams each way (the size at
@@ -25,29 +24,19 @@ address (the client's default: the route's source toward -s).
   udaddy -s 198.18.0.1                        # the peer, elsewhere
 `,
 	port: udaddy.DefaultPort, conns: udaddy.DefaultConnections, count: udaddy.DefaultCount, size: udaddy.DefaultSize,
-	check: func(c exchangeConfig) error { return udaddyConfig(c).Check() },
-	serve: func(ctx context.Context, m *cm.Manager, port uint16, c exchangeConfig, ready func()) (exchangeResult, error) {
+	tool: udaddy.Tool,
+	serve: func(ctx context.Context, m *cm.Manager, port uint16, c exchange.Params, ready func()) (exchange.Result, error) {
 		l, err := m.ListenUD(port)
 		if err != nil {
-			return exchangeResult{}, err
+			return exchange.Result{}, err
 		}
 		ready()
-		return udaddyResult(udaddy.Serve(ctx, m, l, udaddyConfig(c)))
+		return udaddy.Serve(ctx, m, l, c)
 	},
-	dial: func(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, c exchangeConfig) (exchangeResult, error) {
-		return udaddyResult(udaddy.Dial(ctx, m, raddr, udaddyConfig(c)))
-	},
+	dial: udaddy.Dial,
 	// udaddy's client sends its buffer as it is (no pattern), so the
 	// server has no content to verify; the client checks that each reply
 	// carries its message back.
 	serverChecks: "nothing failed: the server checks each datagram's length and its immediate data (the sender's QPN); " +
 		"udaddy's payload is unset memory, so its content is verified by the client, which gets it echoed back",
-}
-
-func udaddyConfig(c exchangeConfig) udaddy.Config {
-	return udaddy.Config{Connections: c.conns, Count: c.count, Size: c.size, Out: os.Stdout}
-}
-
-func udaddyResult(r udaddy.Result, err error) (exchangeResult, error) {
-	return exchangeResult{r.Connections, r.Sent, r.Received, r.Verified}, err
 }

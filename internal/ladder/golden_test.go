@@ -3,23 +3,16 @@ package ladder_test
 import (
 	"bytes"
 	"flag"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/rxego/rxego/internal/demo"
 	"github.com/rxego/rxego/internal/ladder"
-	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
 )
 
-var (
-	update = flag.Bool("update", false, "rewrite testdata/golden from the captures")
-	record = flag.Bool("record", false, "record testdata/rxego_*.pcapng again with the demo (then run -update)")
-)
+var update = flag.Bool("update", false, "rewrite testdata/golden from the captures")
 
 // captures lists the captures with golden ladders: the real rxe traffic in
 // testdata/pcaps and rxego's own recordings of loss, RNR and CNPs.
@@ -93,39 +86,6 @@ func checkGolden(t *testing.T, path string, got []byte) {
 			if g != w {
 				t.Fatalf("%s differs at line %d:\ngot  %q\nwant %q\n(go test -update rewrites it)", path, i+1, g, w)
 			}
-		}
-	}
-}
-
-// TestRecord re-records rxego's own captures with the demo's scenarios
-// (send with RNR, loss, congestion with a short marking phase) when run
-// with -record. The demo fixes QPNs (the first QP of a device) and PSNs
-// (1000 and 2000); addresses are the test's random loopback ones.
-func TestRecord(t *testing.T) {
-	if !*record {
-		t.Skip("run with -record to record testdata/rxego_*.pcapng again")
-	}
-	var cands []string
-	for range 8 {
-		cands = append(cands, testaddr.Loopback().String())
-	}
-	dir := t.TempDir()
-	tour, err := demo.OpenWith(io.Discard, demo.Options{PcapDir: dir, CongestionMark: time.Millisecond,
-		CongestionRecoverMax: time.Millisecond}, cands...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tour.Close()
-	if err := tour.Run("send", "loss", "congestion"); err != nil {
-		t.Fatal(err)
-	}
-	for from, to := range map[string]string{"send": "rxego_rnr", "loss": "rxego_loss", "congestion": "rxego_cnp"} {
-		b, err := os.ReadFile(filepath.Join(dir, from+".pcapng"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join("testdata", to+".pcapng"), b, 0o644); err != nil {
-			t.Fatal(err)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/internal/trace/tsharktest"
 	"github.com/rxego/rxego/rocelayer"
 )
 
@@ -143,16 +144,16 @@ func TestCMMessages(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	needTshark(t)
+	tsharktest.Need(t)
 	path := filepath.Join(t.TempDir(), "cm.pcap")
 	if err := os.WriteFile(path, file.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ts := tsharkFrames(t, path)
+	ts := tsharktest.Frames(t, path)
 	if len(ts) != len(frames) {
 		t.Fatalf("tshark decoded %d frames", len(ts))
 	}
-	compare(t, ts, got, nil)
+	tsharktest.Compare(t, ts, got, nil)
 }
 
 // TestCMSIDR decodes udaddy's SIDR_REQ and SIDR_REP: the request ID, the

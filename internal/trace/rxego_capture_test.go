@@ -1,20 +1,21 @@
 package trace_test
 
 import (
-	"bytes"
-	"context"
 	"io"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/rxego/rxego/internal/demo"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
 	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/internal/trace/tsharktest"
 )
+
+// ladderTestdata holds rxego's own recordings that the ladder's golden
+// tests read.
+const ladderTestdata = "../ladder/testdata"
 
 // TestRxegoCapturesAgainstTshark runs every scenario of the demo with
 // Alice's device recording (transport/pcaptap) and checks each capture,
@@ -24,7 +25,7 @@ import (
 // `rxego trace --json` decodes it. The probe stop is left out: it sends
 // a reserved opcode on purpose, which neither decoder may accept.
 func TestRxegoCapturesAgainstTshark(t *testing.T) {
-	needTshark(t)
+	tsharktest.Need(t)
 	var cands []string
 	for range 8 {
 		cands = append(cands, testaddr.Loopback().String())
@@ -53,7 +54,7 @@ func TestRxegoCapturesAgainstTshark(t *testing.T) {
 	if len(files) != len(all)-1 {
 		t.Fatalf("no probe.pcapng among the captures %v", all)
 	}
-	own, _ := filepath.Glob("../ladder/testdata/rxego_*.pcapng")
+	own, _ := filepath.Glob(filepath.Join(ladderTestdata, "rxego_*.pcapng"))
 	files = append(files, own...)
 	// tshark takes seconds to start: check one file made of them all, and
 	// that the reader reads the merged file like the parts.
@@ -67,8 +68,8 @@ func TestRxegoCapturesAgainstTshark(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n := expertCheck(t, merged)
-	want := tsharkFrames(t, merged)
+	n := tsharktest.ExpertCheck(t, merged)
+	want := tsharktest.Frames(t, merged)
 	got := map[int]trace.Record{}
 	if err := trace.ReadFile(merged, func(r trace.Record) error { got[r.Frame] = r; return nil }); err != nil {
 		t.Fatal(err)
@@ -76,54 +77,6 @@ func TestRxegoCapturesAgainstTshark(t *testing.T) {
 	if len(want) != n || len(got) != n || n != total {
 		t.Fatalf("%d frames in the parts, %d merged, tshark decoded %d as InfiniBand, trace %d", total, n, len(want), len(got))
 	}
-	compare(t, want, got, tsharkBTHOnly)
+	tsharktest.Compare(t, want, got, tsharktest.BTHOnly)
 	t.Logf("%d frames of %d captures compared", n, len(files))
-}
-
-// Wireshark's expert severities (epan/proto.h).
-const (
-	severityWarn  = 0x00600000
-	severityError = 0x00800000
-)
-
-// expertCheck runs tshark over a capture with IP and UDP checksum
-// validation and fails on malformed frames and expert warnings or
-// errors. It returns the number of frames.
-func expertCheck(t *testing.T, path string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "tshark", "-n", "-r", path, "-o", "ip.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE",
-		"-d", "udp.port==4791,infiniband", "--disable-protocol", "rpcordma",
-		"-T", "fields", "-E", "separator=|", "-e", "frame.number", "-e", "_ws.malformed", "-e", "_ws.expert.severity", "-e", "_ws.expert.message")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("tshark: %v\n%s", err, stderr.String())
-	}
-	n := 0
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		f := strings.Split(line, "|")
-		if len(f) != 4 {
-			t.Fatalf("tshark line %q", line)
-		}
-		n++
-		if f[1] != "" {
-			t.Errorf("frame %s malformed: %s", f[0], f[3])
-		}
-		for _, sv := range strings.Split(f[2], ",") {
-			if sv == "" {
-				continue
-			}
-			v, err := strconv.ParseUint(strings.TrimPrefix(sv, "0x"), 16, 32)
-			if err != nil {
-				v, err = strconv.ParseUint(sv, 10, 32)
-			}
-			if err != nil || v >= severityWarn {
-				t.Errorf("frame %s: expert severity %s: %s", f[0], sv, f[3])
-			}
-		}
-	}
-	return n
 }

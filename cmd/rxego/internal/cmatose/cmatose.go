@@ -39,27 +39,14 @@ const (
 // each way per connection), Size (-S: message size, at most 1 MiB) and
 // Out (ucmatose's progress lines; nil discards them). Zero fields take
 // ucmatose's defaults.
-type Config exchange.Params
+type Config = exchange.Params
 
-// Check reports whether c is usable (after the defaults), so a command
-// can refuse bad arguments before it listens or dials.
-func (c Config) Check() error {
-	_, err := c.withDefaults()
-	return err
-}
-
-func (c Config) withDefaults() (Config, error) {
-	p, err := exchange.Params(c).WithDefaults("cmatose", 1<<20, "1 MiB")
-	return Config(p), err
-}
+// Tool names ucmatose in its errors and sets its largest message (1 MiB);
+// Tool.Check refuses a Config before anything listens or dials.
+var Tool = exchange.Tool{Name: "cmatose", MaxSize: 1 << 20, SizeText: "1 MiB"}
 
 // Result counts what a run did over all connections.
-type Result struct {
-	Connections int
-	Sent        int // SENDs completed
-	Received    int // messages received
-	Verified    int // received messages that matched what was expected
-}
+type Result = exchange.Result
 
 // ErrMismatch is returned when a reply differs from the server's data.
 var ErrMismatch = errors.New("cmatose: reply differs from the data sent")
@@ -181,7 +168,7 @@ type side struct {
 // run checks cfg, prints the role's banner and runs body with room for
 // cfg's connections; the nodes body made are freed at the end.
 func run(cfg Config, banner string, body func(Config, *side) (Result, error)) (Result, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults(Tool)
 	if err != nil {
 		return Result{}, err
 	}

@@ -25,10 +25,10 @@ func TestServeDial(t *testing.T) {
 // TestConfig: messages up to 1 MiB (ucmatose's limit is its memory);
 // the other limits are package exchange's.
 func TestConfig(t *testing.T) {
-	if err := (Config{Size: 1 << 20}).Check(); err != nil {
+	if err := Tool.Check(Config{Size: 1 << 20}); err != nil {
 		t.Errorf("1 MiB refused: %v", err)
 	}
-	if err := (Config{Size: 1<<20 + 1}).Check(); err == nil || !strings.HasPrefix(err.Error(), "cmatose: ") {
+	if err := Tool.Check(Config{Size: 1<<20 + 1}); err == nil || !strings.HasPrefix(err.Error(), "cmatose: ") {
 		t.Errorf("1 MiB + 1: %v", err)
 	}
 }

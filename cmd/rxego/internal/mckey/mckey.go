@@ -69,7 +69,7 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("mckey: a send-only join (-o) receives nothing: it is for senders (-s)")
 	}
 	var err error
-	c.Params, err = c.Params.WithDefaults("mckey", 4096, "4096")
+	c.Params, err = c.Params.WithDefaults(exchange.Tool{Name: "mckey", MaxSize: 4096, SizeText: "4096"})
 	return c, err
 }
 

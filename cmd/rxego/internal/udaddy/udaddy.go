@@ -43,27 +43,14 @@ const (
 // each way per connection), Size (-S: message size, at most 4096 and the
 // path MTU) and Out (udaddy's progress lines; nil discards them). Zero
 // fields take udaddy's defaults.
-type Config exchange.Params
+type Config = exchange.Params
 
-// Check reports whether c is usable (after the defaults), so a command
-// can refuse bad arguments before it listens or dials.
-func (c Config) Check() error {
-	_, err := c.withDefaults()
-	return err
-}
-
-func (c Config) withDefaults() (Config, error) {
-	p, err := exchange.Params(c).WithDefaults("udaddy", 4096, "4096")
-	return Config(p), err
-}
+// Tool names udaddy in its errors and sets its largest message (4096);
+// Tool.Check refuses a Config before anything listens or dials.
+var Tool = exchange.Tool{Name: "udaddy", MaxSize: 4096, SizeText: "4096"}
 
 // Result counts what a run did over all connections.
-type Result struct {
-	Connections int
-	Sent        int // datagrams sent
-	Received    int // datagrams received
-	Verified    int // replies that carried the client's data (client only)
-}
+type Result = exchange.Result
 
 // ErrMismatch is returned when a reply or message is not what udaddy sends.
 var ErrMismatch = errors.New("udaddy: unexpected datagram")
@@ -74,7 +61,7 @@ func pattern(i int) byte { return byte(i*7 + 1) }
 // Serve answers cfg.Connections SIDR requests on l, as udaddy's server:
 // it receives Count messages on each, then replies with Count.
 func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Result, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults(Tool)
 	if err != nil {
 		return Result{}, err
 	}
@@ -134,7 +121,7 @@ func Serve(ctx context.Context, m *cm.Manager, l *cm.UDListener, cfg Config) (Re
 // client, sends Count messages on each and waits for Count replies,
 // checking each carries its message back after the server's GRH.
 func Dial(ctx context.Context, m *cm.Manager, raddr netip.AddrPort, cfg Config) (Result, error) {
-	cfg, err := cfg.withDefaults()
+	cfg, err := cfg.WithDefaults(Tool)
 	if err != nil {
 		return Result{}, err
 	}

@@ -26,10 +26,10 @@ func TestServeDial(t *testing.T) {
 // TestConfig: datagrams up to 4096 bytes (the largest RoCE MTU); the
 // other limits are package exchange's.
 func TestConfig(t *testing.T) {
-	if err := (Config{Size: 4097}).Check(); err == nil || !strings.Contains(err.Error(), "udaddy: ") {
+	if err := Tool.Check(Config{Size: 4097}); err == nil || !strings.Contains(err.Error(), "udaddy: ") {
 		t.Errorf("4097 bytes: %v", err)
 	}
-	if err := (Config{Size: 4096, Connections: 2}).Check(); err != nil {
+	if err := Tool.Check(Config{Size: 4096, Connections: 2}); err != nil {
 		t.Errorf("4096 bytes refused: %v", err)
 	}
 }
