@@ -32,8 +32,12 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 	}
 	defer ln.Close()
 	var out bytes.Buffer
+	size := 64
+	if test == perftest.SendBW {
+		size = 2048 // the send scenarios' receives (ib_send_bw -s 2048)
+	}
 	scfg := perftest.Config{Test: test, Local: server, Listener: ln, Port: ln.Addr().(*net.TCPAddr).Port,
-		NumQPs: len(scens), Size: 64, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
+		NumQPs: len(scens), Size: size, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
 	type ret struct {
 		r   *perftest.Result
 		err error
@@ -48,7 +52,8 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 	if err != nil {
 		t.Fatal(err)
 	}
-	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw"}[test]
+	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw",
+		perftest.SendBW: "send_bw"}[test]
 	rep, err := Responder(context.Background(), ResponderConfig{Peer: server, Port: scfg.Port, Local: local,
 		Tool: tool, NumQPs: len(scens), AllAccess: true, Scenarios: scens, Pcap: pw, Wait: 200 * time.Millisecond})
 	if cerr := pw.Close(); cerr != nil {
@@ -59,8 +64,10 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 		t.Fatalf("probe: %v\nserver: %v\n%s", err, sr.err, out.String())
 	}
 	// rxego's perf server checks that no byte of its buffer changed
-	// unless its client wrote it: the scenarios' WRITEs did.
-	if sr.err != nil && !strings.Contains(sr.err.Error(), "data checks failed") {
+	// unless its client wrote it: the scenarios' WRITEs did. A send_bw
+	// server ends at the receive send-too-long flushes, as
+	// perftest's does.
+	if sr.err != nil && !strings.Contains(sr.err.Error(), "data checks failed") && test != perftest.SendBW {
 		t.Errorf("the rxego server did not end cleanly: %v\n%s", sr.err, out.String())
 	}
 	if sr.r != nil && sr.r.Device != nil {
@@ -223,7 +230,7 @@ func checkRenderings(t *testing.T, rep *Report) {
 }
 
 // TestRequesterAgainstRxego runs the requester-mode scenarios against
-// rxego's own ib_write_bw and ib_read_bw clients and checks the report
+// rxego's own ib_write_bw, ib_read_bw and ib_send_bw clients and checks the report
 // against the capture: each scenario's impaired packet was sent as often
 // as the report says, and go-back-n's resend starts at the probe's NAK.
 func TestRequesterAgainstRxego(t *testing.T) {
@@ -237,6 +244,9 @@ func TestRequesterAgainstRxego(t *testing.T) {
 			// rxego, like rxe, takes retry_cnt 7 as unlimited (docs/rnic.md).
 			"retry-exhaustion": Deviates}},
 		{perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms, "ce-data-cnp": Conforms}},
+		// ib_send_bw's client: the same scenarios, on SENDs.
+		{perftest.SendBW, "send_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
+			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}},
 	} {
 		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want) })
 	}
@@ -361,4 +371,60 @@ func checkGoBack(t *testing.T, recs []trace.Record, res Result, probeAddr netip.
 		return
 	}
 	t.Errorf("go-back-n: no NAK (at %d) or no resend in the capture", nakAt)
+}
+
+// TestSendScenariosAgainstRxego probes rxego's own ib_send_bw server (its
+// receives posted, 2048 bytes each) with the send scenarios and checks
+// the verdicts against the capture and the server's counters.
+func TestSendScenariosAgainstRxego(t *testing.T) {
+	var scens []*Scenario
+	for _, s := range Builtin() {
+		if s.Needs == NeedsSend {
+			scens = append(scens, s)
+		}
+	}
+	if len(scens) < 4 {
+		t.Fatalf("%d send scenarios", len(scens))
+	}
+	rep, recs, srv := probeRxego(t, perftest.SendBW, scens)
+	var text bytes.Buffer
+	rep.WriteText(&text, true)
+	t.Logf("%s", text.String())
+	ack, nakSeq := reth.ACKSyndrome(reth.CreditsInvalid).String(), reth.NAKSyndrome(reth.NAKPSNSeqError).String()
+	// rxego NAKs a SEND longer than its receive with a remote
+	// operational error, as rxe's copy_data failure does (qp.recvFault).
+	nakRop := reth.NAKSyndrome(reth.NAKRemoteOp).String()
+	// The last packet the peer sent on each scenario's QP, as the
+	// verdict says it was.
+	want := map[string]struct {
+		syn string
+		psn int
+	}{
+		"send-ack":          {ack, 0},
+		"send-multi-packet": {ack, 1},
+		"send-psn-gap":      {ack, 0},
+		"send-too-long":     {nakRop, 2},
+	}
+	for _, res := range rep.Results {
+		if res.Verdict != Conforms {
+			t.Errorf("%s: %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
+			continue
+		}
+		got := fromPeer(recs, res)
+		if len(got) == 0 || len(got) != len(res.Observed) {
+			t.Errorf("%s: the capture has %d packets from the peer, the report %d", res.Name, len(got), len(res.Observed))
+			continue
+		}
+		last := got[len(got)-1]
+		w := want[res.Name]
+		if last.AETH == nil || !strings.HasPrefix(reth.Syndrome(last.AETH.Syndrome).String(), w.syn) || relPSNOf(last, res) > w.psn {
+			t.Errorf("%s: the peer's last packet is %s psn=+%d, want %s at psn<=+%d", res.Name, last.OpcodeName, relPSNOf(last, res), w.syn, w.psn)
+		}
+		if res.Name == "send-psn-gap" && (got[0].AETH == nil || reth.Syndrome(got[0].AETH.Syndrome).String() != nakSeq) {
+			t.Errorf("send-psn-gap: the peer's first packet is %s, want %s", got[0].OpcodeName, nakSeq)
+		}
+	}
+	if st := srv.Device.Stats(); st.OutOfSeqRequest == 0 {
+		t.Errorf("the server counted no sequence error, but send-psn-gap conformed")
+	}
 }

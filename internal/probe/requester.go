@@ -17,13 +17,13 @@ import (
 	"github.com/rxego/rxego/transport/pcaptap"
 )
 
-// RequesterConfig is a requester-mode run: the peer runs an ib_write_bw
-// or ib_read_bw client (-q NumQPs, one packet per message: -s at most
+// RequesterConfig is a requester-mode run: the peer runs an ib_write_bw,
+// ib_send_bw or ib_read_bw client (-q NumQPs, one packet per message: -s at most
 // the path MTU) against the probe as its server; the probe answers as a
 // responder would, impairs one packet per QP as that QP's scenario says,
 // and records how the peer's requester reacts.
 type RequesterConfig struct {
-	Tool   string     // write_bw (default) or read_bw: the client the peer runs
+	Tool   string     // write_bw (default), send_bw or read_bw: the client the peer runs
 	Peer   netip.Addr // the only address the probe sends to: the client's QPs must be there
 	Port   int        // TCP port to listen on (the client's -p); 0: 18515
 	Local  netip.Addr // the probe's RoCE address; it listens and binds here
@@ -83,8 +83,8 @@ type reqQP struct {
 	heldAt  time.Time
 }
 
-// Requester runs requester-mode scenarios against an ib_write_bw or
-// ib_read_bw client.
+// Requester runs requester-mode scenarios against an ib_write_bw,
+// ib_send_bw or ib_read_bw client.
 func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if !cfg.Peer.IsValid() || !cfg.Local.IsValid() {
 		return nil, errors.New("probe: requester mode needs the peer's address and a local address")
@@ -95,9 +95,9 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if cfg.Tool == "" {
 		cfg.Tool = "write_bw"
 	}
-	needs, ok := map[string]Needs{"write_bw": NeedsWrite, "read_bw": NeedsRead}[cfg.Tool]
+	needs, ok := requesterToolNeeds[cfg.Tool]
 	if !ok {
-		return nil, fmt.Errorf("probe: requester mode: tool %q: want write_bw or read_bw", cfg.Tool)
+		return nil, fmt.Errorf("probe: requester mode: tool %q: want write_bw, send_bw or read_bw", cfg.Tool)
 	}
 	var runs []*Scenario
 	var skipped []Result
@@ -107,7 +107,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 			return nil, fmt.Errorf("probe: scenario %s is a responder-mode scenario", s.Name)
 		case s.Needs != needs:
 			skipped = append(skipped, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: NotApplicable,
-				Detail: fmt.Sprintf("needs a client that issues %s requests; ib_%s's issue %s", s.Needs, cfg.Tool, needs)})
+				Detail: fmt.Sprintf("needs a client whose requests are %s; ib_%s's are %s", requestKind(s.Needs), cfg.Tool, requestKind(needs))})
 		default:
 			runs = append(runs, s)
 		}
@@ -186,51 +186,41 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 			RKey: 0x1000 + uint32(i), VAddr: 0x10000000, GID: cfg.Local.As16()}
 	}
 	rem := make([]perftest.Dest, cfg.NumQPs)
-	shakeAll := func() error {
+	qps := make(map[uint32]*reqQP, cfg.NumQPs)
+	var order []*reqQP
+	// The QPs are set up once the first handshake told the peer's PSNs.
+	setUp := func() error {
+		if err := checkPeerAddrs(rem, cfg.Peer); err != nil {
+			return err
+		}
 		for i := range my {
-			r, err := ex.HandShake(my[i])
-			if err != nil {
-				return err
+			q := &reqQP{myQPN: my[i].QPN, peerQPN: rem[i].QPN, start: rem[i].PSN, epsn: rem[i].PSN, seen: map[int]int{}}
+			if i < len(runs) {
+				q.s = runs[i]
+				for j := range q.s.Steps {
+					if q.s.Steps[j].Kind == StepImpair {
+						q.impair = &q.s.Steps[j]
+					}
+				}
 			}
-			rem[i] = r
+			qps[q.myQPN] = q
+			order = append(order, q)
 		}
 		return nil
 	}
-	// ib_write_bw's server: all records, all again, then one.
-	if err := shakeAll(); err != nil {
-		return nil, err
-	}
-	for i, r := range rem {
-		if r.Addr() != cfg.Peer {
-			return nil, fmt.Errorf("probe: the peer's QP %d is at %v, not at %v: the probe sends only to the peer named", i, r.Addr(), cfg.Peer)
-		}
-	}
-	qps := make(map[uint32]*reqQP, cfg.NumQPs)
-	var order []*reqQP
-	for i := range my {
-		q := &reqQP{myQPN: my[i].QPN, peerQPN: rem[i].QPN, start: rem[i].PSN, epsn: rem[i].PSN, seen: map[int]int{}}
-		if i < len(runs) {
-			q.s = runs[i]
-			for j := range q.s.Steps {
-				if q.s.Steps[j].Kind == StepImpair {
-					q.impair = &q.s.Steps[j]
-				}
-			}
-		}
-		qps[q.myQPN] = q
-		order = append(order, q)
-	}
-	if err := shakeAll(); err != nil {
-		return nil, err
-	}
-	if _, err := ex.HandShake(my[0]); err != nil {
+	if err := handShakes(ex, cfg.Tool, my, rem, setUp); err != nil {
 		return nil, err
 	}
 
 	// The peer's traffic runs until its final synchronisation.
 	final := make(chan error, 1)
 	go func() {
-		_, err := ex.HandShake(my[0])
+		var err error
+		if cfg.Tool == "send_bw" {
+			err = ex.Close(my[0], nil) // ib_send_bw swaps no reports
+		} else {
+			_, err = ex.HandShake(my[0])
+		}
 		final <- err
 	}()
 	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU}
@@ -268,7 +258,7 @@ loop:
 			break loop
 		}
 	}
-	if final == nil && finalErr == nil {
+	if final == nil && finalErr == nil && cfg.Tool != "send_bw" {
 		if _, err := ex.Reports(perftest.Report{}); err == nil {
 			err = ex.Close(my[0], nil)
 			if err != nil {
@@ -304,6 +294,14 @@ const DefaultTimerSlack = 5 * time.Millisecond
 // burst (a late ACK would time the peer out and spoil the scenarios that
 // measure timers), at most 20,000 packets a second.
 const DefaultRequesterGap = 50 * time.Microsecond
+
+// requestKind says how a requester-mode scenario's requests are answered.
+func requestKind(n Needs) string {
+	if n == NeedsRead {
+		return "READs answered with data"
+	}
+	return "acknowledged (WRITEs or SENDs)"
+}
 
 // qpTimeout is the IBTA local ACK timeout 4.096 us x 2^t.
 func qpTimeout(t uint8) time.Duration { return time.Duration(4096<<t) * time.Nanosecond }

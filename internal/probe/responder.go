@@ -15,11 +15,67 @@ import (
 )
 
 // Tools whose servers the responder mode can ride, and what each one's
-// memory region allows remotely.
+// QPs offer: what its memory region allows remotely, or receives posted.
 var toolNeeds = map[string]Needs{
 	"write_bw":  NeedsWrite,
 	"read_bw":   NeedsRead,
 	"atomic_bw": NeedsAtomic,
+	"send_bw":   NeedsSend,
+}
+
+// requesterToolNeeds are the clients requester mode serves, and which
+// scenarios each can carry: ib_write_bw's and ib_send_bw's requests are
+// acknowledged ("write" scenarios), ib_read_bw's are answered with data.
+var requesterToolNeeds = map[string]Needs{
+	"write_bw": NeedsWrite,
+	"send_bw":  NeedsWrite,
+	"read_bw":  NeedsRead,
+}
+
+// handShakes runs the key-record handshakes a perftest tool makes before
+// its traffic, in its order (perftest's ctx_hand_shake calls, as
+// internal/perftest's connect and sendBWServer make them): every QP's
+// record ("all") or one ("one"). check runs after the first, before the
+// probe has sent anything.
+func handShakes(ex *perftest.Exchange, tool string, my, rem []perftest.Dest, check func() error) error {
+	all := func() error {
+		for i := range my {
+			r, err := ex.HandShake(my[i])
+			if err != nil {
+				return err
+			}
+			rem[i] = r
+		}
+		return nil
+	}
+	one := func() error {
+		_, err := ex.HandShake(my[0])
+		return err
+	}
+	// write, read and atomic BW: all records, the QPs move to RTS, all
+	// again, then one. send BW: all, one, all, and one more once the
+	// server has posted its receives.
+	steps := []func() error{all, check, all, one}
+	if tool == "send_bw" {
+		steps = []func() error{all, check, one, all, one}
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPeerAddrs refuses a handshake whose QPs are not at peer: the probe
+// sends only to the peer named.
+func checkPeerAddrs(rem []perftest.Dest, peer netip.Addr) error {
+	for i, r := range rem {
+		if r.Addr() != peer {
+			return fmt.Errorf("probe: the peer's QP %d is at %v, not at %v: the probe sends only to the peer named", i, r.Addr(), peer)
+		}
+	}
+	return nil
 }
 
 // ResponderConfig is a responder-mode run: the peer runs a perftest
@@ -53,7 +109,7 @@ type ResponderConfig struct {
 func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	needs, ok := toolNeeds[cfg.Tool]
 	if !ok {
-		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw or atomic_bw", cfg.Tool)
+		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw, atomic_bw or send_bw", cfg.Tool)
 	}
 	if !cfg.Peer.IsValid() {
 		return nil, fmt.Errorf("probe: no peer address")
@@ -89,8 +145,8 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	for _, s := range cfg.Scenarios {
 		r := Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires}
 		switch {
-		case s.Needs != needs && !cfg.AllAccess:
-			r.Verdict, r.Detail = NotApplicable, fmt.Sprintf("needs a region that allows %s; ib_%s's allows %s only", s.Needs, cfg.Tool, needs)
+		case s.Needs != needs && (!cfg.AllAccess || s.Needs == NeedsSend || needs == NeedsSend):
+			r.Verdict, r.Detail = NotApplicable, notServed(s.Needs, cfg.Tool, needs)
 		case len(runs) >= cfg.NumQPs:
 			r.Verdict, r.Detail = Inconclusive, fmt.Sprintf("not run: the peer has %d QPs (run its server with -q %d)", cfg.NumQPs, cfg.NumQPs+1)
 		default:
@@ -149,30 +205,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		my[i] = perftest.Dest{OutReads: 16, QPN: 0x100 + uint32(i), PSN: psn, GID: gid}
 	}
 	rem := make([]perftest.Dest, cfg.NumQPs)
-	shakeAll := func() error {
-		for i := range my {
-			r, err := ex.HandShake(my[i])
-			if err != nil {
-				return err
-			}
-			rem[i] = r
-		}
-		return nil
-	}
-	// ib_write_bw, ib_read_bw and ib_atomic_bw clients: all records, the
-	// peer moves its QPs to RTS, all records again, then one.
-	if err := shakeAll(); err != nil {
-		return nil, err
-	}
-	for i, r := range rem {
-		if r.Addr() != cfg.Peer {
-			return nil, fmt.Errorf("probe: the peer's QP %d is at %v, not at %v: the probe sends only to the peer named", i, r.Addr(), cfg.Peer)
-		}
-	}
-	if err := shakeAll(); err != nil {
-		return nil, err
-	}
-	if _, err := ex.HandShake(my[0]); err != nil {
+	if err := handShakes(ex, cfg.Tool, my, rem, func() error { return checkPeerAddrs(rem, cfg.Peer) }); err != nil {
 		return nil, err
 	}
 
@@ -194,12 +227,26 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 
 	// End the tool's run as its client would: the final synchronisation,
 	// the (empty) bandwidth report, and the closing records.
-	_, endErr := ex.HandShake(my[0])
-	if endErr == nil {
-		_, endErr = ex.Reports(perftest.Report{})
-	}
-	if endErr == nil {
+	var endErr error
+	if cfg.Tool == "send_bw" {
+		// ib_send_bw's server ends once it has received all its -n
+		// messages per QP, or at its first failed receive (a scenario
+		// that moved a QP to the error state flushed its receives):
+		// wait a little for that, no longer.
+		t := time.AfterFunc(sendBWEndWait, func() { conn.Close() })
 		endErr = ex.Close(my[0], nil)
+		t.Stop()
+		if endErr != nil {
+			endErr = fmt.Errorf("%w (ib_send_bw's server ends only once it has received all its messages, or at a failed receive)", endErr)
+		}
+	} else {
+		_, endErr = ex.HandShake(my[0])
+		if endErr == nil {
+			_, endErr = ex.Reports(perftest.Report{})
+		}
+		if endErr == nil {
+			endErr = ex.Close(my[0], nil)
+		}
 	}
 	if endErr != nil {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("ending the peer tool's run: %v", endErr))
@@ -222,12 +269,34 @@ func mtuCodeOf(bytes int) (int, error) {
 	return 0, fmt.Errorf("probe: MTU %d: want 256, 512, 1024, 2048 or 4096", bytes)
 }
 
-// QPsNeeded is how many QPs the peer's server of tool must have for the
-// scenarios it can serve (all of them when allAccess).
+// sendBWEndWait bounds how long the probe waits for ib_send_bw's server
+// to end its run.
+const sendBWEndWait = 3 * time.Second
+
+// notServed says why a scenario that needs what does not run on tool,
+// whose QPs offer has.
+func notServed(what Needs, tool string, has Needs) string {
+	say := func(n Needs) string {
+		if n == NeedsSend {
+			return "receives posted and no remote access"
+		}
+		return "a region that allows " + string(n)
+	}
+	return fmt.Sprintf("needs %s; ib_%s's QPs offer %s", say(what), tool, say(has))
+}
+
+// QPsNeeded is how many QPs the peer's server (or, for requester-mode
+// scenarios, client) of tool must have for the scenarios it can serve
+// (with allAccess, every scenario but those that need receives posted).
 func QPsNeeded(scens []*Scenario, tool string, allAccess bool) int {
 	n := 0
 	for _, s := range scens {
-		if allAccess || toolNeeds[tool] == s.Needs {
+		switch {
+		case s.Requester:
+			if requesterToolNeeds[tool] == s.Needs {
+				n++
+			}
+		case toolNeeds[tool] == s.Needs, allAccess && s.Needs != NeedsSend && tool != "send_bw":
 			n++
 		}
 	}

@@ -291,6 +291,9 @@ func (q *qpRun) expect(st *Step) error {
 		if got == "read-resp" && want != got && strings.HasPrefix(want, "read-") {
 			got = readPosition(h.Opcode)
 		}
+		if want == "nak-fatal" && fatalNAKs[got] {
+			got = want
+		}
 		if got != want {
 			return &errStep{st, fmt.Sprintf("expected %s, got %s", stepText(st), q.describe(h))}
 		}
@@ -321,6 +324,10 @@ func (q *qpRun) expect(st *Step) error {
 		return nil
 	}
 }
+
+// fatalNAKs are the NAKs that end a request in error (and move the
+// responder's QP to the error state): "expect nak-fatal" takes any.
+var fatalNAKs = map[string]bool{"nak-inv": true, "nak-rae": true, "nak-rop": true}
 
 // readPosition names a READ response opcode as the read-first, -middle,
 // -last and -only expectations do.
