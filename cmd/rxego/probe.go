@@ -51,6 +51,8 @@ handshake gave it, one scenario per QP, and judges what comes back.
   here$ rxego probe --tool read_bw -q 4 PEER
   peer$ ib_atomic_bw -d rxe0 -x 1 -q 3
   here$ rxego probe --tool atomic_bw -q 3 PEER
+  peer$ ib_send_bw -d rxe0 -x 1 -q 4 -s 2048     # receives of 2048 bytes
+  here$ rxego probe --tool send_bw -q 4 PEER
 
 -q must be the peer's -q: the exchange carries one record per QP. Each
 tool registers its memory for its own operation only, so a run judges the
@@ -58,7 +60,7 @@ scenarios that tool allows and reports the others "not applicable".
 --list prints the scenarios and how many QPs each tool needs.
 
 Requester mode probes the peer's requester: the probe is the ib_write_bw
-(or ib_read_bw) server, the peer its client (one packet per message,
+(ib_send_bw, ib_read_bw) server, the peer its client (one packet per message,
 enough of them); the probe answers normally but mistreats PSN +5 of each
 QP as that QP's scenario says (drops it, withholds or forges ACKs,
 RNR-NAKs it, marks the ACK or the READ response CE) and times how the
@@ -68,13 +70,16 @@ peer reacts:
   peer$ ib_write_bw -d rxe0 -x 1 -q 7 -s 64 -n 20 LOCAL
   here$ rxego probe --mode requester --tool read_bw -x LOCAL -q 3 PEER
   peer$ ib_read_bw -d rxe0 -x 1 -q 3 -s 64 -n 20 LOCAL
+  here$ rxego probe --mode requester --tool send_bw -x LOCAL -q 7 PEER
+  peer$ ib_send_bw -d rxe0 -x 1 -q 7 -s 64 -n 20 LOCAL
 
 Safe by construction: the probe sends only to PEER (it refuses a
 handshake whose QPs are elsewhere), only on the QPs the handshake gave
 it, from its own UDP port 4791 on the local address, at most
 --max-packets packets in the whole run, at least --gap apart. Scenarios
 that put a QP in the error state use a QP of their own; the peer's tool
-ends normally afterwards (its bandwidth report shows zeros).
+ends normally afterwards (its bandwidth report shows zeros); ib_send_bw's
+server ends at the failed receive of the send-too-long scenario.
 
 flags:
 `
@@ -83,8 +88,8 @@ flags:
 func probeTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var f probeFlags
-	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's or ib_read_bw's client)")
-	fs.StringVar(&f.tool, "tool", "write_bw", "the perftest tool the peer runs: write_bw, read_bw or atomic_bw (its server); requester mode: write_bw or read_bw (its client)")
+	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's, ib_send_bw's or ib_read_bw's client)")
+	fs.StringVar(&f.tool, "tool", "write_bw", "the perftest tool the peer runs: write_bw, read_bw, atomic_bw or send_bw (its server); requester mode: write_bw, send_bw or read_bw (its client)")
 	fs.IntVar(&f.ackTimeout, "u", 14, "requester mode: the peer's QP ACK timeout exponent (its -u): T = 4.096 us x 2^u")
 	fs.IntVar(&f.qps, "q", 0, "the QPs of the peer's server (its -q); default: as many as the tool's scenarios need")
 	fs.IntVar(&f.port, "p", 18515, "the peer tool's TCP port (its -p)")
@@ -150,7 +155,7 @@ func probeTo(out io.Writer, args []string) error {
 }
 
 // probeRequester is requester mode: the probe serves the peer's
-// ib_write_bw or ib_read_bw client.
+// ib_write_bw, ib_send_bw or ib_read_bw client.
 func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *probeFlags) error {
 	if f.local == "" {
 		return usageErrorf("requester mode needs -x LOCAL: the address the peer's client connects to")
@@ -256,14 +261,18 @@ func listScenarios(out io.Writer, scens []*probe.Scenario) error {
 	}
 	if len(scens) > 0 && scens[0].Requester {
 		fmt.Fprintln(w)
-		for _, tool := range []string{"write_bw", "read_bw"} {
+		for _, tool := range []string{"write_bw", "send_bw", "read_bw"} {
 			fmt.Fprintf(w, "ib_%s client: -q %d -s 64 -n 20\n", tool, probe.QPsNeeded(scens, tool, false))
 		}
 		return w.Flush()
 	}
 	fmt.Fprintln(w)
-	for _, tool := range []string{"write_bw", "read_bw", "atomic_bw"} {
-		fmt.Fprintf(w, "ib_%s: -q %d\n", tool, probe.QPsNeeded(scens, tool, false))
+	for _, tool := range []string{"write_bw", "read_bw", "atomic_bw", "send_bw"} {
+		extra := ""
+		if tool == "send_bw" {
+			extra = " -s 2048"
+		}
+		fmt.Fprintf(w, "ib_%s: -q %d%s\n", tool, probe.QPsNeeded(scens, tool, false), extra)
 	}
 	return w.Flush()
 }

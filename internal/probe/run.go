@@ -162,7 +162,14 @@ func (q *qpRun) send(st *Step) error {
 		}
 		defer q.w.setTOS(0)
 	}
-	if _, err := q.w.send(q.ctx, pkt, tos); err != nil {
+	send := q.w.send
+	if st.BadUDP {
+		if st.CE {
+			return fmt.Errorf("probe: scenario %s line %d: udpcsum=bad and ce together are not supported", q.s.Name, st.Line)
+		}
+		send = func(ctx context.Context, pkt []byte, _ uint8) (time.Time, error) { return q.w.sendBadUDPChecksum(ctx, pkt) }
+	}
+	if _, err := send(q.ctx, pkt, tos); err != nil {
 		return err
 	}
 	q.next = rel + packets

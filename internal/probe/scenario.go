@@ -99,6 +99,7 @@ type Step struct {
 	PKey    *uint16 // instead of the default P_Key
 	AckReq  bool
 	BadICRC bool
+	BadUDP  bool // a wrong UDP checksum (sent on a raw socket)
 	CE      bool // IP ECN Congestion Experienced
 	Add     uint64
 	Compare uint64
@@ -157,7 +158,7 @@ var sendOps = map[string]bth.Opcode{
 //	start-psn N
 //	optional
 //	send OP [psn=+N] [len=N] [dmalen=N] [rkey=peer|bad|N] [va=+N] [addr=N] [ackreq]
-//	     [icrc=bad] [ce] [add=N] [cmp=N] [opcode=N] [tver=N] [pkey=N]
+//	     [icrc=bad] [udpcsum=bad] [ce] [add=N] [cmp=N] [opcode=N] [tver=N] [pkey=N]
 //	expect KIND [psn=+N[..+M]] [timer=N] [save=NAME] [orig=NAME[+N]] [pre] [coalesce]
 //	wait DURATION
 //	end
@@ -379,6 +380,8 @@ func parseFields(st *Step, words []string) error {
 			st.PKey = &pk
 		case k == "icrc" && v == "bad":
 			st.BadICRC = true
+		case k == "udpcsum" && v == "bad":
+			st.BadUDP = true
 		case k == "add" && hasV:
 			st.Add, err = num(64)
 		case k == "cmp" && hasV:
