@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rxego/rxego/cmd/rxego/internal/pingpong"
 	"github.com/rxego/rxego/internal/probe"
 	"github.com/rxego/rxego/transport/pcaptap"
 )
@@ -53,6 +54,8 @@ handshake gave it, one scenario per QP, and judges what comes back.
   here$ rxego probe --tool atomic_bw -q 3 PEER
   peer$ ib_send_bw -d rxe0 -x 1 -q 4 -s 2048     # receives of 2048 bytes
   here$ rxego probe --tool send_bw -q 4 PEER
+  peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 2048     # one QP: the send scenarios in turn
+  here$ rxego probe --tool rc_pingpong PEER
 
 -q must be the peer's -q: the exchange carries one record per QP. Each
 tool registers its memory for its own operation only, so a run judges the
@@ -89,7 +92,7 @@ func probeTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var f probeFlags
 	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's, ib_send_bw's or ib_read_bw's client)")
-	fs.StringVar(&f.tool, "tool", "write_bw", "the perftest tool the peer runs: write_bw, read_bw, atomic_bw or send_bw (its server); requester mode: write_bw, send_bw or read_bw (its client)")
+	fs.StringVar(&f.tool, "tool", "write_bw", "the tool the peer runs: write_bw, read_bw, atomic_bw, send_bw or rc_pingpong (its server); requester mode: write_bw, send_bw, read_bw or rc_pingpong (its client)")
 	fs.IntVar(&f.ackTimeout, "u", 14, "requester mode: the peer's QP ACK timeout exponent (its -u): T = 4.096 us x 2^u")
 	fs.IntVar(&f.qps, "q", 0, "the QPs of the peer's server (its -q); default: as many as the tool's scenarios need")
 	fs.IntVar(&f.port, "p", 18515, "the peer tool's TCP port (its -p)")
@@ -136,7 +139,8 @@ func probeTo(out io.Writer, args []string) error {
 		return probeRequester(out, peer.Unmap(), scens, &f)
 	}
 	cfg := probe.ResponderConfig{Peer: peer.Unmap(), Port: f.port, Tool: f.tool, NumQPs: f.qps, MTU: f.mtu,
-		AllAccess: f.allAccess, Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout}
+		AllAccess: f.allAccess, Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout,
+		Pingpong: pingpongSwap}
 	if cfg.NumQPs == 0 {
 		cfg.NumQPs = max(1, probe.QPsNeeded(scens, f.tool, f.allAccess))
 	}
@@ -182,6 +186,13 @@ func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *
 	defer stop()
 	rep, err := probe.Requester(ctx, cfg)
 	return finishProbe(out, rep, err, cfg.Pcap, f)
+}
+
+// pingpongSwap is ibv_rc_pingpong's exchange of one QP record, for the
+// probe (which cannot import this command's pingpong package).
+func pingpongSwap(c net.Conn, client bool, mine probe.QPRecord) (probe.QPRecord, error) {
+	d, err := pingpong.SwapRecord(c, client, pingpong.Dest{QPN: mine.QPN, PSN: mine.PSN, GID: mine.GID})
+	return probe.QPRecord{QPN: d.QPN, PSN: d.PSN, GID: d.GID}, err
 }
 
 // createPcap opens the --pcap file, if any.

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +85,38 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 	return rep, recs, sr.r
 }
 
+// udpInCsumErrors reads the host's Udp InCsumErrors (/proc/net/snmp):
+// datagrams its UDP layer dropped for a wrong checksum.
+func udpInCsumErrors(t *testing.T) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Udp: ")
+		if !ok {
+			continue
+		}
+		if names == nil {
+			names = strings.Fields(rest)
+			continue
+		}
+		for i, v := range strings.Fields(rest) {
+			if i < len(names) && names[i] == "InCsumErrors" {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatal("no Udp InCsumErrors in /proc/net/snmp")
+	return 0
+}
+
 // fromPeer returns the pcap's packets the peer sent to the scenario's QP.
 func fromPeer(recs []trace.Record, res Result) []trace.Record {
 	var out []trace.Record
@@ -105,7 +139,13 @@ func relPSNOf(r trace.Record, res Result) int {
 // engine counters moved as the verdicts say.
 func TestResponderAgainstRxego(t *testing.T) {
 	scens := Builtin()
+	csumBefore := udpInCsumErrors(t)
 	rep, recs, srv := probeRxego(t, perftest.WriteBW, scens)
+	// bad-udp-checksum's datagram reached the server's host, whose UDP
+	// layer dropped it (the ACK that conformed was the resend's).
+	if res, ok := rep.Result("bad-udp-checksum"); ok && res.Verdict == Conforms && udpInCsumErrors(t) <= csumBefore {
+		t.Errorf("bad-udp-checksum conformed, but the host's Udp InCsumErrors did not rise (%d)", csumBefore)
+	}
 	var text bytes.Buffer
 	rep.WriteText(&text, true)
 	t.Logf("%s", text.String())

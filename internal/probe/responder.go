@@ -2,6 +2,7 @@ package probe
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -21,6 +22,32 @@ var toolNeeds = map[string]Needs{
 	"read_bw":   NeedsRead,
 	"atomic_bw": NeedsAtomic,
 	"send_bw":   NeedsSend,
+	// ibv_rc_pingpong: one QP, receives posted, no remote access; the
+	// scenarios run one after another on it (see ResponderConfig).
+	"rc_pingpong": NeedsSend,
+}
+
+// Pingpong is the name of ibv_rc_pingpong as a Tool.
+const Pingpong = "rc_pingpong"
+
+// QPRecord is one QP's address as ibv_*_pingpong's exchange carries it.
+type QPRecord struct {
+	QPN, PSN uint32
+	GID      [16]byte
+}
+
+// PingpongSwap swaps one QP record with an ibv_rc_pingpong peer over c,
+// as its client (client true: write, read, then "done") or its server
+// (read, write, wait for "done"). rxego's pingpong package has it; the
+// caller supplies it.
+type PingpongSwap func(c net.Conn, client bool, mine QPRecord) (QPRecord, error)
+
+// toolName is the C tool's command name.
+func toolName(tool string) string {
+	if tool == Pingpong {
+		return "ibv_" + tool
+	}
+	return "ib_" + tool
 }
 
 // requesterToolNeeds are the clients requester mode serves, and which
@@ -94,7 +121,12 @@ type ResponderConfig struct {
 	// AllAccess says the peer's memory region allows writes, reads and
 	// atomics whatever the tool (rxego's perf does; rdma-core's perftest
 	// registers only what its test uses).
-	AllAccess  bool
+	AllAccess bool
+	// Pingpong does ibv_rc_pingpong's exchange (Tool Pingpong). Its
+	// server has one QP: the scenarios run on it one after another, each
+	// from the PSN after the last one's, so a scenario that moves the QP
+	// to the error state must come last (and ends the server's run).
+	Pingpong   PingpongSwap
 	Scenarios  []*Scenario
 	Wait       time.Duration // per expected response; 0: DefaultWait
 	Gap        time.Duration // least time between packets; 0: DefaultGap
@@ -109,7 +141,14 @@ type ResponderConfig struct {
 func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	needs, ok := toolNeeds[cfg.Tool]
 	if !ok {
-		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw, atomic_bw or send_bw", cfg.Tool)
+		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw, atomic_bw, send_bw or %s", cfg.Tool, Pingpong)
+	}
+	chained := cfg.Tool == Pingpong
+	if chained {
+		if cfg.Pingpong == nil {
+			return nil, errors.New("probe: ibv_rc_pingpong's exchange (ResponderConfig.Pingpong) is not set")
+		}
+		cfg.NumQPs = 1
 	}
 	if !cfg.Peer.IsValid() {
 		return nil, fmt.Errorf("probe: no peer address")
@@ -139,7 +178,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	defer cancel()
 	deadline, _ := ctx.Deadline()
 
-	rep := &Report{Mode: "responder", Peer: cfg.Peer.String(), Tool: "ib_" + cfg.Tool, Started: time.Now()}
+	rep := &Report{Mode: "responder", Peer: cfg.Peer.String(), Tool: toolName(cfg.Tool), Started: time.Now()}
 	// Which scenario gets which QP.
 	var runs []*Scenario
 	for _, s := range cfg.Scenarios {
@@ -147,7 +186,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		switch {
 		case s.Needs != needs && (!cfg.AllAccess || s.Needs == NeedsSend || needs == NeedsSend):
 			r.Verdict, r.Detail = NotApplicable, notServed(s.Needs, cfg.Tool, needs)
-		case len(runs) >= cfg.NumQPs:
+		case len(runs) >= cfg.NumQPs && !chained:
 			r.Verdict, r.Detail = Inconclusive, fmt.Sprintf("not run: the peer has %d QPs (run its server with -q %d)", cfg.NumQPs, cfg.NumQPs+1)
 		default:
 			runs = append(runs, s)
@@ -163,7 +202,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	addr := net.JoinHostPort(cfg.Peer.String(), strconv.Itoa(cfg.Port))
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("probe: connecting to the peer's ib_%s server at %s: %w", cfg.Tool, addr, err)
+		return nil, fmt.Errorf("probe: connecting to the peer's %s server at %s: %w", toolName(cfg.Tool), addr, err)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -178,21 +217,6 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	}
 	defer w.close()
 
-	ex := perftest.NewExchange(conn, true, deadline)
-	if err := ex.Versions(); err != nil {
-		return nil, err
-	}
-	rep.PeerVersion = ex.PeerVersion
-	if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
-		return nil, err
-	}
-	code, err := ex.MTU(mtuCode)
-	if err != nil {
-		return nil, err
-	}
-	mtu := 1 << (7 + code)
-	rep.MTU = mtu
-
 	// The probe's side of each QP: a number of its own choosing (the
 	// peer only needs it to address its responses) and a start PSN.
 	my := make([]perftest.Dest, cfg.NumQPs)
@@ -205,14 +229,52 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		my[i] = perftest.Dest{OutReads: 16, QPN: 0x100 + uint32(i), PSN: psn, GID: gid}
 	}
 	rem := make([]perftest.Dest, cfg.NumQPs)
-	if err := handShakes(ex, cfg.Tool, my, rem, func() error { return checkPeerAddrs(rem, cfg.Peer) }); err != nil {
-		return nil, err
+	var ex *perftest.Exchange
+	mtu := 1024
+	if chained {
+		if cfg.MTU != 0 {
+			mtu = cfg.MTU // ibv_rc_pingpong's -m: not exchanged, both sides must say the same
+		}
+		conn.SetDeadline(deadline)
+		r, err := cfg.Pingpong(conn, true, QPRecord{QPN: my[0].QPN, PSN: my[0].PSN, GID: gid})
+		if err != nil {
+			return nil, err
+		}
+		rem[0] = perftest.Dest{QPN: r.QPN, PSN: r.PSN, GID: r.GID}
+		if err := checkPeerAddrs(rem, cfg.Peer); err != nil {
+			return nil, err
+		}
+	} else {
+		ex = perftest.NewExchange(conn, true, deadline)
+		if err := ex.Versions(); err != nil {
+			return nil, err
+		}
+		rep.PeerVersion = ex.PeerVersion
+		if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
+			return nil, err
+		}
+		code, err := ex.MTU(mtuCode)
+		if err != nil {
+			return nil, err
+		}
+		mtu = 1 << (7 + code)
+		if err := handShakes(ex, cfg.Tool, my, rem, func() error { return checkPeerAddrs(rem, cfg.Peer) }); err != nil {
+			return nil, err
+		}
 	}
+	rep.MTU = mtu
 
+	base := my[0].PSN
 	for i, s := range runs {
-		q := &qpRun{s: s, w: w, ctx: ctx, myQPN: my[i].QPN, base: my[i].PSN, mtu: mtu, wait: cfg.Wait,
+		if !chained {
+			base = my[i].PSN
+		} else {
+			i = 0
+		}
+		q := &qpRun{s: s, w: w, ctx: ctx, myQPN: my[i].QPN, base: base, mtu: mtu, wait: cfg.Wait,
 			peer: peerQP{QPN: rem[i].QPN, PSN: rem[i].PSN, RKey: rem[i].RKey, VAddr: rem[i].VAddr}}
 		v, err := q.run()
+		base = (base + uint32(q.next)) & bth.PSNMask // where the next scenario on this QP starts
 		r := Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: v, Detail: q.detail,
 			Observed: q.got, MyQPN: q.myQPN, PeerQPN: q.peer.QPN, StartPSN: q.base}
 		if err != nil {
@@ -228,7 +290,11 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	// End the tool's run as its client would: the final synchronisation,
 	// the (empty) bandwidth report, and the closing records.
 	var endErr error
-	if cfg.Tool == "send_bw" {
+	switch {
+	case chained:
+		// ibv_rc_pingpong's exchange is over; its server waits for
+		// messages until its -n are done or a receive fails.
+	case cfg.Tool == "send_bw":
 		// ib_send_bw's server ends once it has received all its -n
 		// messages per QP, or at its first failed receive (a scenario
 		// that moved a QP to the error state flushed its receives):
@@ -239,7 +305,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		if endErr != nil {
 			endErr = fmt.Errorf("%w (ib_send_bw's server ends only once it has received all its messages, or at a failed receive)", endErr)
 		}
-	} else {
+	default:
 		_, endErr = ex.HandShake(my[0])
 		if endErr == nil {
 			_, endErr = ex.Reports(perftest.Report{})
