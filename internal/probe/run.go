@@ -167,7 +167,9 @@ func (q *qpRun) send(st *Step) error {
 		if st.CE {
 			return fmt.Errorf("probe: scenario %s line %d: udpcsum=bad and ce together are not supported", q.s.Name, st.Line)
 		}
-		send = func(ctx context.Context, pkt []byte, _ uint8) (time.Time, error) { return q.w.sendBadUDPChecksum(ctx, pkt) }
+		send = func(ctx context.Context, pkt []byte, _ uint8) (time.Time, error) {
+			return q.w.sendBadUDPChecksum(ctx, pkt)
+		}
 	}
 	if _, err := send(q.ctx, pkt, tos); err != nil {
 		return err
