@@ -75,6 +75,8 @@ peer reacts:
   peer$ ib_read_bw -d rxe0 -x 1 -q 3 -s 64 -n 20 LOCAL
   here$ rxego probe --mode requester --tool send_bw -x LOCAL -q 7 PEER
   peer$ ib_send_bw -d rxe0 -x 1 -q 7 -s 64 -n 20 LOCAL
+  here$ rxego probe --mode requester --tool rc_pingpong --only ack-timeout -x LOCAL PEER
+  peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 64 -n 20 LOCAL   # one QP: one scenario
 
 Safe by construction: the probe sends only to PEER (it refuses a
 handshake whose QPs are elsewhere), only on the QPs the handshake gave
@@ -172,9 +174,9 @@ func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *
 		return err
 	}
 	cfg := probe.RequesterConfig{Tool: f.tool, Peer: peer, Port: f.port, Local: local, NumQPs: f.qps, MTU: f.mtu, ACKTimeout: uint8(f.ackTimeout),
-		Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout,
+		Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout, Pingpong: pingpongSwap,
 		Listening: func(a net.Addr) {
-			fmt.Fprintf(os.Stderr, "rxego probe: waiting for the peer's ib_%s client on %v\n", f.tool, a)
+			fmt.Fprintf(os.Stderr, "rxego probe: waiting for the peer's %s client on %v\n", f.tool, a)
 		}}
 	if cfg.NumQPs == 0 {
 		cfg.NumQPs = max(1, probe.QPsNeeded(scens, f.tool, false))

@@ -172,3 +172,53 @@ func TestProbePingpongResponder(t *testing.T) {
 		}
 	}
 }
+
+// TestProbePingpongRequester runs requester-mode scenarios, one a run,
+// against rxego's own ibv_rc_pingpong client: the probe answers each of
+// its messages with a SEND, as the C server does, so the client runs to
+// its end, and the verdict is the one its write_bw client earns.
+func TestProbePingpongRequester(t *testing.T) {
+	for _, name := range []string{"ack-timeout", "rnr-wait", "duplicate-ack"} {
+		t.Run(name, func(t *testing.T) {
+			var scens []*probe.Scenario
+			for _, s := range probe.BuiltinRequester() {
+				if s.Name == name {
+					scens = append(scens, s)
+				}
+			}
+			probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
+			listening := make(chan int, 1)
+			type ret struct {
+				r   *probe.Report
+				err error
+			}
+			ch := make(chan ret, 1)
+			go func() {
+				r, err := probe.Requester(context.Background(), probe.RequesterConfig{Tool: probe.Pingpong, Peer: client, Local: probeAddr,
+					Scenarios: scens, Pingpong: pingpongSwap, Wait: time.Second, Timeout: 30 * time.Second,
+					Listening: func(a net.Addr) { listening <- a.(*net.TCPAddr).Port }})
+				ch <- ret{r, err}
+			}()
+			var port int
+			select {
+			case port = <-listening:
+			case r := <-ch:
+				t.Fatalf("the probe did not listen: %v", r.err)
+			}
+			res, cerr := pingpong.Run(context.Background(), pingpong.Config{Kind: pingpong.RC, Local: client, Server: probeAddr.String(),
+				TCPPort: port, Size: 64, Iters: 20, Timeout: 30 * time.Second, Out: io.Discard})
+			r := <-ch
+			if r.err != nil {
+				t.Fatalf("probe: %v (client: %v)", r.err, cerr)
+			}
+			if cerr != nil {
+				t.Errorf("rxego's pingpong client did not end cleanly: %v", cerr)
+			} else if res.Iters != 20 {
+				t.Errorf("the client completed %d exchanges, want 20", res.Iters)
+			}
+			if len(r.r.Results) != 1 || r.r.Results[0].Verdict != probe.Conforms {
+				t.Errorf("%s: %+v", name, r.r.Results)
+			}
+		})
+	}
+}

@@ -57,6 +57,9 @@ var requesterToolNeeds = map[string]Needs{
 	"write_bw": NeedsWrite,
 	"send_bw":  NeedsWrite,
 	"read_bw":  NeedsRead,
+	// ibv_rc_pingpong's client: SENDs, answered with SENDs (see
+	// RequesterConfig.Pingpong).
+	Pingpong: NeedsWrite,
 }
 
 // handShakes runs the key-record handshakes a perftest tool makes before
