@@ -263,3 +263,112 @@ func (p *Peer) probeRequester(t *testing.T, tool string) {
 		return Outcome{Note: rep.Summary + " (" + strings.Join(notes, ", ") + ")"}
 	})
 }
+
+// TestProbePingpong runs the probe against rdma_rxe's ibv_rc_pingpong:
+// responder mode over its server (-s 2048: the send scenarios in turn on
+// its one QP, its reply SENDs acknowledged by the probe; send-too-long,
+// last, fails its receive and ends it), checked against the bridge
+// capture as TestProbeResponder's are; and requester mode as the server
+// of its client, one scenario a run, with the verdicts rxe's ib_write_bw
+// client earns.
+func TestProbePingpong(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		c := Case{Name: "probe rc_pingpong", Role: "rxego probe", Expect: []string{"out_of_seq_request"}, Require: []string{"rxe:out_of_seq_request"}}
+		p.Case(t, c, func(t *testing.T) Outcome {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port), "-s", "2048", "-n", "20")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer proc.Kill()
+			if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
+				t.Fatal(err)
+			}
+			capPath := filepath.Join(t.TempDir(), "bridge.pcap")
+			capt, err := p.Lab.Capture(capPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := p.startRxego(t, ctx, "probe", "--tool", "rc_pingpong", "-p", strconv.Itoa(p.Port), "-x", p.HostIP, "--wait", "1s", "--json", p.Guest.IP())
+			herr := h.wait(ctx)
+			capt.Stop()
+			res, perr := proc.Wait(ctx)
+			if herr != nil {
+				t.Fatalf("rxego probe: %v\n%s\nibv_rc_pingpong: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
+			}
+			if perr == nil {
+				t.Errorf("ibv_rc_pingpong's server ended cleanly; send-too-long should have failed its receive\n%s", res.Stdout)
+			}
+			var rep probe.Report
+			if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
+				t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
+			}
+			checkProbeCapture(t, &rep, capPath, p.Guest.IP())
+			ran := 0
+			for _, r := range rep.Results {
+				if r.MyQPN == 0 {
+					continue
+				}
+				ran++
+				t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
+				if r.Verdict != probe.Conforms {
+					t.Errorf("%s: verdict %s (%s), want conforms", r.Name, r.Verdict, r.Detail)
+				}
+			}
+			if ran != 4 {
+				t.Errorf("%d scenarios ran on the pingpong server's QP, want the 4 send scenarios", ran)
+			}
+			return Outcome{Note: rep.Summary}
+		})
+		for _, name := range []string{"ack-timeout", "rnr-wait", "ghost-ack"} {
+			p.probePingpongRequester(t, name)
+		}
+	})
+}
+
+// probePingpongRequester is one requester-mode run against rxe's
+// ibv_rc_pingpong client, with the one scenario name.
+func (p *Peer) probePingpongRequester(t *testing.T, name string) {
+	c := Case{Name: "probe requester rc_pingpong " + name, Role: "rxego probe", Tail: true,
+		Expect: []string{"completer_retry_err", "retransmits", "rcvd_rnr_err", "duplicate_request"}}
+	p.Case(t, c, func(t *testing.T) Outcome {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		h := p.startRxego(t, ctx, "probe", "--mode", "requester", "--tool", "rc_pingpong", "--only", name, "-x", p.HostIP,
+			"-p", strconv.Itoa(p.Port), "--json", p.Guest.IP())
+		if err := h.waitListen(ctx, p.Port); err != nil {
+			t.Fatalf("%v\n%s", err, h.output())
+		}
+		proc, err := p.Guest.Start("ibv_rc_pingpong", "-d", "rxe0", "-g", "1", "-p", strconv.Itoa(p.Port), "-s", "64", "-n", "20", p.HostIP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		herr := h.wait(ctx)
+		res, perr := proc.Wait(ctx)
+		if herr != nil {
+			t.Fatalf("rxego probe: %v\n%s\nibv_rc_pingpong: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
+		}
+		if perr != nil {
+			t.Errorf("ibv_rc_pingpong's client did not end cleanly: %v\n%s\n%s", perr, res.Stdout, res.Stderr)
+		}
+		var rep probe.Report
+		if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
+			t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
+		}
+		if len(rep.Results) != 1 {
+			t.Fatalf("%d results, want %s's", len(rep.Results), name)
+		}
+		r := rep.Results[0]
+		t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
+		want, ok := rxeRequesterVerdicts[name]
+		if !ok {
+			want = probe.Conforms
+		}
+		if r.Verdict != want {
+			t.Errorf("%s: verdict %s (%s), want %s", name, r.Verdict, r.Detail, want)
+		}
+		return Outcome{Note: rep.Summary}
+	})
+}
