@@ -286,6 +286,9 @@ func (q *qpRun) describe(h bth.Header) string {
 	if h.Opcode == bth.CNPOpcode {
 		return "CNP" // its PSN means nothing
 	}
+	if in, _ := bth.Lookup(h.Opcode); in != nil && in.Has(bth.Request) {
+		return fmt.Sprintf("%s (the peer's own request, in its PSN space; acknowledged)", h.Opcode)
+	}
 	s := fmt.Sprintf("%s psn=%+d", h.Opcode, q.rel(h.PSN))
 	switch h.Opcode {
 	case bth.RCAck, bth.RCAtomicAck, bth.RCReadResponseFirst, bth.RCReadResponseLast, bth.RCReadResponseOnly:
