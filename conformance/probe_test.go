@@ -371,9 +371,21 @@ func (p *Peer) probePingpongRequester(t *testing.T, name string) {
 		if !ok {
 			want = probe.Conforms
 		}
-		if r.Verdict != want {
+		// rxe 6.1 arms its retransmission timer only when none is
+		// pending: with ibv_rc_pingpong's one message at a time, the
+		// timer of the message before (acknowledged a round trip
+		// earlier) still runs, and +5 is resent that much before T:
+		// a deviation whenever the round trip exceeds the slack
+		// (docs/probe.md).
+		early := p.Kernel == "6.1" && name == "ack-timeout" && r.Verdict == probe.Deviates && strings.Contains(r.Detail, "want T..4T") &&
+			len(r.Observed) == 2 && strings.HasPrefix(r.Observed[1], "resent after")
+		if r.Verdict != want && !early {
 			t.Errorf("%s: verdict %s (%s), want %s", name, r.Verdict, r.Detail, want)
 		}
-		return Outcome{Note: rep.Summary}
+		note := rep.Summary
+		if early {
+			note += " (rxe 6.1 resent before T: its timer was armed for the message before)"
+		}
+		return Outcome{Note: note}
 	})
 }
