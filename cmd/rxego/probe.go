@@ -46,8 +46,8 @@ perftest server, and the probe does that tool's client handshake, then,
 instead of the tool's traffic, sends scripted packets on the QPs the
 handshake gave it, one scenario per QP, and judges what comes back.
 
-  peer$ ib_write_bw -d rxe0 -x 1 -q 24          # QPs for the write scenarios
-  here$ rxego probe -q 24 PEER
+  peer$ ib_write_bw -d rxe0 -x 1 -q 25          # QPs for the write scenarios
+  here$ rxego probe -q 25 PEER
   peer$ ib_read_bw -d rxe0 -x 1 -q 4
   here$ rxego probe --tool read_bw -q 4 PEER
   peer$ ib_atomic_bw -d rxe0 -x 1 -q 3

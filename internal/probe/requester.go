@@ -43,9 +43,9 @@ type RequesterConfig struct {
 	// has one QP, so one scenario runs (pick it with --only); the probe
 	// answers each of its messages with a SEND of the same length, as
 	// ibv_rc_pingpong's server does.
-	Pingpong   PingpongSwap
-	Scenarios  []*Scenario
-	Wait       time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
+	Pingpong  PingpongSwap
+	Scenarios []*Scenario
+	Wait      time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
 	// Gap is the least time between two of the probe's packets (0:
 	// DefaultRequesterGap). The probe only answers (one ACK per packet of
 	// the peer's, two for ack-twice, a READ's responses per READ

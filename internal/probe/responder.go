@@ -109,16 +109,17 @@ func checkPeerAddrs(rem []perftest.Dest, peer netip.Addr) error {
 }
 
 // ResponderConfig is a responder-mode run: the peer runs a perftest
-// server (ib_write_bw, ib_read_bw or ib_atomic_bw, with -q NumQPs), the
-// probe does that tool's client handshake and then, instead of the
-// tool's traffic, runs one scenario per QP.
+// server (ib_write_bw, ib_read_bw, ib_atomic_bw or ib_send_bw, with -q
+// NumQPs) or ibv_rc_pingpong's, the probe does that tool's client
+// handshake and then, instead of the tool's traffic, runs one scenario
+// per QP (pingpong's one QP: all in turn).
 type ResponderConfig struct {
 	Peer netip.Addr // the peer's address: the exchange's and the only RoCE destination
 	Port int        // perftest's TCP port (-p); 0: 18515
 	// Local is the probe's RoCE address; it binds Local:4791 (default:
 	// the exchange's local address, as the C tools use).
 	Local  netip.Addr
-	Tool   string // write_bw, read_bw or atomic_bw: what the peer runs
+	Tool   string // write_bw, read_bw, atomic_bw, send_bw or Pingpong: what the peer runs
 	NumQPs int    // the peer's -q
 	MTU    int    // path MTU offered, bytes (default 1024)
 	// AllAccess says the peer's memory region allows writes, reads and
