@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rxego/rxego/cmd/rxego/internal/pingpong"
 	"github.com/rxego/rxego/internal/probe"
 	"github.com/rxego/rxego/transport/pcaptap"
 )
@@ -45,12 +46,16 @@ perftest server, and the probe does that tool's client handshake, then,
 instead of the tool's traffic, sends scripted packets on the QPs the
 handshake gave it, one scenario per QP, and judges what comes back.
 
-  peer$ ib_write_bw -d rxe0 -x 1 -q 24          # QPs for the write scenarios
-  here$ rxego probe -q 24 PEER
+  peer$ ib_write_bw -d rxe0 -x 1 -q 25          # QPs for the write scenarios
+  here$ rxego probe -q 25 PEER
   peer$ ib_read_bw -d rxe0 -x 1 -q 4
   here$ rxego probe --tool read_bw -q 4 PEER
   peer$ ib_atomic_bw -d rxe0 -x 1 -q 3
   here$ rxego probe --tool atomic_bw -q 3 PEER
+  peer$ ib_send_bw -d rxe0 -x 1 -q 4 -s 2048     # receives of 2048 bytes
+  here$ rxego probe --tool send_bw -q 4 PEER
+  peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 2048     # one QP: the send scenarios in turn
+  here$ rxego probe --tool rc_pingpong PEER
 
 -q must be the peer's -q: the exchange carries one record per QP. Each
 tool registers its memory for its own operation only, so a run judges the
@@ -58,7 +63,7 @@ scenarios that tool allows and reports the others "not applicable".
 --list prints the scenarios and how many QPs each tool needs.
 
 Requester mode probes the peer's requester: the probe is the ib_write_bw
-(or ib_read_bw) server, the peer its client (one packet per message,
+(ib_send_bw, ib_read_bw) server, the peer its client (one packet per message,
 enough of them); the probe answers normally but mistreats PSN +5 of each
 QP as that QP's scenario says (drops it, withholds or forges ACKs,
 RNR-NAKs it, marks the ACK or the READ response CE) and times how the
@@ -68,13 +73,18 @@ peer reacts:
   peer$ ib_write_bw -d rxe0 -x 1 -q 7 -s 64 -n 20 LOCAL
   here$ rxego probe --mode requester --tool read_bw -x LOCAL -q 3 PEER
   peer$ ib_read_bw -d rxe0 -x 1 -q 3 -s 64 -n 20 LOCAL
+  here$ rxego probe --mode requester --tool send_bw -x LOCAL -q 7 PEER
+  peer$ ib_send_bw -d rxe0 -x 1 -q 7 -s 64 -n 20 LOCAL
+  here$ rxego probe --mode requester --tool rc_pingpong --only ack-timeout -x LOCAL PEER
+  peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 64 -n 20 LOCAL   # one QP: one scenario
 
 Safe by construction: the probe sends only to PEER (it refuses a
 handshake whose QPs are elsewhere), only on the QPs the handshake gave
 it, from its own UDP port 4791 on the local address, at most
 --max-packets packets in the whole run, at least --gap apart. Scenarios
 that put a QP in the error state use a QP of their own; the peer's tool
-ends normally afterwards (its bandwidth report shows zeros).
+ends normally afterwards (its bandwidth report shows zeros); ib_send_bw's
+server ends at the failed receive of the send-too-long scenario.
 
 flags:
 `
@@ -83,8 +93,8 @@ flags:
 func probeTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var f probeFlags
-	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's or ib_read_bw's client)")
-	fs.StringVar(&f.tool, "tool", "write_bw", "the perftest tool the peer runs: write_bw, read_bw or atomic_bw (its server); requester mode: write_bw or read_bw (its client)")
+	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's, ib_send_bw's or ib_read_bw's client)")
+	fs.StringVar(&f.tool, "tool", "write_bw", "the tool the peer runs: write_bw, read_bw, atomic_bw, send_bw or rc_pingpong (its server); requester mode: write_bw, send_bw, read_bw or rc_pingpong (its client)")
 	fs.IntVar(&f.ackTimeout, "u", 14, "requester mode: the peer's QP ACK timeout exponent (its -u): T = 4.096 us x 2^u")
 	fs.IntVar(&f.qps, "q", 0, "the QPs of the peer's server (its -q); default: as many as the tool's scenarios need")
 	fs.IntVar(&f.port, "p", 18515, "the peer tool's TCP port (its -p)")
@@ -131,7 +141,8 @@ func probeTo(out io.Writer, args []string) error {
 		return probeRequester(out, peer.Unmap(), scens, &f)
 	}
 	cfg := probe.ResponderConfig{Peer: peer.Unmap(), Port: f.port, Tool: f.tool, NumQPs: f.qps, MTU: f.mtu,
-		AllAccess: f.allAccess, Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout}
+		AllAccess: f.allAccess, Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout,
+		Pingpong: pingpongSwap}
 	if cfg.NumQPs == 0 {
 		cfg.NumQPs = max(1, probe.QPsNeeded(scens, f.tool, f.allAccess))
 	}
@@ -150,7 +161,7 @@ func probeTo(out io.Writer, args []string) error {
 }
 
 // probeRequester is requester mode: the probe serves the peer's
-// ib_write_bw or ib_read_bw client.
+// ib_write_bw, ib_send_bw or ib_read_bw client.
 func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *probeFlags) error {
 	if f.local == "" {
 		return usageErrorf("requester mode needs -x LOCAL: the address the peer's client connects to")
@@ -163,9 +174,9 @@ func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *
 		return err
 	}
 	cfg := probe.RequesterConfig{Tool: f.tool, Peer: peer, Port: f.port, Local: local, NumQPs: f.qps, MTU: f.mtu, ACKTimeout: uint8(f.ackTimeout),
-		Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout,
+		Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout, Pingpong: pingpongSwap,
 		Listening: func(a net.Addr) {
-			fmt.Fprintf(os.Stderr, "rxego probe: waiting for the peer's ib_%s client on %v\n", f.tool, a)
+			fmt.Fprintf(os.Stderr, "rxego probe: waiting for the peer's %s client on %v\n", f.tool, a)
 		}}
 	if cfg.NumQPs == 0 {
 		cfg.NumQPs = max(1, probe.QPsNeeded(scens, f.tool, false))
@@ -177,6 +188,13 @@ func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *
 	defer stop()
 	rep, err := probe.Requester(ctx, cfg)
 	return finishProbe(out, rep, err, cfg.Pcap, f)
+}
+
+// pingpongSwap is ibv_rc_pingpong's exchange of one QP record, for the
+// probe (which cannot import this command's pingpong package).
+func pingpongSwap(c net.Conn, client bool, mine probe.QPRecord) (probe.QPRecord, error) {
+	d, err := pingpong.SwapRecord(c, client, pingpong.Dest{QPN: mine.QPN, PSN: mine.PSN, GID: mine.GID})
+	return probe.QPRecord{QPN: d.QPN, PSN: d.PSN, GID: d.GID}, err
 }
 
 // createPcap opens the --pcap file, if any.
@@ -256,14 +274,18 @@ func listScenarios(out io.Writer, scens []*probe.Scenario) error {
 	}
 	if len(scens) > 0 && scens[0].Requester {
 		fmt.Fprintln(w)
-		for _, tool := range []string{"write_bw", "read_bw"} {
+		for _, tool := range []string{"write_bw", "send_bw", "read_bw"} {
 			fmt.Fprintf(w, "ib_%s client: -q %d -s 64 -n 20\n", tool, probe.QPsNeeded(scens, tool, false))
 		}
 		return w.Flush()
 	}
 	fmt.Fprintln(w)
-	for _, tool := range []string{"write_bw", "read_bw", "atomic_bw"} {
-		fmt.Fprintf(w, "ib_%s: -q %d\n", tool, probe.QPsNeeded(scens, tool, false))
+	for _, tool := range []string{"write_bw", "read_bw", "atomic_bw", "send_bw"} {
+		extra := ""
+		if tool == "send_bw" {
+			extra = " -s 2048"
+		}
+		fmt.Fprintf(w, "ib_%s: -q %d%s\n", tool, probe.QPsNeeded(scens, tool, false), extra)
 	}
 	return w.Flush()
 }

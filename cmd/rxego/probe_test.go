@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rxego/rxego/cmd/rxego/internal/pingpong"
 	"github.com/rxego/rxego/internal/perftest"
 	"github.com/rxego/rxego/internal/probe"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
@@ -27,7 +28,7 @@ func TestProbeUsage(t *testing.T) {
 		t.Errorf("probe -h: code %d\n%s", code, out)
 	}
 	out, _, code = rxegoCmd(t, "probe", "--list")
-	if code != 0 || !strings.Contains(out, "ib_write_bw: -q 24") || !strings.Contains(out, "psn-gap-nak") {
+	if code != 0 || !strings.Contains(out, "ib_write_bw: -q 25") || !strings.Contains(out, "psn-gap-nak") {
 		t.Errorf("probe --list: code %d\n%s", code, out)
 	}
 	for _, c := range []struct {
@@ -101,5 +102,123 @@ func TestProbeCommand(t *testing.T) {
 	}
 	if n != fromPeer || m != rep.Sent {
 		t.Errorf("pcap: %d packets from the peer (report: %d), %d from the probe (report: %d)", n, fromPeer, m, rep.Sent)
+	}
+}
+
+// TestProbePingpongResponder runs `rxego probe --tool rc_pingpong`
+// against rxego's own ibv_rc_pingpong server: the send scenarios run one
+// after another on its one QP, the server's replies (a SEND per message
+// it receives) are acknowledged by the probe and shown, and
+// send-too-long, last, ends the server's run with a failed receive.
+func TestProbePingpongResponder(t *testing.T) {
+	server, local := testaddr.Loopback(), testaddr.Loopback()
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	srv := make(chan error, 1)
+	go func() {
+		_, err := pingpong.Run(context.Background(), pingpong.Config{Kind: pingpong.RC, Local: server, Listener: ln,
+			TCPPort: port, Size: 2048, Iters: 20, Timeout: 30 * time.Second, Out: io.Discard})
+		srv <- err
+	}()
+	pcap := filepath.Join(t.TempDir(), "probe.pcapng")
+	out, errOut, code := rxegoCmd(t, "probe", "--tool", "rc_pingpong", "-p", strconv.Itoa(port), "-x", local.String(),
+		"--json", "--pcap", pcap, server.String())
+	if code != 0 {
+		t.Fatalf("code %d\n%s\n%s", code, out, errOut)
+	}
+	if err := <-srv; err == nil {
+		t.Errorf("the pingpong server ended cleanly; send-too-long should have failed its receive")
+	}
+	var rep probe.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ran := 0
+	for _, r := range rep.Results {
+		if r.MyQPN == 0 {
+			continue // not a send scenario
+		}
+		ran++
+		if r.Verdict != probe.Conforms {
+			t.Errorf("%s: %s (%s) %v", r.Name, r.Verdict, r.Detail, r.Observed)
+		}
+	}
+	if ran != 4 {
+		t.Errorf("%d scenarios ran on the pingpong server's QP, want the 4 send scenarios", ran)
+	}
+	// Every SEND the server sent back was acknowledged by the probe.
+	sends, acks := map[uint32]bool{}, map[uint32]bool{}
+	if err := trace.ReadFile(pcap, func(r trace.Record) error {
+		switch {
+		case r.Src == server && strings.HasPrefix(r.OpcodeName, "RC_SEND"):
+			sends[uint32(r.PSN)] = true
+		case r.Src == local && r.OpcodeName == "RC_ACKNOWLEDGE":
+			acks[uint32(r.PSN)] = true
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(sends) == 0 {
+		t.Errorf("the pingpong server sent no reply")
+	}
+	for psn := range sends {
+		if !acks[psn] && !acks[psn+1] {
+			t.Errorf("the server's SEND at psn %#x was not acknowledged", psn)
+		}
+	}
+}
+
+// TestProbePingpongRequester runs requester-mode scenarios, one a run,
+// against rxego's own ibv_rc_pingpong client: the probe answers each of
+// its messages with a SEND, as the C server does, so the client runs to
+// its end, and the verdict is the one its write_bw client earns.
+func TestProbePingpongRequester(t *testing.T) {
+	for _, name := range []string{"ack-timeout", "rnr-wait", "duplicate-ack"} {
+		t.Run(name, func(t *testing.T) {
+			var scens []*probe.Scenario
+			for _, s := range probe.BuiltinRequester() {
+				if s.Name == name {
+					scens = append(scens, s)
+				}
+			}
+			probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
+			listening := make(chan int, 1)
+			type ret struct {
+				r   *probe.Report
+				err error
+			}
+			ch := make(chan ret, 1)
+			go func() {
+				r, err := probe.Requester(context.Background(), probe.RequesterConfig{Tool: probe.Pingpong, Peer: client, Local: probeAddr,
+					Scenarios: scens, Pingpong: pingpongSwap, Wait: time.Second, Timeout: 30 * time.Second,
+					Listening: func(a net.Addr) { listening <- a.(*net.TCPAddr).Port }})
+				ch <- ret{r, err}
+			}()
+			var port int
+			select {
+			case port = <-listening:
+			case r := <-ch:
+				t.Fatalf("the probe did not listen: %v", r.err)
+			}
+			res, cerr := pingpong.Run(context.Background(), pingpong.Config{Kind: pingpong.RC, Local: client, Server: probeAddr.String(),
+				TCPPort: port, Size: 64, Iters: 20, Timeout: 30 * time.Second, Out: io.Discard})
+			r := <-ch
+			if r.err != nil {
+				t.Fatalf("probe: %v (client: %v)", r.err, cerr)
+			}
+			if cerr != nil {
+				t.Errorf("rxego's pingpong client did not end cleanly: %v", cerr)
+			} else if res.Iters != 20 {
+				t.Errorf("the client completed %d exchanges, want 20", res.Iters)
+			}
+			if len(r.r.Results) != 1 || r.r.Results[0].Verdict != probe.Conforms {
+				t.Errorf("%s: %+v", name, r.r.Results)
+			}
+		})
 	}
 }

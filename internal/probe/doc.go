@@ -2,8 +2,9 @@
 // seen from outside, riding an unmodified C tool on the peer.
 //
 // In responder mode the peer runs a perftest server (ib_write_bw,
-// ib_read_bw or ib_atomic_bw with -q N); the probe does the tool's client
-// handshake over TCP (package perftest's Exchange), learns the peer's QP
+// ib_read_bw, ib_atomic_bw or ib_send_bw with -q N) or ibv_rc_pingpong's;
+// the probe does the tool's client handshake over TCP (package perftest's
+// Exchange, or ibv_rc_pingpong's through PingpongSwap), learns the peer's QP
 // numbers, PSNs, rkey and address, and then, instead of the tool's
 // traffic, sends scripted packets on those QPs, one scenario per QP, from
 // a UDP port 4791 of its own, built from the one opcode table (package

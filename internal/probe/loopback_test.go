@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,8 +34,12 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 	}
 	defer ln.Close()
 	var out bytes.Buffer
+	size := 64
+	if test == perftest.SendBW {
+		size = 2048 // the send scenarios' receives (ib_send_bw -s 2048)
+	}
 	scfg := perftest.Config{Test: test, Local: server, Listener: ln, Port: ln.Addr().(*net.TCPAddr).Port,
-		NumQPs: len(scens), Size: 64, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
+		NumQPs: len(scens), Size: size, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
 	type ret struct {
 		r   *perftest.Result
 		err error
@@ -48,7 +54,8 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 	if err != nil {
 		t.Fatal(err)
 	}
-	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw"}[test]
+	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw",
+		perftest.SendBW: "send_bw"}[test]
 	rep, err := Responder(context.Background(), ResponderConfig{Peer: server, Port: scfg.Port, Local: local,
 		Tool: tool, NumQPs: len(scens), AllAccess: true, Scenarios: scens, Pcap: pw, Wait: 200 * time.Millisecond})
 	if cerr := pw.Close(); cerr != nil {
@@ -59,8 +66,10 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 		t.Fatalf("probe: %v\nserver: %v\n%s", err, sr.err, out.String())
 	}
 	// rxego's perf server checks that no byte of its buffer changed
-	// unless its client wrote it: the scenarios' WRITEs did.
-	if sr.err != nil && !strings.Contains(sr.err.Error(), "data checks failed") {
+	// unless its client wrote it: the scenarios' WRITEs did. A send_bw
+	// server ends at the receive send-too-long flushes, as
+	// perftest's does.
+	if sr.err != nil && !strings.Contains(sr.err.Error(), "data checks failed") && test != perftest.SendBW {
 		t.Errorf("the rxego server did not end cleanly: %v\n%s", sr.err, out.String())
 	}
 	if sr.r != nil && sr.r.Device != nil {
@@ -74,6 +83,38 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 		t.Fatal(err)
 	}
 	return rep, recs, sr.r
+}
+
+// udpInCsumErrors reads the host's Udp InCsumErrors (/proc/net/snmp):
+// datagrams its UDP layer dropped for a wrong checksum.
+func udpInCsumErrors(t *testing.T) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Udp: ")
+		if !ok {
+			continue
+		}
+		if names == nil {
+			names = strings.Fields(rest)
+			continue
+		}
+		for i, v := range strings.Fields(rest) {
+			if i < len(names) && names[i] == "InCsumErrors" {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatal("no Udp InCsumErrors in /proc/net/snmp")
+	return 0
 }
 
 // fromPeer returns the pcap's packets the peer sent to the scenario's QP.
@@ -98,7 +139,13 @@ func relPSNOf(r trace.Record, res Result) int {
 // engine counters moved as the verdicts say.
 func TestResponderAgainstRxego(t *testing.T) {
 	scens := Builtin()
+	csumBefore := udpInCsumErrors(t)
 	rep, recs, srv := probeRxego(t, perftest.WriteBW, scens)
+	// bad-udp-checksum's datagram reached the server's host, whose UDP
+	// layer dropped it (the ACK that conformed was the resend's).
+	if res, ok := rep.Result("bad-udp-checksum"); ok && res.Verdict == Conforms && udpInCsumErrors(t) <= csumBefore {
+		t.Errorf("bad-udp-checksum conformed, but the host's Udp InCsumErrors did not rise (%d)", csumBefore)
+	}
 	var text bytes.Buffer
 	rep.WriteText(&text, true)
 	t.Logf("%s", text.String())
@@ -223,7 +270,7 @@ func checkRenderings(t *testing.T, rep *Report) {
 }
 
 // TestRequesterAgainstRxego runs the requester-mode scenarios against
-// rxego's own ib_write_bw and ib_read_bw clients and checks the report
+// rxego's own ib_write_bw, ib_read_bw and ib_send_bw clients and checks the report
 // against the capture: each scenario's impaired packet was sent as often
 // as the report says, and go-back-n's resend starts at the probe's NAK.
 func TestRequesterAgainstRxego(t *testing.T) {
@@ -237,6 +284,9 @@ func TestRequesterAgainstRxego(t *testing.T) {
 			// rxego, like rxe, takes retry_cnt 7 as unlimited (docs/rnic.md).
 			"retry-exhaustion": Deviates}},
 		{perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms, "ce-data-cnp": Conforms}},
+		// ib_send_bw's client: the same scenarios, on SENDs.
+		{perftest.SendBW, "send_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
+			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}},
 	} {
 		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want) })
 	}
@@ -361,4 +411,60 @@ func checkGoBack(t *testing.T, recs []trace.Record, res Result, probeAddr netip.
 		return
 	}
 	t.Errorf("go-back-n: no NAK (at %d) or no resend in the capture", nakAt)
+}
+
+// TestSendScenariosAgainstRxego probes rxego's own ib_send_bw server (its
+// receives posted, 2048 bytes each) with the send scenarios and checks
+// the verdicts against the capture and the server's counters.
+func TestSendScenariosAgainstRxego(t *testing.T) {
+	var scens []*Scenario
+	for _, s := range Builtin() {
+		if s.Needs == NeedsSend {
+			scens = append(scens, s)
+		}
+	}
+	if len(scens) < 4 {
+		t.Fatalf("%d send scenarios", len(scens))
+	}
+	rep, recs, srv := probeRxego(t, perftest.SendBW, scens)
+	var text bytes.Buffer
+	rep.WriteText(&text, true)
+	t.Logf("%s", text.String())
+	ack, nakSeq := reth.ACKSyndrome(reth.CreditsInvalid).String(), reth.NAKSyndrome(reth.NAKPSNSeqError).String()
+	// rxego NAKs a SEND longer than its receive with a remote
+	// operational error, as rxe's copy_data failure does (qp.recvFault).
+	nakRop := reth.NAKSyndrome(reth.NAKRemoteOp).String()
+	// The last packet the peer sent on each scenario's QP, as the
+	// verdict says it was.
+	want := map[string]struct {
+		syn string
+		psn int
+	}{
+		"send-ack":          {ack, 0},
+		"send-multi-packet": {ack, 1},
+		"send-psn-gap":      {ack, 0},
+		"send-too-long":     {nakRop, 2},
+	}
+	for _, res := range rep.Results {
+		if res.Verdict != Conforms {
+			t.Errorf("%s: %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
+			continue
+		}
+		got := fromPeer(recs, res)
+		if len(got) == 0 || len(got) != len(res.Observed) {
+			t.Errorf("%s: the capture has %d packets from the peer, the report %d", res.Name, len(got), len(res.Observed))
+			continue
+		}
+		last := got[len(got)-1]
+		w := want[res.Name]
+		if last.AETH == nil || !strings.HasPrefix(reth.Syndrome(last.AETH.Syndrome).String(), w.syn) || relPSNOf(last, res) > w.psn {
+			t.Errorf("%s: the peer's last packet is %s psn=+%d, want %s at psn<=+%d", res.Name, last.OpcodeName, relPSNOf(last, res), w.syn, w.psn)
+		}
+		if res.Name == "send-psn-gap" && (got[0].AETH == nil || reth.Syndrome(got[0].AETH.Syndrome).String() != nakSeq) {
+			t.Errorf("send-psn-gap: the peer's first packet is %s, want %s", got[0].OpcodeName, nakSeq)
+		}
+	}
+	if st := srv.Device.Stats(); st.OutOfSeqRequest == 0 {
+		t.Errorf("the server counted no sequence error, but send-psn-gap conformed")
+	}
 }

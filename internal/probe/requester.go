@@ -17,13 +17,13 @@ import (
 	"github.com/rxego/rxego/transport/pcaptap"
 )
 
-// RequesterConfig is a requester-mode run: the peer runs an ib_write_bw
-// or ib_read_bw client (-q NumQPs, one packet per message: -s at most
+// RequesterConfig is a requester-mode run: the peer runs an ib_write_bw,
+// ib_send_bw or ib_read_bw client (-q NumQPs, one packet per message: -s at most
 // the path MTU) against the probe as its server; the probe answers as a
 // responder would, impairs one packet per QP as that QP's scenario says,
 // and records how the peer's requester reacts.
 type RequesterConfig struct {
-	Tool   string     // write_bw (default) or read_bw: the client the peer runs
+	Tool   string     // write_bw (default), send_bw or read_bw: the client the peer runs
 	Peer   netip.Addr // the only address the probe sends to: the client's QPs must be there
 	Port   int        // TCP port to listen on (the client's -p); 0: 18515
 	Local  netip.Addr // the probe's RoCE address; it listens and binds here
@@ -39,8 +39,13 @@ type RequesterConfig struct {
 	// when they left, and kernel timers tick in jiffies (rxe at HZ=250
 	// can fire up to 4 ms before the time it was asked for).
 	TimerSlack time.Duration
-	Scenarios  []*Scenario
-	Wait       time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
+	// Pingpong does ibv_rc_pingpong's exchange (Tool Pingpong): its client
+	// has one QP, so one scenario runs (pick it with --only); the probe
+	// answers each of its messages with a SEND of the same length, as
+	// ibv_rc_pingpong's server does.
+	Pingpong  PingpongSwap
+	Scenarios []*Scenario
+	Wait      time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
 	// Gap is the least time between two of the probe's packets (0:
 	// DefaultRequesterGap). The probe only answers (one ACK per packet of
 	// the peer's, two for ack-twice, a READ's responses per READ
@@ -81,13 +86,22 @@ type reqQP struct {
 	// (withhold-many).
 	holding bool
 	heldAt  time.Time
+	// reply: answer each complete message with a SEND of its length
+	// (ibv_rc_pingpong's server), from PSN myPSN on; msgLen counts the
+	// current message's bytes.
+	reply  bool
+	myPSN  uint32
+	msgLen int
 }
 
-// Requester runs requester-mode scenarios against an ib_write_bw or
-// ib_read_bw client.
+// Requester runs requester-mode scenarios against an ib_write_bw,
+// ib_send_bw or ib_read_bw client.
 func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if !cfg.Peer.IsValid() || !cfg.Local.IsValid() {
 		return nil, errors.New("probe: requester mode needs the peer's address and a local address")
+	}
+	if cfg.Tool == Pingpong {
+		cfg.NumQPs = 1 // ibv_rc_pingpong has one
 	}
 	if cfg.NumQPs < 1 || cfg.NumQPs > 1024 {
 		return nil, fmt.Errorf("probe: -q %d: the peer's QP count, 1..1024", cfg.NumQPs)
@@ -95,9 +109,15 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if cfg.Tool == "" {
 		cfg.Tool = "write_bw"
 	}
-	needs, ok := map[string]Needs{"write_bw": NeedsWrite, "read_bw": NeedsRead}[cfg.Tool]
+	pp := cfg.Tool == Pingpong
+	if pp {
+		if cfg.Pingpong == nil {
+			return nil, errors.New("probe: ibv_rc_pingpong's exchange (RequesterConfig.Pingpong) is not set")
+		}
+	}
+	needs, ok := requesterToolNeeds[cfg.Tool]
 	if !ok {
-		return nil, fmt.Errorf("probe: requester mode: tool %q: want write_bw or read_bw", cfg.Tool)
+		return nil, fmt.Errorf("probe: requester mode: tool %q: want write_bw, send_bw, read_bw or %s", cfg.Tool, Pingpong)
 	}
 	var runs []*Scenario
 	var skipped []Result
@@ -107,7 +127,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 			return nil, fmt.Errorf("probe: scenario %s is a responder-mode scenario", s.Name)
 		case s.Needs != needs:
 			skipped = append(skipped, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: NotApplicable,
-				Detail: fmt.Sprintf("needs a client that issues %s requests; ib_%s's issue %s", s.Needs, cfg.Tool, needs)})
+				Detail: fmt.Sprintf("needs a client whose requests are %s; ib_%s's are %s", requestKind(s.Needs), cfg.Tool, requestKind(needs))})
 		default:
 			runs = append(runs, s)
 		}
@@ -140,7 +160,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	deadline, _ := ctx.Deadline()
-	rep := &Report{Mode: "requester", Peer: cfg.Peer.String(), Tool: "ib_" + cfg.Tool, Started: time.Now()}
+	rep := &Report{Mode: "requester", Peer: cfg.Peer.String(), Tool: toolName(cfg.Tool), Started: time.Now()}
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Local.String(), strconv.Itoa(cfg.Port)))
 	if err != nil {
@@ -161,76 +181,93 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	// loopback it does); the handshake's GIDs must be the peer's.
 	conn, err := ln.Accept()
 	if err != nil {
-		return nil, fmt.Errorf("probe: waiting for the peer's ib_%s client: %w", cfg.Tool, err)
+		return nil, fmt.Errorf("probe: waiting for the peer's %s client: %w", toolName(cfg.Tool), err)
 	}
 	defer conn.Close()
 	stopConn := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stopConn()
 
-	ex := perftest.NewExchange(conn, false, deadline)
-	if err := ex.Versions(); err != nil {
-		return nil, err
+	var ex *perftest.Exchange
+	rep.MTU = 1024
+	if pp {
+		if cfg.MTU != 0 {
+			rep.MTU = cfg.MTU // ibv_rc_pingpong's -m: not exchanged
+		}
+	} else {
+		ex = perftest.NewExchange(conn, false, deadline)
+		if err := ex.Versions(); err != nil {
+			return nil, err
+		}
+		rep.PeerVersion = ex.PeerVersion
+		if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
+			return nil, err
+		}
+		code, err := ex.MTU(mtuCode)
+		if err != nil {
+			return nil, err
+		}
+		rep.MTU = 1 << (7 + code)
 	}
-	rep.PeerVersion = ex.PeerVersion
-	if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
-		return nil, err
-	}
-	code, err := ex.MTU(mtuCode)
-	if err != nil {
-		return nil, err
-	}
-	rep.MTU = 1 << (7 + code)
 	my := make([]perftest.Dest, cfg.NumQPs)
 	for i := range my {
 		my[i] = perftest.Dest{OutReads: 16, QPN: 0x100 + uint32(i), PSN: uint32(0x200000 + i*0x1111),
 			RKey: 0x1000 + uint32(i), VAddr: 0x10000000, GID: cfg.Local.As16()}
 	}
 	rem := make([]perftest.Dest, cfg.NumQPs)
-	shakeAll := func() error {
+	qps := make(map[uint32]*reqQP, cfg.NumQPs)
+	var order []*reqQP
+	// The QPs are set up once the first handshake told the peer's PSNs.
+	setUp := func() error {
+		if err := checkPeerAddrs(rem, cfg.Peer); err != nil {
+			return err
+		}
 		for i := range my {
-			r, err := ex.HandShake(my[i])
-			if err != nil {
-				return err
+			q := &reqQP{myQPN: my[i].QPN, peerQPN: rem[i].QPN, start: rem[i].PSN, epsn: rem[i].PSN, seen: map[int]int{},
+				reply: pp, myPSN: my[i].PSN}
+			if i < len(runs) {
+				q.s = runs[i]
+				for j := range q.s.Steps {
+					if q.s.Steps[j].Kind == StepImpair {
+						q.impair = &q.s.Steps[j]
+					}
+				}
 			}
-			rem[i] = r
+			qps[q.myQPN] = q
+			order = append(order, q)
 		}
 		return nil
 	}
-	// ib_write_bw's server: all records, all again, then one.
-	if err := shakeAll(); err != nil {
-		return nil, err
-	}
-	for i, r := range rem {
-		if r.Addr() != cfg.Peer {
-			return nil, fmt.Errorf("probe: the peer's QP %d is at %v, not at %v: the probe sends only to the peer named", i, r.Addr(), cfg.Peer)
+	if pp {
+		conn.SetDeadline(deadline)
+		theirs, err := cfg.Pingpong(conn, false, QPRecord{QPN: my[0].QPN, PSN: my[0].PSN, GID: my[0].GID})
+		if err != nil {
+			return nil, err
 		}
-	}
-	qps := make(map[uint32]*reqQP, cfg.NumQPs)
-	var order []*reqQP
-	for i := range my {
-		q := &reqQP{myQPN: my[i].QPN, peerQPN: rem[i].QPN, start: rem[i].PSN, epsn: rem[i].PSN, seen: map[int]int{}}
-		if i < len(runs) {
-			q.s = runs[i]
-			for j := range q.s.Steps {
-				if q.s.Steps[j].Kind == StepImpair {
-					q.impair = &q.s.Steps[j]
-				}
-			}
+		rem[0] = perftest.Dest{QPN: theirs.QPN, PSN: theirs.PSN, GID: theirs.GID}
+		if err := setUp(); err != nil {
+			return nil, err
 		}
-		qps[q.myQPN] = q
-		order = append(order, q)
-	}
-	if err := shakeAll(); err != nil {
-		return nil, err
-	}
-	if _, err := ex.HandShake(my[0]); err != nil {
+	} else if err := handShakes(ex, cfg.Tool, my, rem, setUp); err != nil {
 		return nil, err
 	}
 
-	// The peer's traffic runs until its final synchronisation.
+	// The peer's traffic runs until its final synchronisation;
+	// ibv_rc_pingpong's has none: its run ends when it falls silent.
 	final := make(chan error, 1)
+	quiet := cfg.Wait / 4
+	if pp {
+		final, quiet = nil, cfg.Wait
+	}
 	go func() {
-		_, err := ex.HandShake(my[0])
+		if pp {
+			return
+		}
+		var err error
+		if cfg.Tool == "send_bw" {
+			err = ex.Close(my[0], nil) // ib_send_bw swaps no reports
+		} else {
+			_, err = ex.HandShake(my[0])
+		}
 		final <- err
 	}()
 	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU}
@@ -255,7 +292,7 @@ loop:
 			last = time.Now()
 		case <-tick.C:
 			r.releaseHeld()
-			if final == nil && time.Since(last) > cfg.Wait/4 {
+			if final == nil && time.Since(last) > quiet {
 				break loop
 			}
 			if time.Since(last) > cfg.Wait && final != nil {
@@ -268,7 +305,7 @@ loop:
 			break loop
 		}
 	}
-	if final == nil && finalErr == nil {
+	if final == nil && finalErr == nil && cfg.Tool != "send_bw" && !pp {
 		if _, err := ex.Reports(perftest.Report{}); err == nil {
 			err = ex.Close(my[0], nil)
 			if err != nil {
@@ -287,8 +324,11 @@ loop:
 			Verdict: v, Detail: detail, Observed: obs, MyQPN: q.myQPN, PeerQPN: q.peerQPN, StartPSN: rem[i].PSN})
 	}
 	for _, s := range runs[min(len(runs), cfg.NumQPs):] {
-		rep.Results = append(rep.Results, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: Inconclusive,
-			Detail: fmt.Sprintf("not run: the peer's client has %d QPs (run it with -q %d)", cfg.NumQPs, len(runs))})
+		why := fmt.Sprintf("not run: the peer's client has %d QPs (run it with -q %d)", cfg.NumQPs, len(runs))
+		if pp {
+			why = "not run: ibv_rc_pingpong has one QP, for one scenario a run (pick it with --only)"
+		}
+		rep.Results = append(rep.Results, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: Inconclusive, Detail: why})
 	}
 	rep.Results = append(rep.Results, skipped...)
 	rep.order(cfg.Scenarios)
@@ -304,6 +344,14 @@ const DefaultTimerSlack = 5 * time.Millisecond
 // burst (a late ACK would time the peer out and spoil the scenarios that
 // measure timers), at most 20,000 packets a second.
 const DefaultRequesterGap = 50 * time.Microsecond
+
+// requestKind says how a requester-mode scenario's requests are answered.
+func requestKind(n Needs) string {
+	if n == NeedsRead {
+		return "READs answered with data"
+	}
+	return "acknowledged (WRITEs or SENDs)"
+}
 
 // qpTimeout is the IBTA local ACK timeout 4.096 us x 2^t.
 func qpTimeout(t uint8) time.Duration { return time.Duration(4096<<t) * time.Nanosecond }
@@ -421,7 +469,9 @@ func (r *reqRun) handle(a arrival) error {
 		}
 		if rel != im.At || q.seen[rel] < limit {
 			if int32((uint32(h.PSN)-q.epsn)<<8)>>8 == 0 {
-				q.accept(h, n)
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
 			}
 			return nil
 		}
@@ -446,19 +496,25 @@ func (r *reqRun) handle(a arrival) error {
 			}
 		case ImpairWithhold, ImpairWithholdMany:
 			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
-				q.accept(h, n)
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
 				q.holding, q.heldAt = true, a.at
 				return nil
 			}
 		case ImpairGhostAck:
 			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
-				q.accept(h, n)
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
 				q.holding, q.heldAt = true, a.at
 				return r.ack(q, uint32(h.PSN)+100, syn, false)
 			}
 		case ImpairAckTwice:
 			if q.seen[rel] == 1 {
-				q.accept(h, n)
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
 				if err := r.ack(q, uint32(h.PSN), syn, false); err != nil {
 					return err
 				}
@@ -473,7 +529,9 @@ func (r *reqRun) handle(a arrival) error {
 	d := int32((uint32(h.PSN)-q.epsn)<<8) >> 8
 	switch {
 	case d == 0:
-		q.accept(h, n)
+		if err := r.take(q, h, n, a.pkt); err != nil {
+			return err
+		}
 		if read {
 			return r.readResponse(q, h, ce)
 		}
@@ -492,6 +550,49 @@ func (r *reqRun) handle(a arrival) error {
 			q.naks = append(q.naks, reqEvent{at: at, rel: int((q.epsn - q.start) & bth.PSNMask)})
 			return err
 		}
+	}
+	return nil
+}
+
+// take accepts h (of n PSNs, raw pkt) as the next request in sequence
+// and, playing ibv_rc_pingpong's server, answers a complete message.
+func (r *reqRun) take(q *reqQP, h bth.Header, n int, pkt []byte) error {
+	q.accept(h, n)
+	return r.replyTo(q, h, pkt)
+}
+
+// replyTo answers a complete SEND message (its last packet h, raw pkt)
+// with a SEND of the same length when q plays ibv_rc_pingpong's server:
+// its client posts its next message only once this one came.
+func (r *reqRun) replyTo(q *reqQP, h bth.Header, pkt []byte) error {
+	if !q.reply {
+		return nil
+	}
+	if p, err := bth.Parse(pkt); err == nil {
+		q.msgLen += len(p.Payload())
+	}
+	in, _ := bth.Lookup(h.Opcode)
+	if in == nil || in.Op != bth.OpSend || !in.Has(bth.Last) {
+		return nil
+	}
+	n := q.msgLen
+	q.msgLen = 0
+	for first := true; first || n > 0; first = false {
+		chunk := min(n, r.mtu)
+		n -= chunk
+		op := bth.RCSendMiddle
+		switch {
+		case first && n == 0:
+			op = bth.RCSendOnly
+		case first:
+			op = bth.RCSendFirst
+		case n == 0:
+			op = bth.RCSendLast
+		}
+		if _, err := r.send(q, bth.Header{Opcode: op, PSN: bth.PSN(q.myPSN), AckReq: n == 0}, make([]byte, chunk), false); err != nil {
+			return err
+		}
+		q.myPSN = (q.myPSN + 1) & bth.PSNMask
 	}
 	return nil
 }

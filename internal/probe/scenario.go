@@ -11,9 +11,10 @@ import (
 	"github.com/rxego/rxego/bth"
 )
 
-// Needs is what a scenario needs the peer's memory region to allow: the
-// C tool the peer runs decides it (ib_write_bw registers its buffer for
-// remote writes only, ib_read_bw for reads, ib_atomic_bw for atomics).
+// Needs is what a scenario needs the peer's QP to offer: the C tool the
+// peer runs decides it (ib_write_bw registers its buffer for remote
+// writes only, ib_read_bw for reads, ib_atomic_bw for atomics;
+// ib_send_bw's allows no remote access but its QPs have receives posted).
 type Needs string
 
 // What scenarios can need.
@@ -21,6 +22,7 @@ const (
 	NeedsWrite  Needs = "write"
 	NeedsRead   Needs = "read"
 	NeedsAtomic Needs = "atomic"
+	NeedsSend   Needs = "send"
 )
 
 // Scenario is one scripted exchange on one of the peer's QPs, and the rule
@@ -97,6 +99,7 @@ type Step struct {
 	PKey    *uint16 // instead of the default P_Key
 	AckReq  bool
 	BadICRC bool
+	BadUDP  bool // a wrong UDP checksum (sent on a raw socket)
 	CE      bool // IP ECN Congestion Experienced
 	Add     uint64
 	Compare uint64
@@ -129,7 +132,7 @@ type Step struct {
 
 // Expectation kinds and the AETH each needs.
 var expectKinds = map[string]bool{
-	"ack": true, "nak-seq": true, "nak-inv": true, "nak-rae": true, "nak-rop": true, "rnr": true,
+	"ack": true, "nak-seq": true, "nak-inv": true, "nak-rae": true, "nak-rop": true, "nak-fatal": true, "rnr": true,
 	"read-resp": true, "read-first": true, "read-middle": true, "read-last": true, "read-only": true,
 	"atomic-ack": true, "cnp": true, "none": true,
 	// requester mode
@@ -151,11 +154,11 @@ var sendOps = map[string]bth.Opcode{
 //	scenario NAME
 //	rule TEXT
 //	requires TEXT
-//	needs write|read|atomic
+//	needs write|read|atomic|send
 //	start-psn N
 //	optional
 //	send OP [psn=+N] [len=N] [dmalen=N] [rkey=peer|bad|N] [va=+N] [addr=N] [ackreq]
-//	     [icrc=bad] [ce] [add=N] [cmp=N] [opcode=N] [tver=N] [pkey=N]
+//	     [icrc=bad] [udpcsum=bad] [ce] [add=N] [cmp=N] [opcode=N] [tver=N] [pkey=N]
 //	expect KIND [psn=+N[..+M]] [timer=N] [save=NAME] [orig=NAME[+N]] [pre] [coalesce]
 //	wait DURATION
 //	end
@@ -208,10 +211,10 @@ func ParseScenarios(r io.Reader) ([]*Scenario, error) {
 			cur.Requires = rest
 		case "needs":
 			switch Needs(rest) {
-			case NeedsWrite, NeedsRead, NeedsAtomic:
+			case NeedsWrite, NeedsRead, NeedsAtomic, NeedsSend:
 				cur.Needs = Needs(rest)
 			default:
-				err = fmt.Errorf("needs %q: want write, read or atomic", rest)
+				err = fmt.Errorf("needs %q: want write, read, atomic or send", rest)
 			}
 		case "optional":
 			cur.Optional = true
@@ -377,6 +380,8 @@ func parseFields(st *Step, words []string) error {
 			st.PKey = &pk
 		case k == "icrc" && v == "bad":
 			st.BadICRC = true
+		case k == "udpcsum" && v == "bad":
+			st.BadUDP = true
 		case k == "add" && hasV:
 			st.Add, err = num(64)
 		case k == "cmp" && hasV:

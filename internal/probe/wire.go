@@ -15,6 +15,8 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/icrc"
+	"github.com/rxego/rxego/internal/inetsum"
+	"github.com/rxego/rxego/internal/iphdr"
 	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/transport"
 	"github.com/rxego/rxego/transport/pcaptap"
@@ -163,6 +165,45 @@ const spinBelow = 500 * time.Microsecond
 // send paces and sends one packet (BTH..ICRC, ICRC already as wanted) to
 // the peer; tos is the IP TOS it carried, for the record.
 func (w *wire) send(ctx context.Context, pkt []byte, tos uint8) (time.Time, error) {
+	return w.sendWith(ctx, pkt, tos, func() error {
+		_, err := w.conn.WriteToUDPAddrPort(pkt, w.peer)
+		return err
+	})
+}
+
+// sendBadUDPChecksum is send with the UDP checksum wrong: the datagram
+// is built whole (IPv4, DF, ID 0, as the UDP socket sends it, so the
+// ICRC still checks) and sent on a raw socket, which needs CAP_NET_RAW.
+func (w *wire) sendBadUDPChecksum(ctx context.Context, pkt []byte) (time.Time, error) {
+	if !w.local.Addr().Is4() {
+		return time.Time{}, errors.New("probe: a bad UDP checksum is sent over IPv4 only")
+	}
+	dgram := make([]byte, iphdr.IPv4Len+iphdr.UDPLen+len(pkt))
+	ip, u := iphdr.IPv4(dgram), iphdr.UDP(dgram[iphdr.IPv4Len:])
+	ip.Encode(&iphdr.IPv4Fields{TotalLength: uint16(len(dgram)), DF: true, TTL: 64, Protocol: iphdr.ProtoUDP,
+		Src: w.local.Addr().As4(), Dst: w.peer.Addr().As4()})
+	u.Encode(&iphdr.UDPFields{SrcPort: w.local.Port(), DstPort: w.peer.Port(), Length: uint16(iphdr.UDPLen + len(pkt))})
+	copy(u[iphdr.UDPLen:], pkt)
+	good := inetsum.UDP(ip.Addrs(), u)
+	// Wrong, and neither zero ("no checksum") nor the partial sum a
+	// local sender's offload leaves, which receivers on the same host
+	// accept.
+	bad := good ^ 0x00ff
+	if bad == 0 || bad == inetsum.UDPPartial(ip.Addrs(), len(u)) {
+		bad = good ^ 0x0f0f
+	}
+	u.SetChecksum(bad)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("probe: a bad UDP checksum needs a raw socket (CAP_NET_RAW): %w", err)
+	}
+	defer unix.Close(fd)
+	to := &unix.SockaddrInet4{Addr: w.peer.Addr().As4()}
+	return w.sendWith(ctx, pkt, 0, func() error { return unix.Sendto(fd, dgram, 0, to) })
+}
+
+// sendWith paces one packet, records it, and sends it with write.
+func (w *wire) sendWith(ctx context.Context, pkt []byte, tos uint8, write func() error) (time.Time, error) {
 	w.mu.Lock()
 	if w.sent >= w.maxPackets {
 		w.mu.Unlock()
@@ -191,7 +232,7 @@ func (w *wire) send(ctx context.Context, pkt []byte, tos uint8) (time.Time, erro
 	// show the cause before the effect. A failed send ends the run.
 	now := time.Now()
 	w.record(transport.Out, now, w.local, w.peer, tos, 0, pkt)
-	if _, err := w.conn.WriteToUDPAddrPort(pkt, w.peer); err != nil {
+	if err := write(); err != nil {
 		return time.Time{}, fmt.Errorf("probe: sending to %v: %w", w.peer, err)
 	}
 	w.mu.Lock()

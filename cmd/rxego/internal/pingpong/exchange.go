@@ -93,3 +93,35 @@ func readDests(r io.Reader, n, k int) ([]Dest, error) {
 // GIDString formats a GID as ibv_*_pingpong prints it (inet_ntop of the
 // 16 bytes, e.g. ::ffff:198.18.0.1).
 func GIDString(g [16]byte) string { return netip.AddrFrom16(g).String() }
+
+// SwapRecord is ibv_rc_pingpong's whole exchange for one QP over c, for a
+// peer that has nothing to do between reading and writing (rxego probe):
+// a client writes its record, reads the server's and sends "done"; a
+// server reads, writes, and waits for "done".
+func SwapRecord(c io.ReadWriter, client bool, mine Dest) (Dest, error) {
+	if client {
+		if err := writeDests(c, []Dest{mine}, 1); err != nil {
+			return Dest{}, err
+		}
+		theirs, err := readDests(c, 1, 1)
+		if err != nil {
+			return Dest{}, err
+		}
+		_, err = c.Write([]byte(doneMsg))
+		return theirs[0], err
+	}
+	theirs, err := readDests(c, 1, 1)
+	if err != nil {
+		return Dest{}, err
+	}
+	if err := writeDests(c, []Dest{mine}, 1); err != nil {
+		return Dest{}, err
+	}
+	if _, err := io.ReadFull(c, make([]byte, len(doneMsg))); err != nil {
+		return Dest{}, fmt.Errorf("pingpong: waiting for the client's done: %w", err)
+	}
+	return theirs[0], nil
+}
+
+// doneMsg ends the client's side of the exchange, with its NUL.
+const doneMsg = "done\x00"

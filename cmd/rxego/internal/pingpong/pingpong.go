@@ -396,7 +396,7 @@ func (c *conn) exchange(ctx context.Context) error {
 		if err := c.connect(); err != nil {
 			return err
 		}
-		if _, err := tc.Write([]byte("done\x00")); err != nil {
+		if _, err := tc.Write([]byte(doneMsg)); err != nil {
 			return err
 		}
 	} else {
@@ -436,7 +436,7 @@ func (c *conn) exchange(ctx context.Context) error {
 		if err := writeDests(tc, local, n); err != nil {
 			return err
 		}
-		done := make([]byte, 5)
+		done := make([]byte, len(doneMsg))
 		if _, err := io.ReadFull(tc, done); err != nil {
 			return fmt.Errorf("pingpong: waiting for the client's done: %w", err)
 		}
