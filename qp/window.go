@@ -30,12 +30,51 @@ const minCwnd = 2
 // far above the jitter of a fast path.
 const queueDelay = time.Millisecond
 
+// lossShare is the least number of PSNs a QP delivers, between two
+// losses, per PSN its congestion window may hold. Go-back-N resends what
+// is in flight behind a loss, about the window, so a QP that loses a
+// packet every G PSNs (random loss does not go away when the window
+// shrinks, as congestion does) keeps its window at G/lossShare at most:
+// what goes twice stays near 1/lossShare of what is sent, where halving
+// alone (TCP's AIMD) settles near 1.2/sqrt(loss rate), 12 PSNs or 12 %
+// at 1 % loss. Without loss the bound lifts as PSNs are acknowledged
+// (lossCap), and the window grows back.
+const lossShare = 16
+
 // window returns how many PSNs q may keep unacknowledged now.
 func (e *Engine) window(q *QP) int {
-	if c := q.req.cwnd; c > 0 && c < e.cfg.Window {
-		return c
+	w := e.cfg.Window
+	if c := q.req.cwnd; c > 0 && c < w {
+		w = c
 	}
-	return e.cfg.Window
+	return min(w, e.lossCap(q))
+}
+
+// lossCap is the most PSNs q's window may hold for the losses it has
+// seen: lossShare-th of the PSNs it delivered between losses (an average
+// of the last few gaps, or the gap since the last loss when that is
+// longer), and Config.Window while it has lost nothing.
+func (e *Engine) lossCap(q *QP) int {
+	r := &q.req
+	if r.lossGap == 0 {
+		return e.cfg.Window
+	}
+	since := int(r.compPSN.Diff(r.lossPSN))
+	return max(minCwnd, max(r.lossGap, since)/lossShare)
+}
+
+// lossSeen records a loss (a sequence error NAK, a missing READ response
+// or a timeout) in the gap average lossCap reads: a quarter of the new
+// gap, as TCP's RTT average weighs a sample.
+func (e *Engine) lossSeen(q *QP) {
+	r := &q.req
+	gap := max(int(r.compPSN.Diff(r.lossPSN)), 1)
+	if r.lossGap == 0 {
+		r.lossGap = gap
+	} else {
+		r.lossGap = (3*r.lossGap + gap) / 4
+	}
+	r.lossPSN = r.compPSN
 }
 
 // ackReqDue reports whether the packet the requester is about to send
@@ -87,6 +126,8 @@ func (e *Engine) cwndOpen(q *QP, now time.Duration) {
 	}
 	if r.cwnd >= e.cfg.Window {
 		r.cwnd = 0 // open: the fixed window rules again
+	} else {
+		r.cwnd = min(r.cwnd, max(e.lossCap(q), r.cwnd-k)) // no growth beyond the loss cap
 	}
 }
 
@@ -96,6 +137,7 @@ func (e *Engine) cwndOpen(q *QP, now time.Duration) {
 func (e *Engine) cwndTimeout(q *QP, now time.Duration) {
 	r := &q.req
 	flight := int(r.maxSent.Diff(r.compPSN))
+	e.lossSeen(q)
 	r.ssthresh = max(min(flight, e.window(q))/2, minCwnd)
 	r.cwnd, r.cwndAcc = 1, 0
 	r.ackedTo = r.compPSN
@@ -109,6 +151,7 @@ func (e *Engine) cwndTimeout(q *QP, now time.Duration) {
 func (e *Engine) cwndLoss(q *QP) {
 	r := &q.req
 	flight := int(r.maxSent.Diff(r.compPSN))
+	e.lossSeen(q)
 	r.ssthresh = max(min(flight, e.window(q))/2, minCwnd) // half of what was in flight, as TCP (RFC 5681)
 	r.cwnd, r.cwndAcc = r.ssthresh, 0
 	r.ackedTo = r.compPSN
