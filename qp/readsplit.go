@@ -54,7 +54,11 @@ func (e *Engine) readAdmit(q *QP, w *sendWQE, mtu int) (ok, fresh bool) {
 		// Requests no longer than the congestion window: the window
 		// bounds the responses in flight (sendNext), so what a lost one
 		// costs shrinks with it.
-		w.chunkPkts = min(e.readChunkPkts(mtu), e.window(q))
+		// Half the window: the next request goes while the responses
+		// to this one still come, and the loss of this one's last
+		// response shows as a gap in the next one's instead of waiting
+		// for the retransmission timeout.
+		w.chunkPkts = min(e.readChunkPkts(mtu), max(e.window(q)/2, 1))
 		w.npkts = packetsFor(w.length, mtu)
 	}
 	if k/w.chunkPkts < w.reqSent {
