@@ -167,3 +167,81 @@ func runLossy(t *testing.T, seed uint64, read bool, qps, msgs, size int) lossyRe
 	r.elapsed = finished
 	return r
 }
+
+// TestWindowGrowsBack shows the congestion window against a fast peer on
+// virtual time, by the packets in flight on the wire (the highest PSN sent
+// less the oldest unacknowledged, as each request arrives): a QP that
+// starts with a small window (as a device's do) keeps about that many in
+// flight at first, fills Config.Window once it has delivered startShare
+// windows' worth without a loss, keeps a few PSNs in flight while 1 % of
+// its packets are lost, and fills Config.Window again once the loss
+// stops: the window grows back by TCP's additive increase, one PSN per
+// window acknowledged.
+func TestWindowGrowsBack(t *testing.T) {
+	const window, initial, batch = 256, 16, 320
+	o := defaultConn()
+	f := newFabric(t)
+	f.delay = func(wirePkt) time.Duration { return 20 * time.Microsecond }
+	f.engineCfg = func(c *Config) { c.Window, c.InitialWindow = window, initial }
+	a := f.node("198.18.0.1").newQP(t, RC, 2*batch)
+	b := f.node("198.18.0.2").newQP(t, RC, 2*batch)
+	connect(t, a, b, o)
+	lossy := false
+	f.drop = func(p wirePkt) bool { return lossy && p.dst == b.n.addr && f.rng.Float64() < 0.01 }
+	var maxFlight, sumFlight, arrivals int
+	f.tap = func(p wirePkt, _ bth.Packet) {
+		if p.dst == b.n.addr {
+			flight := int(a.qp.req.maxSent.Diff(a.qp.req.compPSN))
+			maxFlight = max(maxFlight, flight)
+			sumFlight += flight
+			arrivals++
+		}
+	}
+	src, _ := a.n.reg(t, o.mtu.Bytes(), allAccess)
+	dst, _ := b.n.reg(t, o.mtu.Bytes(), allAccess)
+	// phase WRITEs n one-packet messages, batch at a time, all of them
+	// successfully, and returns the most packets in flight meanwhile.
+	phase := func(n int) int {
+		maxFlight, sumFlight, arrivals = 0, 0, 0
+		for done := 0; done < n; {
+			for range min(batch, n-done) {
+				a.post(t, SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(src, 0, o.mtu.Bytes()), RemoteAddr: dst.IOVA(), RKey: dst.RKey()})
+			}
+			f.run(time.Second)
+			for _, wc := range pollAll(a.scq) {
+				if wc.Status != WCSuccess {
+					t.Fatalf("a WRITE completed with %v", wc.Status)
+				}
+				done++
+			}
+		}
+		return maxFlight
+	}
+	if got := phase(4 * initial); got > initial {
+		t.Fatalf("a fresh QP had %d packets in flight, want at most its initial window %d", got, initial)
+	}
+	phase(startShare * window)
+	if got := phase(2 * batch); got != window {
+		t.Fatalf("after %d loss-free PSNs %d packets were in flight, want Config.Window %d", startShare*window, got, window)
+	}
+	lossy = true
+	phase(2000)
+	cuts := a.n.e.Stats.WindowCuts.Load()
+	// A loss every 100 PSNs or so: lossCap keeps about 100/lossShare in
+	// flight; halving alone (TCP) averages about 1.2/sqrt(1 %), 12.
+	phase(1000)
+	if mean := float64(sumFlight) / float64(arrivals); cuts == 0 || mean > 10 {
+		t.Fatalf("at 1 %% loss (%d window cuts) %.1f packets were in flight on average, want at most 10", cuts, mean)
+	} else {
+		t.Logf("at 1 %% loss %.1f packets in flight on average, at most %d", mean, maxFlight)
+	}
+	lossy = false
+	n := 0
+	for got := 0; got < window; n += 4 * batch {
+		if n > 100_000 {
+			t.Fatalf("%d loss-free PSNs after the loss, still %d packets in flight at most, want %d", n, got, window)
+		}
+		got = phase(4 * batch)
+	}
+	t.Logf("%d packets in flight again after at most %d loss-free PSNs", window, n)
+}
