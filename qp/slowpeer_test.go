@@ -39,9 +39,9 @@ func TestLivenessSlowResponder(t *testing.T) {
 		{"8QPs-100pps-q256-short-timeout", 8, 100, 256, 8, MTU1024, 0, slowRetransmitBound},
 		// Eight QPs' least windows (2 PSNs each) fill half the 32-packet
 		// queue: every increase overflows it, and Go-back-N resends what
-		// followed each loss. Resending whole windows cost 107% here,
-		// halving the window alone up to 40%; the loss cap (window.go's
-		// lossShare) 8.4%.
+		// followed each loss. Resending whole windows cost 107% here
+		// (this case was bounded at 40% before the loss cap, window.go's
+		// lossShare); 8.4% with it.
 		{"8QPs-50pps-q32", 8, 50, 32, 10, MTU1024, 0, slowRetransmitBound},
 		// And 1 % of the requests lost besides, as the lab's lossy
 		// slow-peer cases (TestGoBackNLoss1Percent): each loss costs

@@ -13,6 +13,11 @@ import "time"
 // again (doubling each round trip up to half of what was in flight at
 // the timeout, then one PSN per window's worth of acknowledgements), and
 // a PSN sequence error NAK (a packet lost) halves what was in flight.
+// Halving alone is not enough against random loss, which does not stop
+// when the window shrinks: Go-back-N resends what is in flight behind
+// every loss, so a loss cap (lossCap) keeps the window at a lossShare-th
+// of the PSNs delivered between losses, and, before the first loss, at
+// the initial window or a startShare-th of the PSNs delivered.
 // The timer itself keeps IBTA's timing: one Local ACK Timeout per try
 // and retry_cnt tries, as rxe, with no exponential back-off (its tests
 // and applications count on retry_cnt+1 timeouts to RETRY_EXC_ERR).
