@@ -25,8 +25,8 @@ const maxResent = 0.10
 // own socket and livelocked at 8 MiB), eight QPs writing at once while
 // every host CPU is busy beside the guests (hogCPUs), and eight QPs
 // writing and a READ of 1 MiB messages with 1 % of the data lost each
-// way. TestPerftestQ8 and TestPerftestFlags
-// bound the unloaded -q 8 and read_bw -a runs the same way.
+// way. TestPerftestQ8 and TestPerftestFlags bound the unloaded -q 8 and
+// read_bw -a runs the same way.
 func TestSlowPeer(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		runs := []perfRun{
