@@ -41,7 +41,7 @@ func TestLivenessSlowResponder(t *testing.T) {
 		// queue: every increase overflows it, and Go-back-N resends what
 		// followed each loss. Resending whole windows cost 107% here
 		// (this case was bounded at 40% before the loss cap, window.go's
-		// lossShare); 8.4% with it.
+		// lossShare); 9.7% with it.
 		{"8QPs-50pps-q32", 8, 50, 32, 10, MTU1024, 0, slowRetransmitBound},
 		// And 1 % of the requests lost besides, as the lab's lossy
 		// slow-peer cases (TestGoBackNLoss1Percent): each loss costs
@@ -84,7 +84,7 @@ func TestLivenessSlowResponder(t *testing.T) {
 // queues are far shorter than a real host's rings and backlog, the
 // checker's flows are short (slow start's overshoot weighs more) and
 // Go-back-N resends every packet behind a loss: the congestion window
-// with its loss cap measured 2.1-8.8% in these cases (4 seeds each),
+// with its loss cap measured 3.6-9.7% in these cases (4 seeds each),
 // halving alone 4.8-13.1%, resending whole windows (before either)
 // 16-131%, so 12% catches a requester that stops backing off.
 const slowRetransmitBound = 0.12

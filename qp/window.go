@@ -80,8 +80,8 @@ func (e *Engine) lossCap(q *QP) int {
 	return max(minCwnd, max(r.lossGap, since)/lossShare)
 }
 
-// lossSeen records a loss (a sequence error NAK, a missing READ response
-// or a timeout) in the gap average lossCap reads: a quarter of the new
+// lossSeen records a loss (a sequence error NAK or a missing READ
+// response) in the gap average lossCap reads: a quarter of the new
 // gap, as TCP's RTT average weighs a sample.
 func (e *Engine) lossSeen(q *QP) {
 	r := &q.req
@@ -154,7 +154,9 @@ func (e *Engine) cwndOpen(q *QP, now time.Duration) {
 func (e *Engine) cwndTimeout(q *QP, now time.Duration) {
 	r := &q.req
 	flight := int(r.maxSent.Diff(r.compPSN))
-	e.lossSeen(q)
+	// Not lossSeen: a timeout resends one PSN, not the window, and
+	// against a stalled guest it is as often delay as loss; counted, a
+	// run of spurious timeouts shrank the loss cap to its floor.
 	r.ssthresh = max(min(flight, e.window(q))/2, minCwnd)
 	r.cwnd, r.cwndAcc = 1, 0
 	r.ackedTo = r.compPSN
