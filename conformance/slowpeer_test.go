@@ -14,8 +14,8 @@ import (
 // selective retransmission) resends what was in flight behind each loss,
 // and rxe goes on sending a READ's responses behind a gap, so under loss
 // this bounds the congestion window a loss finds (qp/window.go's loss
-// cap): measured 4.7-7.9 % for the writes and 5.9-7.3 % for the READs
-// on both kernels (four runs each), where halving the window alone
+// cap): measured 4.7-7.9 % for the writes and 5.9-7.5 % for the READs
+// on both kernels (five runs each), where halving the window alone
 // resent 13-25 % and 19-28 %, and no window 25-53 % and 200-670 %.
 const maxResent = 0.10
 
