@@ -54,14 +54,22 @@ func (e *Engine) readAdmit(q *QP, w *sendWQE, mtu int) (ok, fresh bool) {
 		// Requests no longer than the congestion window: the window
 		// bounds the responses in flight (sendNext), so what a lost one
 		// costs shrinks with it.
-		w.chunkPkts = e.readChunkPkts(mtu)
-		if c := q.req.cwnd; c > 0 {
-			w.chunkPkts = min(w.chunkPkts, c)
-		}
+		// Half the window: the next request goes while the responses
+		// to this one still come, and the loss of this one's last
+		// response shows as a gap in the next one's instead of waiting
+		// for the retransmission timeout.
+		w.chunkPkts = min(e.readChunkPkts(mtu), max(e.window(q)/2, 1))
 		w.npkts = packetsFor(w.length, mtu)
 	}
 	if k/w.chunkPkts < w.reqSent {
 		return true, false
+	}
+	// The responses a request asks for count against the window as they
+	// come (sendNext checks only where the request starts): a request
+	// whose chunk would run past the window waits, unless nothing is in
+	// flight (the chunk is then at most the window it started with).
+	if r := &q.req; r.psn != r.compPSN && int(r.psn.Diff(r.compPSN))+w.readChunkEnd(k)-k > e.window(q) {
+		return false, true
 	}
 	if q.req.rdOut >= q.maxRdAtomic() {
 		return false, true

@@ -43,6 +43,10 @@ type requester struct {
 	// the compPSN the window last grew for.
 	cwnd, ssthresh, cwndAcc int
 	ackedTo                 bth.PSN
+	// lossGap averages the PSNs acknowledged between losses (0: none
+	// seen yet), lossPSN is compPSN at the last one (lossCap).
+	lossGap int
+	lossPSN bth.PSN
 	// afterTimeout is set by a retransmission timeout until what was
 	// sent before it is acknowledged (to recoverTo) or a NAK comes.
 	afterTimeout bool
@@ -62,6 +66,7 @@ func (r *requester) init(q *QP) {
 	r.compPSN = r.psn
 	r.maxSent = r.psn
 	r.ackedTo = r.psn
+	r.lossPSN, r.lossGap = r.psn, 0
 	r.cwnd, r.ssthresh, r.afterTimeout = 0, 0, false // open until the peer drops something
 	if w := q.e.cfg.InitialWindow; w > 0 && w < q.e.cfg.Window {
 		r.cwnd, r.ssthresh = w, q.e.cfg.Window // slow start up to the window
