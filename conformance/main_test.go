@@ -757,7 +757,7 @@ rxego on the host end of the lab bridge, or, for RNR, rxego inside the test
 process. "rxe counters" is the delta of the guest's
 /sys/class/infiniband/rxe0/ports/1/hw_counters over the case (zeros left
 out); the note carries rxego's own counters over its run (the engine's
-under rxe's names, udp_* for the socket layer; see internal/devstats).
+under rxe's names, udp_* for the socket layer; see internal/app/devstats).
 "resent" is, from rxego's counters, the packets that went twice (rxego's
 retransmissions, and what it received and discarded as duplicates or
 past a gap) per packet delivered; the slow-peer cases bound it (10 %, 40 %

@@ -13,7 +13,7 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/conformance/lab"
-	"github.com/rxego/rxego/internal/devstats"
+	"github.com/rxego/rxego/internal/app/devstats"
 )
 
 // mcastGroup is the IPv4 group p's multicast cases use, inside the lab:

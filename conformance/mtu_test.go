@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/devstats"
+	"github.com/rxego/rxego/internal/app/devstats"
 )
 
 // mtuMsgSize is the message size of the link-MTU case: two packets at

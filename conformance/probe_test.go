@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
-	"github.com/rxego/rxego/internal/probe"
-	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/internal/app/probe"
+	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/reth"
 )
 

@@ -17,7 +17,7 @@ import (
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/conformance/lab"
-	"github.com/rxego/rxego/internal/devstats"
+	"github.com/rxego/rxego/internal/app/devstats"
 )
 
 // The RNR cases run rxego inside the test process (a Device opened in the

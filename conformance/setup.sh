@@ -25,7 +25,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
 # --- packages ---------------------------------------------------------------
 # chromium: the headless-browser test of rxego trace's HTML page
-# (internal/ladder); fonts-liberation gives its text metrics. gcc,
+# (internal/app/ladder); fonts-liberation gives its text metrics. gcc,
 # libc6-dev and libibverbs-dev build mwpeer, mcpeer and rspoll (mwpeer/mwpeer.c, mcpeer/mcpeer.c, rspoll/rspoll.c), the
 # memory-window and multicast peers the tests compile into the lab's share directory
 # (guests run the host's root, so its libibverbs too).

@@ -21,7 +21,7 @@ import (
 	"github.com/rxego/rxego/examples/allreduce"
 	"github.com/rxego/rxego/examples/kvcache"
 	"github.com/rxego/rxego/examples/prefixcache"
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 // Main is "rxego-bench workloads [flags]"; "rxego-bench workloads rank

@@ -8,9 +8,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/rxego/rxego/internal/demo"
-	"github.com/rxego/rxego/internal/ladder"
-	"github.com/rxego/rxego/internal/progress"
+	"github.com/rxego/rxego/cmd/rxego/internal/demo"
+	"github.com/rxego/rxego/cmd/rxego/internal/progress"
+	"github.com/rxego/rxego/internal/app/ladder"
 )
 
 func init() {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cmd/rxego/internal/exchange"
-	"github.com/rxego/rxego/internal/ladder"
+	"github.com/rxego/rxego/internal/app/ladder"
 )
 
 // burstTool is one of the rdma_cm burst tools (ucmatose, udaddy): the

@@ -10,7 +10,7 @@ import (
 
 	"github.com/rxego/rxego/cm"
 	"github.com/rxego/rxego/cmd/rxego/internal/mckey"
-	"github.com/rxego/rxego/internal/ladder"
+	"github.com/rxego/rxego/internal/app/ladder"
 )
 
 func init() {

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/progress"
+	"github.com/rxego/rxego/cmd/rxego/internal/progress"
 	"github.com/rxego/rxego/metrics"
 	"github.com/rxego/rxego/transport"
 	"github.com/rxego/rxego/transport/pcaptap"

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
-	"github.com/rxego/rxego/internal/trace"
 )
 
 // freePort returns a TCP port free on addr right now.

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/perftest"
+	"github.com/rxego/rxego/internal/app/perftest"
 )
 
 func init() {

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/cmd/rxego/internal/pingpong"
-	"github.com/rxego/rxego/internal/probe"
+	"github.com/rxego/rxego/internal/app/probe"
 	"github.com/rxego/rxego/transport/pcaptap"
 )
 

@@ -14,10 +14,10 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/cmd/rxego/internal/pingpong"
-	"github.com/rxego/rxego/internal/perftest"
-	"github.com/rxego/rxego/internal/probe"
+	"github.com/rxego/rxego/internal/app/perftest"
+	"github.com/rxego/rxego/internal/app/probe"
+	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
-	"github.com/rxego/rxego/internal/trace"
 )
 
 // TestProbeUsage: the help says what the probe promises; bad command

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/devstats"
+	"github.com/rxego/rxego/internal/app/devstats"
 )
 
 // statsPrefix starts the one line --stats prints, so tests can find it in

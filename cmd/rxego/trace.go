@@ -10,8 +10,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/rxego/rxego/internal/progress"
-	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/cmd/rxego/internal/progress"
+	"github.com/rxego/rxego/internal/app/trace"
 )
 
 func init() {

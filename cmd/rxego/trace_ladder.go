@@ -8,9 +8,9 @@ import (
 	"os"
 	"sync/atomic"
 
-	"github.com/rxego/rxego/internal/ladder"
-	"github.com/rxego/rxego/internal/progress"
-	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/cmd/rxego/internal/progress"
+	"github.com/rxego/rxego/internal/app/ladder"
+	"github.com/rxego/rxego/internal/app/trace"
 )
 
 // runTraceFlags reads the capture (a file, or live on f.iface), prints

@@ -13,14 +13,14 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/demo"
+	"github.com/rxego/rxego/cmd/rxego/internal/demo"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
 )
 
 // TestTraceLadder draws the ladder and the summary of rxego's RNR
 // recording and writes its page.
 func TestTraceLadder(t *testing.T) {
-	const rnr = "../../internal/ladder/testdata/rxego_rnr.pcapng"
+	const rnr = "../../internal/app/ladder/testdata/rxego_rnr.pcapng"
 	var out bytes.Buffer
 	if err := traceTo(&out, []string{"--ladder", rnr}); err != nil {
 		t.Fatal(err)

@@ -16,9 +16,9 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/rxego/rxego/cmd/rxego/internal/livecap"
+	"github.com/rxego/rxego/cmd/rxego/internal/progress"
+	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/internal/capfile"
-	"github.com/rxego/rxego/internal/progress"
-	"github.com/rxego/rxego/internal/trace"
 )
 
 // livePoll is how long a live capture waits for a frame before it checks

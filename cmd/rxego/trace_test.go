@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/internal/app/trace"
 )
 
 // TestTraceJSON runs `rxego trace --json` on a capture and checks one

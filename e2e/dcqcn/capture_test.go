@@ -14,7 +14,7 @@ import (
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/congestion"
-	"github.com/rxego/rxego/internal/trace"
+	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/qp"
 )
 

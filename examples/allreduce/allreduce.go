@@ -30,7 +30,7 @@ import (
 	"unsafe"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 // Config is one all-reduce job.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 // TestRing reduces over RDMA and over TCP, in-process, with counts that

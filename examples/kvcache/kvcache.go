@@ -17,7 +17,7 @@
 // out), in bfloat16 (2 bytes): 4 MiB a layer, 244 MiB in all.
 //
 // Rank 0 is the decode side, rank 1 the prefill side; see package
-// internal/job for how they meet.
+// internal/app/job for how they meet.
 package kvcache
 
 import (
@@ -30,7 +30,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 // Shape is the KV cache of one request.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 // small is a shape the tests move in a blink: 7 layers of 24 KiB in

@@ -27,7 +27,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego"
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 // Config is one run.

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 // TestPull has three readers pull a 1 MiB prefix twice each, by READ

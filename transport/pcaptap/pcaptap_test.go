@@ -20,8 +20,8 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
-	"github.com/rxego/rxego/internal/trace"
 	"github.com/rxego/rxego/transport"
 	"github.com/rxego/rxego/transport/pcaptap"
 )

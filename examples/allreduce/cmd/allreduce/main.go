@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/examples/allreduce"
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 func main() {

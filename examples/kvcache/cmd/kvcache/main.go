@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/examples/kvcache"
-	"github.com/rxego/rxego/internal/job"
+	"github.com/rxego/rxego/internal/app/job"
 )
 
 func main() {

@@ -1,0 +1,470 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/app/perftest"
+	"github.com/rxego/rxego/internal/app/trace"
+	"github.com/rxego/rxego/internal/testenv/testaddr"
+	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/transport/pcaptap"
+)
+
+// probeRxego runs the responder probe with scens against an rxego perf
+// server of test on loopback and returns the report, the pcap's records
+// and the server's result.
+func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, []trace.Record, *perftest.Result) {
+	t.Helper()
+	server, local := testaddr.Loopback(), testaddr.Loopback()
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var out bytes.Buffer
+	size := 64
+	if test == perftest.SendBW {
+		size = 2048 // the send scenarios' receives (ib_send_bw -s 2048)
+	}
+	scfg := perftest.Config{Test: test, Local: server, Listener: ln, Port: ln.Addr().(*net.TCPAddr).Port,
+		NumQPs: len(scens), Size: size, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
+	type ret struct {
+		r   *perftest.Result
+		err error
+	}
+	ch := make(chan ret, 1)
+	go func() {
+		r, err := perftest.Run(context.Background(), scfg)
+		ch <- ret{r, err}
+	}()
+	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
+	pw, err := pcaptap.Create(pcapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw",
+		perftest.SendBW: "send_bw"}[test]
+	rep, err := Responder(context.Background(), ResponderConfig{Peer: server, Port: scfg.Port, Local: local,
+		Tool: tool, NumQPs: len(scens), AllAccess: true, Scenarios: scens, Pcap: pw, Wait: 200 * time.Millisecond})
+	if cerr := pw.Close(); cerr != nil {
+		t.Error(cerr)
+	}
+	sr := <-ch
+	if err != nil {
+		t.Fatalf("probe: %v\nserver: %v\n%s", err, sr.err, out.String())
+	}
+	// rxego's perf server checks that no byte of its buffer changed
+	// unless its client wrote it: the scenarios' WRITEs did. A send_bw
+	// server ends at the receive send-too-long flushes, as
+	// perftest's does.
+	if sr.err != nil && !strings.Contains(sr.err.Error(), "data checks failed") && test != perftest.SendBW {
+		t.Errorf("the rxego server did not end cleanly: %v\n%s", sr.err, out.String())
+	}
+	if sr.r != nil && sr.r.Device != nil {
+		t.Cleanup(func() { sr.r.Device.Close() })
+	}
+	var recs []trace.Record
+	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return rep, recs, sr.r
+}
+
+// udpInCsumErrors reads the host's Udp InCsumErrors (/proc/net/snmp):
+// datagrams its UDP layer dropped for a wrong checksum.
+func udpInCsumErrors(t *testing.T) uint64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/snmp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Udp: ")
+		if !ok {
+			continue
+		}
+		if names == nil {
+			names = strings.Fields(rest)
+			continue
+		}
+		for i, v := range strings.Fields(rest) {
+			if i < len(names) && names[i] == "InCsumErrors" {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatal("no Udp InCsumErrors in /proc/net/snmp")
+	return 0
+}
+
+// fromPeer returns the pcap's packets the peer sent to the scenario's QP.
+func fromPeer(recs []trace.Record, res Result) []trace.Record {
+	var out []trace.Record
+	for _, r := range recs {
+		if r.RoCE != nil && r.DestQP == res.MyQPN {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// relPSNOf is r's PSN relative to the scenario's start PSN.
+func relPSNOf(r trace.Record, res Result) int {
+	return int((uint32(r.PSN) - res.StartPSN) & bth.PSNMask)
+}
+
+// TestResponderAgainstRxego probes rxego's own perf server with every
+// built-in scenario and checks each verdict against the capture: the
+// packets the report judged are the ones on the wire, and the server's
+// engine counters moved as the verdicts say.
+func TestResponderAgainstRxego(t *testing.T) {
+	scens := Builtin()
+	csumBefore := udpInCsumErrors(t)
+	rep, recs, srv := probeRxego(t, perftest.WriteBW, scens)
+	// bad-udp-checksum's datagram reached the server's host, whose UDP
+	// layer dropped it (the ACK that conformed was the resend's).
+	if res, ok := rep.Result("bad-udp-checksum"); ok && res.Verdict == Conforms && udpInCsumErrors(t) <= csumBefore {
+		t.Errorf("bad-udp-checksum conformed, but the host's Udp InCsumErrors did not rise (%d)", csumBefore)
+	}
+	var text bytes.Buffer
+	rep.WriteText(&text, true)
+	t.Logf("%s", text.String())
+	if len(rep.Results) != len(scens) {
+		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(scens))
+	}
+	// What the capture must show per scenario that rxego conforms to:
+	// the peer's packets on that QP as (AETH syndrome or opcode, relative PSN).
+	type pkt struct {
+		what string
+		psn  int
+	}
+	nak := func(code uint8) string { return reth.NAKSyndrome(code).String() }
+	ack := "ACK"
+	want := map[string][]pkt{
+		"write-ack":            {{ack, 0}},
+		"psn-gap-nak":          {{nak(reth.NAKPSNSeqError), 0}, {ack, 0}},
+		"nak-once":             {{nak(reth.NAKPSNSeqError), 0}},
+		"duplicate-write":      {{ack, 0}, {ack, 0}},
+		"write-bad-rkey":       {{nak(reth.NAKRemoteAccess), 0}},
+		"write-outside-region": {{nak(reth.NAKRemoteAccess), 0}},
+		"middle-without-first": {{nak(reth.NAKInvalidRequest), 0}},
+		"bad-icrc":             {{ack, 0}},
+		"uc-opcode-on-rc":      {{ack, 0}},
+		"zero-length-write":    {{ack, 0}},
+		"stray-ack":            {{ack, 0}},
+		"duplicate-read":       {{"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}, {"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}},
+	}
+	for _, res := range rep.Results {
+		got := fromPeer(recs, res)
+		if len(got) != len(res.Observed) {
+			t.Errorf("%s: the report lists %d packets from the peer, the capture %d", res.Name, len(res.Observed), len(got))
+		}
+		w, ok := want[res.Name]
+		if !ok {
+			continue
+		}
+		if res.Verdict != Conforms {
+			t.Errorf("%s: verdict %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
+			continue
+		}
+		var have []pkt
+		for _, r := range got {
+			what := r.OpcodeName
+			if r.Opcode == bth.RCAck {
+				what = reth.Syndrome(r.AETH.Syndrome).String()
+			}
+			have = append(have, pkt{what, relPSNOf(r, res)})
+		}
+		if len(have) != len(w) {
+			t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+			continue
+		}
+		for i := range w {
+			if have[i].psn != w[i].psn || !strings.HasPrefix(have[i].what, w[i].what) {
+				t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+				break
+			}
+		}
+	}
+	// rxego, like rxe, drops a reserved opcode silently (docs/probe.md).
+	if res, _ := rep.Result("reserved-opcode"); res.Verdict != Deviates || len(fromPeer(recs, res)) != 0 {
+		t.Errorf("reserved-opcode: %s with %d packets from the peer; rxego drops such packets silently", res.Verdict, len(fromPeer(recs, res)))
+	}
+	// The psn-wrap scenario's ACK is at PSN 0 on the wire.
+	if res, ok := rep.Result("psn-wrap"); ok && res.Verdict == Conforms {
+		got := fromPeer(recs, res)
+		if len(got) == 0 || got[len(got)-1].PSN != 0 {
+			t.Errorf("psn-wrap: the last ACK is not at PSN 0: %v", got)
+		}
+	}
+	// rxego implements DCQCN: the CE-marked WRITE drew a CNP to the
+	// probe's QP.
+	if res, ok := rep.Result("fecn-cnp"); !ok || res.Verdict != Conforms || !slices.ContainsFunc(fromPeer(recs, res),
+		func(r trace.Record) bool { return r.Opcode == bth.CNPOpcode }) {
+		t.Errorf("fecn-cnp: %+v: no CNP in the capture", res)
+	}
+	st := srv.Device.Stats()
+	if st.OutOfSeqRequest == 0 {
+		t.Errorf("the server counted no sequence error, but psn-gap-nak conformed")
+	}
+	if st.DuplicateRequest == 0 {
+		t.Errorf("the server counted no duplicate request, but duplicate-write conformed")
+	}
+	if !strings.Contains(rep.Summary, "responder mode") {
+		t.Errorf("summary %q", rep.Summary)
+	}
+	checkRenderings(t, rep)
+}
+
+// checkRenderings checks the JSON report carries every verdict and the
+// HTML page every scenario, with the ladders embedded.
+func checkRenderings(t *testing.T, rep *Report) {
+	t.Helper()
+	var js, page bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Results) != len(rep.Results) || back.Summary != rep.Summary {
+		t.Errorf("JSON round trip: %d results (want %d), summary %q", len(back.Results), len(rep.Results), back.Summary)
+	}
+	for i, r := range back.Results {
+		if r.Verdict != rep.Results[i].Verdict || r.Ladder == "" && len(r.Observed) > 0 {
+			t.Errorf("JSON %s: verdict %s, ladder %d bytes", r.Name, r.Verdict, len(r.Ladder))
+		}
+	}
+	if err := rep.WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Results {
+		if !strings.Contains(page.String(), "<td>"+r.Name+"</td>") {
+			t.Errorf("the HTML page lacks %s", r.Name)
+		}
+	}
+	if !strings.Contains(page.String(), "<iframe srcdoc=\"&lt;!DOCTYPE html&gt;") {
+		t.Errorf("the HTML page embeds no ladder page")
+	}
+}
+
+// TestRequesterAgainstRxego runs the requester-mode scenarios against
+// rxego's own ib_write_bw, ib_read_bw and ib_send_bw clients and checks the report
+// against the capture: each scenario's impaired packet was sent as often
+// as the report says, and go-back-n's resend starts at the probe's NAK.
+func TestRequesterAgainstRxego(t *testing.T) {
+	for _, c := range []struct {
+		test perftest.Test
+		tool string
+		want map[string]Verdict
+	}{
+		{perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
+			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms,
+			// rxego, like rxe, takes retry_cnt 7 as unlimited (docs/rnic.md).
+			"retry-exhaustion": Deviates}},
+		{perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms, "ce-data-cnp": Conforms}},
+		// ib_send_bw's client: the same scenarios, on SENDs.
+		{perftest.SendBW, "send_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
+			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}},
+	} {
+		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want) })
+	}
+}
+
+func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict) {
+	scens := BuiltinRequester()
+	qps := QPsNeeded(scens, tool, false)
+	probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
+	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
+	pw, err := pcaptap.Create(pcapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan int, 1)
+	type ret struct {
+		r   *Report
+		err error
+	}
+	ch := make(chan ret, 1)
+	go func() {
+		r, err := Requester(context.Background(), RequesterConfig{Tool: tool, Peer: client, Local: probeAddr, NumQPs: qps,
+			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second,
+			Listening: func(a net.Addr) { listening <- a.(*net.TCPAddr).Port }})
+		ch <- ret{r, err}
+	}()
+	var port int
+	select {
+	case port = <-listening:
+	case r := <-ch:
+		t.Fatalf("the probe did not listen: %v", r.err)
+	}
+	var out bytes.Buffer
+	_, cerr := perftest.Run(context.Background(), perftest.Config{Test: test, Server: probeAddr.String(), Port: port,
+		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out})
+	r := <-ch
+	if err := pw.Close(); err != nil {
+		t.Error(err)
+	}
+	if r.err != nil {
+		t.Fatalf("probe: %v\nclient: %v\n%s", r.err, cerr, out.String())
+	}
+	// The probe's READ responses are zeros, not the pattern rxego's
+	// client checks for.
+	if cerr != nil && !(test == perftest.ReadBW && strings.Contains(cerr.Error(), "data checks failed")) {
+		t.Errorf("rxego's client did not end cleanly: %v\n%s", cerr, out.String())
+	}
+	rep := r.r
+	checkRenderings(t, rep)
+	var text bytes.Buffer
+	rep.WriteText(&text, testing.Verbose())
+	t.Logf("%s", text.String())
+	var recs []trace.Record
+	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		w, ok := want[res.Name]
+		if !ok {
+			w = NotApplicable // another tool's scenario
+		}
+		if res.Verdict != w {
+			t.Errorf("%s: %s (%s), want %s", res.Name, res.Verdict, res.Detail, w)
+		}
+		// The peer's copies of PSN +5 on the wire.
+		var copies []trace.Record
+		for _, rec := range recs {
+			if rec.RoCE != nil && res.MyQPN != 0 && rec.DestQP == res.MyQPN && rec.Src == client && relPSNOf(rec, res) == 5 {
+				copies = append(copies, rec)
+			}
+		}
+		n := 0
+		for _, o := range res.Observed {
+			if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
+				n++
+			}
+		}
+		if n != len(copies) {
+			t.Errorf("%s: the report counts %d copies of psn=+5, the capture %d", res.Name, n, len(copies))
+		}
+		if strings.HasSuffix(res.Name, "go-back-n") && res.MyQPN != 0 {
+			checkGoBack(t, recs, res, probeAddr)
+		}
+	}
+}
+
+// checkGoBack checks in the capture that the probe NAKed PSN +5 and that
+// the first packet the peer resent afterwards was PSN +5.
+func checkGoBack(t *testing.T, recs []trace.Record, res Result, probeAddr netip.Addr) {
+	t.Helper()
+	// The reader and the sender write the capture concurrently: order by
+	// time stamp, which each side takes before it records.
+	recs = slices.Clone(recs)
+	slices.SortStableFunc(recs, func(a, b trace.Record) int { return a.Time.Compare(b.Time) })
+	nakAt, high := -1, -1
+	for i, r := range recs {
+		if r.RoCE == nil {
+			continue
+		}
+		if nakAt < 0 && r.Src == probeAddr && r.DestQP == res.PeerQPN && r.AETH != nil &&
+			reth.Syndrome(r.AETH.Syndrome) == reth.NAKSyndrome(reth.NAKPSNSeqError) {
+			if relPSNOf(r, res) != 5 {
+				t.Errorf("go-back-n: the probe NAKed psn=+%d, want +5", relPSNOf(r, res))
+			}
+			nakAt = i
+			continue
+		}
+		if r.Src == probeAddr || r.DestQP != res.MyQPN {
+			continue
+		}
+		rel := relPSNOf(r, res)
+		if nakAt < 0 || rel > high {
+			high = max(high, rel)
+			continue
+		}
+		if rel != 5 {
+			t.Errorf("go-back-n: the capture's first resend is psn=+%d, want +5", rel)
+		}
+		return
+	}
+	t.Errorf("go-back-n: no NAK (at %d) or no resend in the capture", nakAt)
+}
+
+// TestSendScenariosAgainstRxego probes rxego's own ib_send_bw server (its
+// receives posted, 2048 bytes each) with the send scenarios and checks
+// the verdicts against the capture and the server's counters.
+func TestSendScenariosAgainstRxego(t *testing.T) {
+	var scens []*Scenario
+	for _, s := range Builtin() {
+		if s.Needs == NeedsSend {
+			scens = append(scens, s)
+		}
+	}
+	if len(scens) < 4 {
+		t.Fatalf("%d send scenarios", len(scens))
+	}
+	rep, recs, srv := probeRxego(t, perftest.SendBW, scens)
+	var text bytes.Buffer
+	rep.WriteText(&text, true)
+	t.Logf("%s", text.String())
+	ack, nakSeq := reth.ACKSyndrome(reth.CreditsInvalid).String(), reth.NAKSyndrome(reth.NAKPSNSeqError).String()
+	// rxego NAKs a SEND longer than its receive with a remote
+	// operational error, as rxe's copy_data failure does (qp.recvFault).
+	nakRop := reth.NAKSyndrome(reth.NAKRemoteOp).String()
+	// The last packet the peer sent on each scenario's QP, as the
+	// verdict says it was.
+	want := map[string]struct {
+		syn string
+		psn int
+	}{
+		"send-ack":          {ack, 0},
+		"send-multi-packet": {ack, 1},
+		"send-psn-gap":      {ack, 0},
+		"send-too-long":     {nakRop, 2},
+	}
+	for _, res := range rep.Results {
+		if res.Verdict != Conforms {
+			t.Errorf("%s: %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
+			continue
+		}
+		got := fromPeer(recs, res)
+		if len(got) == 0 || len(got) != len(res.Observed) {
+			t.Errorf("%s: the capture has %d packets from the peer, the report %d", res.Name, len(got), len(res.Observed))
+			continue
+		}
+		last := got[len(got)-1]
+		w := want[res.Name]
+		if last.AETH == nil || !strings.HasPrefix(reth.Syndrome(last.AETH.Syndrome).String(), w.syn) || relPSNOf(last, res) > w.psn {
+			t.Errorf("%s: the peer's last packet is %s psn=+%d, want %s at psn<=+%d", res.Name, last.OpcodeName, relPSNOf(last, res), w.syn, w.psn)
+		}
+		if res.Name == "send-psn-gap" && (got[0].AETH == nil || reth.Syndrome(got[0].AETH.Syndrome).String() != nakSeq) {
+			t.Errorf("send-psn-gap: the peer's first packet is %s, want %s", got[0].OpcodeName, nakSeq)
+		}
+	}
+	if st := srv.Device.Stats(); st.OutOfSeqRequest == 0 {
+		t.Errorf("the server counted no sequence error, but send-psn-gap conformed")
+	}
+}

@@ -1,0 +1,756 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/internal/app/perftest"
+	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/reth"
+	"github.com/rxego/rxego/transport/pcaptap"
+)
+
+// RequesterConfig is a requester-mode run: the peer runs an ib_write_bw,
+// ib_send_bw or ib_read_bw client (-q NumQPs, one packet per message: -s at most
+// the path MTU) against the probe as its server; the probe answers as a
+// responder would, impairs one packet per QP as that QP's scenario says,
+// and records how the peer's requester reacts.
+type RequesterConfig struct {
+	Tool   string     // write_bw (default), send_bw or read_bw: the client the peer runs
+	Peer   netip.Addr // the only address the probe sends to: the client's QPs must be there
+	Port   int        // TCP port to listen on (the client's -p); 0: 18515
+	Local  netip.Addr // the probe's RoCE address; it listens and binds here
+	NumQPs int        // the client's -q
+	MTU    int        // path MTU offered, bytes (default 1024)
+	// ACKTimeout is the peer's QP ACK timeout exponent (perftest's -u;
+	// default 14, 67 ms): the "T" of retransmission bounds.
+	ACKTimeout uint8
+	// RetryCnt is the peer's retry count (the C tools set 7).
+	RetryCnt int
+	// TimerSlack widens every delay bound by this much on each side (0:
+	// DefaultTimerSlack): the probe stamps packets when they arrive, not
+	// when they left, and kernel timers tick in jiffies (rxe at HZ=250
+	// can fire up to 4 ms before the time it was asked for).
+	TimerSlack time.Duration
+	// Pingpong does ibv_rc_pingpong's exchange (Tool Pingpong): its client
+	// has one QP, so one scenario runs (pick it with --only); the probe
+	// answers each of its messages with a SEND of the same length, as
+	// ibv_rc_pingpong's server does.
+	Pingpong  PingpongSwap
+	Scenarios []*Scenario
+	Wait      time.Duration // how long after the peer's last packet to keep watching; 0: 2 s
+	// Gap is the least time between two of the probe's packets (0:
+	// DefaultRequesterGap). The probe only answers (one ACK per packet of
+	// the peer's, two for ack-twice, a READ's responses per READ
+	// request), so the peer's pace bounds it too.
+	Gap        time.Duration
+	MaxPackets int
+	Pcap       *pcaptap.Writer
+	Timeout    time.Duration // the whole run; 0: 2 minutes
+	// Listening, when set, is called once the probe listens.
+	Listening func(addr net.Addr)
+}
+
+// reqEvent is one packet the peer's requester sent on a scenario's QP.
+type reqEvent struct {
+	at   time.Time
+	rel  int // PSN relative to the peer's start PSN
+	copy int // 1 for the first copy of this PSN, 2 for the first resend, ...
+}
+
+// reqQP is the probe's responder for one scenario's QP.
+type reqQP struct {
+	s       *Scenario
+	impair  *Step
+	myQPN   uint32
+	peerQPN uint32
+	start   uint32 // the peer's first PSN
+	epsn    uint32 // next PSN expected
+	msn     uint32
+	nakSent bool
+
+	seen   map[int]int
+	events []reqEvent
+	naks   []reqEvent // sequence error NAKs the probe sent (rel = the NAK's PSN)
+	cnps   []time.Time
+	dupAt  time.Time // when ack-twice's second ACK left
+	// holding: the probe acknowledges nothing until the peer resends
+	// PSN +At (withhold, ghost-ack) or has sent it enough times
+	// (withhold-many).
+	holding bool
+	heldAt  time.Time
+	// reply: answer each complete message with a SEND of its length
+	// (ibv_rc_pingpong's server), from PSN myPSN on; msgLen counts the
+	// current message's bytes.
+	reply  bool
+	myPSN  uint32
+	msgLen int
+}
+
+// Requester runs requester-mode scenarios against an ib_write_bw,
+// ib_send_bw or ib_read_bw client.
+func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
+	if !cfg.Peer.IsValid() || !cfg.Local.IsValid() {
+		return nil, errors.New("probe: requester mode needs the peer's address and a local address")
+	}
+	if cfg.Tool == Pingpong {
+		cfg.NumQPs = 1 // ibv_rc_pingpong has one
+	}
+	if cfg.NumQPs < 1 || cfg.NumQPs > 1024 {
+		return nil, fmt.Errorf("probe: -q %d: the peer's QP count, 1..1024", cfg.NumQPs)
+	}
+	if cfg.Tool == "" {
+		cfg.Tool = "write_bw"
+	}
+	pp := cfg.Tool == Pingpong
+	if pp {
+		if cfg.Pingpong == nil {
+			return nil, errors.New("probe: ibv_rc_pingpong's exchange (RequesterConfig.Pingpong) is not set")
+		}
+	}
+	needs, ok := requesterToolNeeds[cfg.Tool]
+	if !ok {
+		return nil, fmt.Errorf("probe: requester mode: tool %q: want write_bw, send_bw, read_bw or %s", cfg.Tool, Pingpong)
+	}
+	var runs []*Scenario
+	var skipped []Result
+	for _, s := range cfg.Scenarios {
+		switch {
+		case !s.Requester:
+			return nil, fmt.Errorf("probe: scenario %s is a responder-mode scenario", s.Name)
+		case s.Needs != needs:
+			skipped = append(skipped, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: NotApplicable,
+				Detail: fmt.Sprintf("needs a client whose requests are %s; ib_%s's are %s", requestKind(s.Needs), cfg.Tool, requestKind(needs))})
+		default:
+			runs = append(runs, s)
+		}
+	}
+	if cfg.Port == 0 {
+		cfg.Port = 18515
+	}
+	if cfg.ACKTimeout == 0 {
+		cfg.ACKTimeout = 14
+	}
+	if cfg.RetryCnt == 0 {
+		cfg.RetryCnt = 7
+	}
+	if cfg.Wait <= 0 {
+		cfg.Wait = 2 * time.Second
+	}
+	if cfg.Gap <= 0 {
+		cfg.Gap = DefaultRequesterGap
+	}
+	if cfg.TimerSlack <= 0 {
+		cfg.TimerSlack = DefaultTimerSlack
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	mtuCode, err := mtuCodeOf(cfg.MTU)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	rep := &Report{Mode: "requester", Peer: cfg.Peer.String(), Tool: toolName(cfg.Tool), Started: time.Now()}
+
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Local.String(), strconv.Itoa(cfg.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("probe: listening on port %d: %w", cfg.Port, err)
+	}
+	defer ln.Close()
+	w, err := openWire(cfg.Local, cfg.Peer, cfg.Gap, cfg.MaxPackets, cfg.Pcap)
+	if err != nil {
+		return nil, err
+	}
+	defer w.close()
+	if cfg.Listening != nil {
+		cfg.Listening(ln.Addr())
+	}
+	stopLn := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stopLn()
+	// The exchange may come from another address of the peer's host (on
+	// loopback it does); the handshake's GIDs must be the peer's.
+	conn, err := ln.Accept()
+	if err != nil {
+		return nil, fmt.Errorf("probe: waiting for the peer's %s client: %w", toolName(cfg.Tool), err)
+	}
+	defer conn.Close()
+	stopConn := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stopConn()
+
+	var ex *perftest.Exchange
+	rep.MTU = 1024
+	if pp {
+		if cfg.MTU != 0 {
+			rep.MTU = cfg.MTU // ibv_rc_pingpong's -m: not exchanged
+		}
+	} else {
+		ex = perftest.NewExchange(conn, false, deadline)
+		if err := ex.Versions(); err != nil {
+			return nil, err
+		}
+		rep.PeerVersion = ex.PeerVersion
+		if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
+			return nil, err
+		}
+		code, err := ex.MTU(mtuCode)
+		if err != nil {
+			return nil, err
+		}
+		rep.MTU = 1 << (7 + code)
+	}
+	my := make([]perftest.Dest, cfg.NumQPs)
+	for i := range my {
+		my[i] = perftest.Dest{OutReads: 16, QPN: 0x100 + uint32(i), PSN: uint32(0x200000 + i*0x1111),
+			RKey: 0x1000 + uint32(i), VAddr: 0x10000000, GID: cfg.Local.As16()}
+	}
+	rem := make([]perftest.Dest, cfg.NumQPs)
+	qps := make(map[uint32]*reqQP, cfg.NumQPs)
+	var order []*reqQP
+	// The QPs are set up once the first handshake told the peer's PSNs.
+	setUp := func() error {
+		if err := checkPeerAddrs(rem, cfg.Peer); err != nil {
+			return err
+		}
+		for i := range my {
+			q := &reqQP{myQPN: my[i].QPN, peerQPN: rem[i].QPN, start: rem[i].PSN, epsn: rem[i].PSN, seen: map[int]int{},
+				reply: pp, myPSN: my[i].PSN}
+			if i < len(runs) {
+				q.s = runs[i]
+				for j := range q.s.Steps {
+					if q.s.Steps[j].Kind == StepImpair {
+						q.impair = &q.s.Steps[j]
+					}
+				}
+			}
+			qps[q.myQPN] = q
+			order = append(order, q)
+		}
+		return nil
+	}
+	if pp {
+		conn.SetDeadline(deadline)
+		theirs, err := cfg.Pingpong(conn, false, QPRecord{QPN: my[0].QPN, PSN: my[0].PSN, GID: my[0].GID})
+		if err != nil {
+			return nil, err
+		}
+		rem[0] = perftest.Dest{QPN: theirs.QPN, PSN: theirs.PSN, GID: theirs.GID}
+		if err := setUp(); err != nil {
+			return nil, err
+		}
+	} else if err := handShakes(ex, cfg.Tool, my, rem, setUp); err != nil {
+		return nil, err
+	}
+
+	// The peer's traffic runs until its final synchronisation;
+	// ibv_rc_pingpong's has none: its run ends when it falls silent.
+	final := make(chan error, 1)
+	quiet := cfg.Wait / 4
+	if pp {
+		final, quiet = nil, cfg.Wait
+	}
+	go func() {
+		if pp {
+			return
+		}
+		var err error
+		if cfg.Tool == "send_bw" {
+			err = ex.Close(my[0], nil) // ib_send_bw swaps no reports
+		} else {
+			_, err = ex.HandShake(my[0])
+		}
+		final <- err
+	}()
+	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU}
+	var finalErr error
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	last := time.Now()
+loop:
+	for {
+		select {
+		case a, ok := <-w.in:
+			if !ok {
+				break loop
+			}
+			last = time.Now()
+			if err := r.handle(a); err != nil {
+				rep.Notes = append(rep.Notes, err.Error())
+				break loop
+			}
+		case finalErr = <-final:
+			final = nil
+			last = time.Now()
+		case <-tick.C:
+			r.releaseHeld()
+			if final == nil && time.Since(last) > quiet {
+				break loop
+			}
+			if time.Since(last) > cfg.Wait && final != nil {
+				// The peer went silent without ending: its QPs are
+				// stuck (or in error); report what was seen.
+				rep.Notes = append(rep.Notes, "the peer's client stopped sending without ending its run")
+				break loop
+			}
+		case <-ctx.Done():
+			break loop
+		}
+	}
+	if final == nil && finalErr == nil && cfg.Tool != "send_bw" && !pp {
+		if _, err := ex.Reports(perftest.Report{}); err == nil {
+			err = ex.Close(my[0], nil)
+			if err != nil {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("ending the peer tool's run: %v", err))
+			}
+		}
+	} else if finalErr != nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the peer's client ended its run abnormally: %v", finalErr))
+	}
+	for i, q := range order {
+		if q.s == nil {
+			continue
+		}
+		v, detail, obs := r.judge(q)
+		rep.Results = append(rep.Results, Result{Name: q.s.Name, Rule: q.s.Rule, Requires: q.s.Requires,
+			Verdict: v, Detail: detail, Observed: obs, MyQPN: q.myQPN, PeerQPN: q.peerQPN, StartPSN: rem[i].PSN})
+	}
+	for _, s := range runs[min(len(runs), cfg.NumQPs):] {
+		why := fmt.Sprintf("not run: the peer's client has %d QPs (run it with -q %d)", cfg.NumQPs, len(runs))
+		if pp {
+			why = "not run: ibv_rc_pingpong has one QP, for one scenario a run (pick it with --only)"
+		}
+		rep.Results = append(rep.Results, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: Inconclusive, Detail: why})
+	}
+	rep.Results = append(rep.Results, skipped...)
+	rep.order(cfg.Scenarios)
+	rep.finish(w)
+	return rep, nil
+}
+
+// DefaultTimerSlack is RequesterConfig.TimerSlack's default.
+const DefaultTimerSlack = 5 * time.Millisecond
+
+// DefaultRequesterGap is requester mode's least time between two of the
+// probe's packets: short enough that its ACKs keep up with a C tool's
+// burst (a late ACK would time the peer out and spoil the scenarios that
+// measure timers), at most 20,000 packets a second.
+const DefaultRequesterGap = 50 * time.Microsecond
+
+// requestKind says how a requester-mode scenario's requests are answered.
+func requestKind(n Needs) string {
+	if n == NeedsRead {
+		return "READs answered with data"
+	}
+	return "acknowledged (WRITEs or SENDs)"
+}
+
+// qpTimeout is the IBTA local ACK timeout 4.096 us x 2^t.
+func qpTimeout(t uint8) time.Duration { return time.Duration(4096<<t) * time.Nanosecond }
+
+// reqRun is the probe's responder side of a requester-mode run.
+type reqRun struct {
+	w        *wire
+	ctx      context.Context
+	qps      map[uint32]*reqQP
+	timeoutT time.Duration
+	retryCnt int
+	slack    time.Duration
+	mtu      int
+}
+
+// send builds h (addressed to q's peer QP), sends it and returns when it
+// left.
+func (r *reqRun) send(q *reqQP, h bth.Header, payload []byte, ce bool) (time.Time, error) {
+	h.DestQP, h.PKey = q.peerQPN, bth.DefaultPKey
+	buf := make([]byte, bth.PacketLen(h.Opcode, len(payload)))
+	n, err := h.Encode(buf, payload)
+	if err != nil {
+		return time.Time{}, err
+	}
+	pkt := buf[:n]
+	r.w.fillICRC(pkt)
+	var tos uint8
+	if ce {
+		tos = 0x03
+		if err := r.w.setTOS(tos); err != nil {
+			return time.Time{}, err
+		}
+		defer r.w.setTOS(0)
+	}
+	return r.w.send(r.ctx, pkt, tos)
+}
+
+// ack sends an ACK (or NAK) for PSN psn.
+func (r *reqRun) ack(q *reqQP, psn uint32, syn reth.Syndrome, ce bool) error {
+	_, err := r.ackAt(q, psn, syn, ce)
+	return err
+}
+
+// ackAt is ack returning when the packet left.
+func (r *reqRun) ackAt(q *reqQP, psn uint32, syn reth.Syndrome, ce bool) (time.Time, error) {
+	return r.send(q, bth.Header{Opcode: bth.RCAck, PSN: bth.PSN(psn & bth.PSNMask),
+		AETH: bth.AETHFields{Syndrome: syn, MSN: q.msn & bth.PSNMask}}, nil, ce)
+}
+
+// readPackets is how many response packets the READ request h asks for.
+func (r *reqRun) readPackets(h bth.Header) int {
+	return max(1, (int(h.RETH.DMALen)+r.mtu-1)/r.mtu)
+}
+
+// readResponse answers the READ request h (new or duplicate: a duplicate
+// READ is executed again, C9-105) with zeros, one path MTU a packet;
+// ce marks the packets ECN CE.
+func (r *reqRun) readResponse(q *reqQP, h bth.Header, ce bool) error {
+	n, left := r.readPackets(h), int(h.RETH.DMALen)
+	for i := range n {
+		var op bth.Opcode
+		switch {
+		case n == 1:
+			op = bth.RCReadResponseOnly
+		case i == 0:
+			op = bth.RCReadResponseFirst
+		case i == n-1:
+			op = bth.RCReadResponseLast
+		default:
+			op = bth.RCReadResponseMiddle
+		}
+		chunk := min(left, r.mtu)
+		left -= chunk
+		resp := bth.Header{Opcode: op, PSN: bth.PSN((uint32(h.PSN) + uint32(i)) & bth.PSNMask),
+			AETH: bth.AETHFields{Syndrome: reth.ACKSyndrome(reth.CreditsInvalid), MSN: q.msn & bth.PSNMask}}
+		if _, err := r.send(q, resp, make([]byte, chunk), ce); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle answers one packet of the peer's.
+func (r *reqRun) handle(a arrival) error {
+	q, ok := r.qps[a.hdr.DestQP]
+	if !ok {
+		return nil
+	}
+	h := a.hdr
+	if h.Opcode == bth.CNPOpcode {
+		q.cnps = append(q.cnps, a.at)
+		return nil
+	}
+	in, _ := bth.Lookup(h.Opcode)
+	if in == nil || !in.Has(bth.Request) || in.Op != bth.OpWrite && in.Op != bth.OpSend && in.Op != bth.OpReadRequest {
+		return nil // requester mode answers ib_write_bw's and ib_read_bw's traffic (and SENDs)
+	}
+	read := in.Op == bth.OpReadRequest
+	n := 1
+	if read {
+		n = r.readPackets(h)
+	}
+	rel := int((uint32(h.PSN) - q.start) & bth.PSNMask)
+	q.seen[rel]++
+	q.events = append(q.events, reqEvent{at: a.at, rel: rel, copy: q.seen[rel]})
+	syn := reth.ACKSyndrome(reth.CreditsInvalid)
+	ce := false
+	if im := q.impair; im != nil && q.holding {
+		limit := 2
+		if im.Impair == ImpairWithholdMany {
+			limit = r.retryCnt + 3
+			if im.Count != nil {
+				limit = *im.Count
+			}
+		}
+		if rel != im.At || q.seen[rel] < limit {
+			if int32((uint32(h.PSN)-q.epsn)<<8)>>8 == 0 {
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		q.holding = false // this copy is answered as the duplicate it is
+	}
+	if im := q.impair; im != nil && rel == im.At {
+		switch im.Impair {
+		case ImpairDrop:
+			if q.seen[rel] == 1 {
+				return nil
+			}
+		case ImpairRNR:
+			if q.seen[rel] == 1 {
+				timer := 24
+				if im.Timer != nil {
+					timer = *im.Timer
+				}
+				// As after any NAK, what follows is dropped silently
+				// until the expected PSN comes again.
+				q.nakSent = true
+				return r.ack(q, uint32(h.PSN), reth.RNRSyndrome(uint8(timer)), false)
+			}
+		case ImpairWithhold, ImpairWithholdMany:
+			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
+				q.holding, q.heldAt = true, a.at
+				return nil
+			}
+		case ImpairGhostAck:
+			if q.seen[rel] == 1 && rel == int((q.epsn-q.start)&bth.PSNMask) {
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
+				q.holding, q.heldAt = true, a.at
+				return r.ack(q, uint32(h.PSN)+100, syn, false)
+			}
+		case ImpairAckTwice:
+			if q.seen[rel] == 1 {
+				if err := r.take(q, h, n, a.pkt); err != nil {
+					return err
+				}
+				if err := r.ack(q, uint32(h.PSN), syn, false); err != nil {
+					return err
+				}
+				at, err := r.ackAt(q, uint32(h.PSN), syn, false)
+				q.dupAt = at
+				return err
+			}
+		case ImpairCEAck, ImpairCEData:
+			ce = q.seen[rel] == 1
+		}
+	}
+	d := int32((uint32(h.PSN)-q.epsn)<<8) >> 8
+	switch {
+	case d == 0:
+		if err := r.take(q, h, n, a.pkt); err != nil {
+			return err
+		}
+		if read {
+			return r.readResponse(q, h, ce)
+		}
+		if h.AckReq || ce {
+			return r.ack(q, uint32(h.PSN), syn, ce)
+		}
+	case d < 0: // a duplicate: acknowledge again what was received, or read again
+		if read {
+			return r.readResponse(q, h, false)
+		}
+		return r.ack(q, q.epsn-1, syn, false)
+	default:
+		if !q.nakSent {
+			q.nakSent = true
+			at, err := r.ackAt(q, q.epsn, reth.NAKSyndrome(reth.NAKPSNSeqError), false)
+			q.naks = append(q.naks, reqEvent{at: at, rel: int((q.epsn - q.start) & bth.PSNMask)})
+			return err
+		}
+	}
+	return nil
+}
+
+// take accepts h (of n PSNs, raw pkt) as the next request in sequence
+// and, playing ibv_rc_pingpong's server, answers a complete message.
+func (r *reqRun) take(q *reqQP, h bth.Header, n int, pkt []byte) error {
+	q.accept(h, n)
+	return r.replyTo(q, h, pkt)
+}
+
+// replyTo answers a complete SEND message (its last packet h, raw pkt)
+// with a SEND of the same length when q plays ibv_rc_pingpong's server:
+// its client posts its next message only once this one came.
+func (r *reqRun) replyTo(q *reqQP, h bth.Header, pkt []byte) error {
+	if !q.reply {
+		return nil
+	}
+	if p, err := bth.Parse(pkt); err == nil {
+		q.msgLen += len(p.Payload())
+	}
+	in, _ := bth.Lookup(h.Opcode)
+	if in == nil || in.Op != bth.OpSend || !in.Has(bth.Last) {
+		return nil
+	}
+	n := q.msgLen
+	q.msgLen = 0
+	for first := true; first || n > 0; first = false {
+		chunk := min(n, r.mtu)
+		n -= chunk
+		op := bth.RCSendMiddle
+		switch {
+		case first && n == 0:
+			op = bth.RCSendOnly
+		case first:
+			op = bth.RCSendFirst
+		case n == 0:
+			op = bth.RCSendLast
+		}
+		if _, err := r.send(q, bth.Header{Opcode: op, PSN: bth.PSN(q.myPSN), AckReq: n == 0}, make([]byte, chunk), false); err != nil {
+			return err
+		}
+		q.myPSN = (q.myPSN + 1) & bth.PSNMask
+	}
+	return nil
+}
+
+// accept takes h, of n packets' PSNs, as the next request in sequence.
+func (q *reqQP) accept(h bth.Header, n int) {
+	q.epsn = (q.epsn + uint32(n)) & bth.PSNMask
+	q.nakSent = false
+	if in, _ := bth.Lookup(h.Opcode); in != nil && in.Has(bth.Last) {
+		q.msn++
+	}
+}
+
+// maxHold bounds how long the probe withholds a QP's ACKs.
+const maxHold = 5 * time.Second
+
+// releaseHeld ends a hold that has lasted maxHold: the probe acknowledges
+// what it has, so the peer's requester can finish its run.
+func (r *reqRun) releaseHeld() {
+	for _, q := range r.qps {
+		if q.holding && time.Since(q.heldAt) > maxHold {
+			q.holding = false
+			r.ack(q, q.epsn-1, reth.ACKSyndrome(reth.CreditsInvalid), false)
+		}
+	}
+}
+
+// copies returns the times the peer sent PSN +rel.
+func (q *reqQP) copies(rel int) []time.Time {
+	var out []time.Time
+	for _, e := range q.events {
+		if e.rel == rel {
+			out = append(out, e.at)
+		}
+	}
+	return out
+}
+
+// judge checks q's expectations against what the peer sent.
+func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
+	var obs []string
+	im := q.impair
+	if im == nil {
+		return Inconclusive, "the scenario impairs nothing", nil
+	}
+	copies := q.copies(im.At)
+	if len(copies) == 0 {
+		return Inconclusive, fmt.Sprintf("the peer never sent PSN +%d (run its client with more iterations: -n %d or more)", im.At, im.At+5), nil
+	}
+	for i, c := range copies {
+		if i == 0 {
+			obs = append(obs, fmt.Sprintf("psn=+%d sent", im.At))
+			continue
+		}
+		obs = append(obs, fmt.Sprintf("resent after %v", c.Sub(copies[i-1]).Round(100*time.Microsecond)))
+	}
+	rnr := qp.RNRWait(24, 0)
+	if im.Timer != nil {
+		rnr = qp.RNRWait(uint8(*im.Timer), 0)
+	}
+	fail := func(f string, a ...any) (Verdict, string, []string) {
+		if q.s.Optional {
+			return NotApplicable, fmt.Sprintf(f, a...), obs
+		}
+		return Deviates, fmt.Sprintf(f, a...), obs
+	}
+	for _, st := range q.s.Steps {
+		if st.Kind != StepExpect {
+			continue
+		}
+		switch st.Expect {
+		case "go-back":
+			if len(q.naks) == 0 {
+				return Inconclusive, "the probe sent no sequence error NAK (the peer sent nothing after the lost packet)", obs
+			}
+			nak := q.naks[0]
+			obs = append(obs, fmt.Sprintf("probe NAKed (PSN sequence error) at psn=+%d", nak.rel))
+			e, ok := q.firstResend(nak.at)
+			if !ok {
+				return fail("no resend after the NAK")
+			}
+			obs = append(obs, fmt.Sprintf("first resend psn=+%d after %v", e.rel, e.at.Sub(nak.at).Round(100*time.Microsecond)))
+			if e.rel != nak.rel {
+				return fail("resent from psn=+%d, not from the NAK's psn=+%d", e.rel, nak.rel)
+			}
+		case "retransmit":
+			if len(copies) < 2 {
+				return fail("psn=+%d was never resent", im.At)
+			}
+			// The timer's resend is the peer's first one. When the
+			// probe's ACKs of the PSNs before +At came late (a loaded
+			// host), the peer's timer ran out on one of those and its
+			// go-back-N resent +At along with it, perhaps just after
+			// +At's first copy: the time that judges the timer is then
+			// the oldest PSN's.
+			first, ok := q.firstRetransmission()
+			if !ok || first.rel > im.At {
+				return fail("resent psn=+%d first, not the oldest unacknowledged (psn=+%d or before)", first.rel, im.At)
+			}
+			d := copies[1].Sub(copies[0])
+			if first.rel != im.At {
+				orig := q.copies(first.rel)[0]
+				d = first.at.Sub(orig)
+				obs = append(obs, fmt.Sprintf("the timer ran out on psn=+%d first (the probe's ACK for it came late): resent after %v", first.rel, d.Round(100*time.Microsecond)))
+			}
+			lo, _ := parseDelay(st.Min, r.timeoutT, rnr)
+			hi, _ := parseDelay(st.Max, r.timeoutT, rnr)
+			if st.Min != "" && d < lo-r.slack || st.Max != "" && d > hi+r.slack {
+				return fail("resent after %v, want %s..%s (%v..%v, give or take %v)", d.Round(100*time.Microsecond), st.Min, st.Max, lo, hi, r.slack)
+			}
+		case "retries":
+			n := len(copies) - 1
+			if st.Count != nil && n > *st.Count {
+				return fail("%d retries and still retrying when the probe gave in; want %d, then an error", n, *st.Count)
+			}
+			if st.Count != nil && n < *st.Count {
+				return fail("%d retries, want %d", n, *st.Count)
+			}
+		case "no-retransmit":
+			// A reaction to the duplicate ACK would come at once; a
+			// resend half a timeout later is the ACK timer's, which a
+			// stalled host can fire for reasons of its own.
+			for _, e := range q.events {
+				if e.copy > 1 && !e.at.Before(q.dupAt) && e.at.Sub(q.dupAt) < r.timeoutT/2 {
+					return fail("psn=+%d resent %v after the duplicate ACK", e.rel, e.at.Sub(q.dupAt).Round(100*time.Microsecond))
+				}
+			}
+		case "cnp":
+			if len(q.cnps) == 0 {
+				return fail("no CNP for the CE-marked packet")
+			}
+			obs = append(obs, fmt.Sprintf("%d CNP(s)", len(q.cnps)))
+		}
+	}
+	return Conforms, "", obs
+}
+
+// firstRetransmission returns the first packet the peer sent a second
+// time.
+func (q *reqQP) firstRetransmission() (reqEvent, bool) {
+	for _, e := range q.events {
+		if e.copy > 1 {
+			return e, true
+		}
+	}
+	return reqEvent{}, false
+}
+
+// firstResend returns the first packet after t that is not a new PSN:
+// packets with PSNs above all before were still in flight when t came.
+func (q *reqQP) firstResend(t time.Time) (reqEvent, bool) {
+	maxRel := -1
+	for _, e := range q.events {
+		if e.at.Before(t) || e.rel > maxRel {
+			maxRel = max(maxRel, e.rel)
+			continue
+		}
+		return e, true
+	}
+	return reqEvent{}, false
+}
