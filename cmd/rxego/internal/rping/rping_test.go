@@ -29,26 +29,36 @@ func TestFillPing(t *testing.T) {
 	}
 }
 
+// served is what a background Serve returned.
+type served struct {
+	r   Result
+	err error
+}
+
+// serveInBackground listens on srv at DefaultPort and serves one client
+// there with cfg from a goroutine; the channel gets what Serve returned.
+func serveInBackground(t *testing.T, ctx context.Context, srv *cm.Manager, cfg Config) <-chan served {
+	t.Helper()
+	l, err := srv.Listen(DefaultPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan served, 1)
+	go func() {
+		r, err := Serve(ctx, srv, l, cfg)
+		done <- served{r, err}
+	}()
+	return done
+}
+
 // TestServeDial pings rxego's server with rxego's client: every ping is
 // checked on both sides.
 func TestServeDial(t *testing.T) {
 	srv, cli := cmtest.Pair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	l, err := srv.Listen(DefaultPort)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var out bytes.Buffer
-	type result struct {
-		r   Result
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		r, err := Serve(ctx, srv, l, Config{Verbose: true, Out: &out})
-		done <- result{r, err}
-	}()
+	done := serveInBackground(t, ctx, srv, Config{Verbose: true, Out: &out})
 	res, err := Dial(ctx, cli, netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort), Config{Size: 100, Count: 5, Validate: true})
 	if err != nil || res.Pings != 5 || res.Verified != 5 {
 		t.Fatalf("client: %+v %v", res, err)
@@ -106,18 +116,7 @@ func TestServeSkipsHalfOpen(t *testing.T) {
 	ghost := cmtest.Node(t, n, netip.MustParseAddr("127.0.0.3"), gcfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	l, err := srv.Listen(DefaultPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		r, err := Serve(ctx, srv, l, Config{})
-		if err == nil && r.Verified != 3 {
-			err = errors.New("server verified fewer than 3 pings")
-		}
-		done <- err
-	}()
+	done := serveInBackground(t, ctx, srv, Config{})
 	gp, err := newPeer(ghost.Device(), 64, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -133,8 +132,8 @@ func TestServeSkipsHalfOpen(t *testing.T) {
 	if err != nil || res.Verified != 3 {
 		t.Fatalf("client: %+v %v", res, err)
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("server: %v", err)
+	if s := <-done; s.err != nil || s.r.Verified != 3 {
+		t.Fatalf("server: %+v %v, want 3 pings verified", s.r, s.err)
 	}
 	if got := srv.Counters()["cm_half_open"]; got != 1 {
 		t.Errorf("cm_half_open %d, want 1", got)
@@ -149,15 +148,7 @@ func TestMinSize(t *testing.T) {
 	srv, cli := cmtest.Pair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	l, err := srv.Listen(DefaultPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		_, err := Serve(ctx, srv, l, Config{})
-		done <- err
-	}()
+	done := serveInBackground(t, ctx, srv, Config{})
 	to := netip.AddrPortFrom(cmtest.ServerAddr, DefaultPort)
 	if _, err := Dial(ctx, cli, to, Config{Size: MinSize - 1, Count: 1}); err == nil || !strings.Contains(err.Error(), "outside 23..") {
 		t.Fatalf("size 22: %v, want a range error", err)
@@ -166,7 +157,7 @@ func TestMinSize(t *testing.T) {
 	if err != nil || res.Verified != 3 {
 		t.Fatalf("size 23: %+v %v", res, err)
 	}
-	if err := <-done; err != nil {
-		t.Fatalf("server: %v", err)
+	if s := <-done; s.err != nil {
+		t.Fatalf("server: %v", s.err)
 	}
 }
