@@ -184,14 +184,22 @@ func (t *Tour) annotateRates(s []rateSample) {
 			lo = i
 		}
 	}
-	for i := 1; i < len(s); i++ {
-		if s[i].rate < s[i-1].rate {
-			t.notes = append(t.notes, note{s[i].at, fmt.Sprintf("alice's rate cut: %s -> %s", gbps(s[i-1].rate), gbps(s[i].rate))})
-			break
-		}
+	if i := firstCut(s); i > 0 {
+		t.notes = append(t.notes, note{s[i].at, fmt.Sprintf("alice's rate cut: %s -> %s", gbps(s[i-1].rate), gbps(s[i].rate))})
 	}
 	t.notes = append(t.notes, note{s[lo].at, "alice's rate at its lowest: " + gbps(s[lo].rate)})
 	t.notes = append(t.notes, note{s[len(s)-1].at, "alice's rate back to " + gbps(s[len(s)-1].rate)})
+}
+
+// firstCut returns the index of the first sample lower than the one
+// before it, or 0 when the rate never fell.
+func firstCut(s []rateSample) int {
+	for i := 1; i < len(s); i++ {
+		if s[i].rate < s[i-1].rate {
+			return i
+		}
+	}
+	return 0
 }
 
 // chart prints Alice's rate over time as a bar chart of ccChartRows rows.
@@ -200,6 +208,12 @@ func (t *Tour) chart(s []rateSample) {
 		return
 	}
 	start, span := s[0].at, s[len(s)-1].at.Sub(s[0].at)
+	// The ladder below may elide the rows its notes sit on (a long
+	// capture), so the first cut is told here too.
+	if i := firstCut(s); i > 0 {
+		t.say("\n%s's rate cut: %s -> %s, %.1f ms after the first sample.", t.a.name,
+			gbps(s[i-1].rate), gbps(s[i].rate), float64(s[i].at.Sub(start))/float64(time.Millisecond))
+	}
 	t.say("\n%s's DCQCN rate over time (lowest sample in each slice):", t.a.name)
 	j := 0
 	for r := 0; r < ccChartRows && j < len(s); r++ {
