@@ -32,6 +32,8 @@
 //     names counters that must have moved ("rxe:send_rnr_err"),
 //     Case.Lossy and Case.Tail relax the balance to inequalities when the
 //     drops are not known.
+//   - $RXEGO_GUEST_DEATHS=FILE records each test during which a guest
+//     kernel died (recordGuestDeath), for scripts/test.sh's one rerun.
 //   - $RXEGO_CAPTURE=DIR captures the bridge during every case to
 //     DIR/<test name>.pcap (all kernels' traffic: filter by address).
 //   - p.startRxego(t, ctx, args...) runs the rxego binary in the lab
@@ -297,6 +299,32 @@ func lease(t *testing.T, kernel string) *Peer {
 	return s.peer
 }
 
+// recordGuestDeath notes, for scripts/test.sh, that p's guest kernel died
+// during t: one line "TestName kernel" appended to $RXEGO_GUEST_DEATHS,
+// with the whole console log copied beside that file. The script reruns
+// such a test once on a fresh guest (docs/conformance.md, "When the guest
+// kernel dies"); without the variable nothing is written.
+func recordGuestDeath(t *testing.T, p *Peer) {
+	path := os.Getenv("RXEGO_GUEST_DEATHS")
+	if path == "" {
+		return
+	}
+	top, _, _ := strings.Cut(t.Name(), "/")
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Errorf("recording the guest's death: %v", err)
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "%s %s\n", top, p.Kernel)
+	if data, err := os.ReadFile(p.Guest.ConsoleLog()); err == nil {
+		name := fmt.Sprintf("console-%s-%s-%d.log", top, p.Kernel, time.Now().Unix())
+		if err := os.WriteFile(filepath.Join(filepath.Dir(path), name), data, 0o644); err == nil {
+			t.Logf("the whole console: %s", filepath.Join(filepath.Dir(path), name))
+		}
+	}
+}
+
 // closeShared kills the guests and removes the lab.
 func closeShared() {
 	if shared.lab == nil {
@@ -478,8 +506,9 @@ func (p *Peer) Case(t *testing.T, c Case, body func(t *testing.T) Outcome) {
 				t.Logf("capture: %s", capt.Path())
 			}
 			if p.Guest.Exited() {
-				t.Errorf("the guest died during the case; its console:\n%s", p.Guest.ConsoleTail(40))
+				t.Errorf("the guest died during the case; its console:\n%s", p.Guest.ConsoleTail(80))
 				out.Note = strings.TrimSpace(out.Note + "; the guest kernel died")
+				recordGuestDeath(t, p)
 			}
 			after, err := p.Guest.HWCounters()
 			if err != nil {
