@@ -299,6 +299,25 @@ func lease(t *testing.T, kernel string) *Peer {
 	return s.peer
 }
 
+// logNeighbours logs both ends' neighbour tables after a failed case:
+// packets lost in both directions with nothing dropped on the bridge
+// (TestPerftestIPv6 once) point at address resolution, which nothing
+// else records.
+func (p *Peer) logNeighbours(t *testing.T) {
+	host, err := exec.Command("ip", "-n", p.Lab.Name(), "neigh", "show").CombinedOutput()
+	if err != nil {
+		host = fmt.Appendf(host, "(%v)", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res, err := p.Guest.Run(ctx, "ip", "neigh", "show")
+	guest := string(res.Stdout)
+	if err != nil {
+		guest += fmt.Sprintf("(%v)", err)
+	}
+	t.Logf("neighbours after the failure: host side:\n%s\nguest %s:\n%s", host, p.Guest.IP(), guest)
+}
+
 // recordGuestDeath notes, for scripts/test.sh, that p's guest kernel died
 // during t: one line "TestName kernel" appended to $RXEGO_GUEST_DEATHS,
 // with the whole console log copied beside that file. The script reruns
@@ -517,6 +536,9 @@ func (p *Peer) Case(t *testing.T, c Case, body func(t *testing.T) Outcome) {
 			delta := lab.CounterDelta(before, after)
 			if !t.Failed() {
 				checkCounters(t, c, delta, out)
+			}
+			if t.Failed() && !p.Guest.Exited() {
+				p.logNeighbours(t)
 			}
 			resent := ""
 			if out.Rxego != nil {
