@@ -658,20 +658,46 @@ func checkCounters(t *testing.T, c Case, rxe map[string]uint64, out Outcome) {
 		return
 	}
 	// rxe counts rcvd_pkts after its header and ICRC checks: every packet
-	// rxego sent that was not dropped must have passed them.
-	balance(t, "rxe", rxe["rcvd_pkts"], "rxego", rx["udp_sent_packets"], drop.ToGuest, out.Overrun.ToGuest)
-	balance(t, "rxego", rx["udp_recv_packets"], "rxe", rxe["sent_pkts"], drop.FromGuest, out.Overrun.FromGuest)
+	// rxego sent that was not dropped must have passed them, but for
+	// late replies to duplicates (lateReplies).
+	balance(t, "rxe", rxe["rcvd_pkts"], "rxego", rx["udp_sent_packets"], drop.ToGuest,
+		out.Overrun.ToGuest+lateReplies(rxe["completer_retry_err"], rx["duplicate_request"]))
+	balance(t, "rxego", rx["udp_recv_packets"], "rxe", rxe["sent_pkts"], drop.FromGuest,
+		out.Overrun.FromGuest+lateReplies(rx["completer_retry_err"], rxe["duplicate_request"]))
+	if t.Failed() {
+		t.Logf("counters: rxe %s; rxego %s", formatCounters(rxe), formatCounters(rx))
+	}
+}
+
+// lateReplies bounds the replies to duplicates that may reach a QP its
+// tool has already destroyed, so the receiver drops them uncounted (rxe
+// checks the QP before its rcvd_pkts counter; an exited rxego counts
+// nothing). When a requester's timer resends its last message although
+// the original arrived, the original's ACK completes it and the tool may
+// tear down before the responder's reply to the copy arrives (seen in
+// TestDCQCNAgainstRxe's capture: rxe resent a 64-packet SEND 1 ms after
+// sending it, its timer armed long before, and the re-ACK came after
+// ibv_rc_pingpong had exited). Without a timeout retry by the requester
+// there are no such replies; with one, each duplicate the responder
+// received is answered by at most one packet (ACKs coalesce), and any
+// CNPs for them are counted among the drops already.
+func lateReplies(requesterRetries, responderDuplicates uint64) uint64 {
+	if requesterRetries == 0 {
+		return 0
+	}
+	return responderDuplicates
 }
 
 // balance checks that the receiver accepted every packet the sender sent
-// but the dropped ones, and that at most overrun more went missing: the
-// path's overrun counters also count frames that were not RoCE packets.
-func balance(t *testing.T, receiver string, accepted uint64, sender string, sent, dropped, overrun uint64) {
+// but the dropped ones, and that at most missing more went missing: the
+// path's overrun counters (which also count frames that were not RoCE
+// packets) and late replies to duplicates.
+func balance(t *testing.T, receiver string, accepted uint64, sender string, sent, dropped, missing uint64) {
 	t.Helper()
 	want := sent - dropped
-	if accepted > want || accepted+overrun < want {
-		t.Errorf("%s accepted %d packets, %s sent %d minus %d dropped = %d (and up to %d more lost to the guest's overrun)",
-			receiver, accepted, sender, sent, dropped, want, overrun)
+	if accepted > want || accepted+missing < want {
+		t.Errorf("%s accepted %d packets, %s sent %d minus %d dropped = %d (and up to %d more lost to the guest's overrun or late replies to duplicates)",
+			receiver, accepted, sender, sent, dropped, want, missing)
 	}
 }
 
