@@ -296,6 +296,47 @@ func TestLostDREP(t *testing.T) {
 	}
 }
 
+// TestCrossedDREQs: both sides disconnect at once, the DREQs crossing
+// (the client's first one lost, so that the server's arrives while the
+// client is in DREQ_SENT). The client answers the server's DREQ but
+// Disconnect keeps waiting for the DREP its own DREQ is owed, which the
+// server, already in time-wait, sends for the retransmitted DREQ: a
+// disconnecting process that returned at once left the peer's DREP to
+// arrive at a closed port (TestRstreamSizes against rdma_rxe).
+func TestCrossedDREQs(t *testing.T) {
+	var f *madFilter
+	p := newPair(t, fastConfig(), fastConfig(), nil, func(c transport.Conn) transport.Conn {
+		f = newMADFilter(c, map[uint16]int{AttrDREQ: 1})
+		return f
+	})
+	srvEP, cliEP := p.srv.newEndpoint(t, 64), p.cli.newEndpoint(t, 64)
+	srv, cli := p.connect(t, 5, srvEP, cliEP, nil, nil)
+	cliDone := make(chan error, 1)
+	go func() { cliDone <- cli.Disconnect(testCtx(t)) }()
+	if !eventually(func() bool { return f.droppedOf(AttrDREQ) == 1 }) {
+		t.Fatal("the client's first DREQ was not sent")
+	}
+	if err := srv.Disconnect(testCtx(t)); err != nil {
+		t.Fatalf("server disconnect: %v", err)
+	}
+	if err := <-cliDone; err != nil {
+		t.Fatalf("client disconnect: %v", err)
+	}
+	// Disconnect returned only once the DREP to the client's own DREQ
+	// came, and nothing timed out.
+	if got := counts(p.cli.m, "cm_sent_dreq", "cm_rcvd_dreq", "cm_sent_drep", "cm_rcvd_drep", "cm_timeouts"); got !=
+		"[cm_sent_dreq=2 cm_rcvd_dreq=1 cm_sent_drep=1 cm_rcvd_drep=1 cm_timeouts=0]" {
+		t.Errorf("client %s", got)
+	}
+	if got := counts(p.srv.m, "cm_sent_dreq", "cm_rcvd_dreq", "cm_sent_drep", "cm_rcvd_drep"); got !=
+		"[cm_sent_dreq=1 cm_rcvd_dreq=1 cm_sent_drep=1 cm_rcvd_drep=1]" {
+		t.Errorf("server %s", got)
+	}
+	if !errors.Is(cli.Err(), ErrLocalDisconnect) || !errors.Is(srv.Err(), ErrLocalDisconnect) {
+		t.Errorf("Err: client %v, server %v; both disconnected first", cli.Err(), srv.Err())
+	}
+}
+
 // TestDialTimeout: nobody answers; the REQ is sent 1 + MaxRetries times
 // and Dial fails with ErrTimeout.
 func TestDialTimeout(t *testing.T) {

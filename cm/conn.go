@@ -264,7 +264,10 @@ func (c *Conn) Err() error {
 // outstanding work completes with flush errors), a DREQ goes to the peer,
 // and Disconnect waits for the DREP, the retries to run out (the
 // connection is then gone all the same and ErrTimeout is returned) or
-// ctx. Disconnecting a connection the peer already ended returns nil.
+// ctx. When the peer's DREQ crosses ours, it is answered and the wait
+// goes on for the DREP ours is owed, so that the peer's last message
+// does not find the process gone. Disconnecting a connection the peer
+// already ended returns nil.
 func (c *Conn) Disconnect(ctx context.Context) error {
 	m := c.m
 	m.mu.Lock()

@@ -369,25 +369,47 @@ func (m *Manager) onDREQ(from netip.Addr, h Header, r *DREQ) {
 		return
 	}
 	switch c.st {
-	case stTimeWait:
-		m.stats.duplicates.Add(1)
+	case stTimeWait, stDREQSent:
 		if c.hasDREP {
+			// The peer's DREQ again: our DREP was lost.
+			m.stats.duplicates.Add(1)
 			m.send(c.peer, &c.drep)
+			return
 		}
-		return
-	case stREPSent, stEstablished, stDREQSent:
+		if c.st == stTimeWait {
+			// In time-wait after the DREP to our own DREQ: the peer's
+			// DREQ crossed ours. Answer it, as the Linux CM does from
+			// TIMEWAIT, so that the peer can finish too.
+			c.answerDREQ(h.TID)
+			return
+		}
+	case stREPSent, stEstablished:
+		c.tid = h.TID
 	default:
 		return
 	}
 	c.setQPError()
-	c.tid = h.TID
-	mad, ok := m.sendMsg(c.peer, h.TID, &DREP{LocalCommID: c.localID, RemoteCommID: c.remoteID})
-	c.drep, c.hasDREP = mad, ok
+	c.answerDREQ(h.TID)
 	if c.st == stREPSent {
 		c.readyErr = ErrDisconnected
 	}
 	c.endLocked(ErrDisconnected)
+	if c.st == stDREQSent {
+		// The DREQs crossed: the peer owes a DREP to ours, as we to
+		// its (each side in DREQ_SENT answers the other's DREQ). Keep
+		// waiting for it (or for our DREQ's retries to run out), so
+		// the peer's last message finds us: a process that tore down
+		// at once would leave it to arrive at a closed port.
+		return
+	}
 	c.enterTimeWait()
+}
+
+// answerDREQ sends the DREP for the peer's DREQ of transaction tid and
+// keeps it for duplicates; m.mu is held.
+func (c *Conn) answerDREQ(tid uint64) {
+	mad, ok := c.m.sendMsg(c.peer, tid, &DREP{LocalCommID: c.localID, RemoteCommID: c.remoteID})
+	c.drep, c.hasDREP = mad, ok
 }
 
 // onDREP completes our disconnect.

@@ -35,7 +35,8 @@
 //   - $RXEGO_GUEST_DEATHS=FILE records each test during which a guest
 //     kernel died (recordGuestDeath), for scripts/test.sh's one rerun.
 //   - $RXEGO_CAPTURE=DIR captures the bridge during every case to
-//     DIR/<test name>.pcap (all kernels' traffic: filter by address).
+//     DIR/<test name>.pcap (all kernels' traffic: filter by address;
+//     a repeated case adds -2, -3, ...).
 //   - p.startRxego(t, ctx, args...) runs the rxego binary in the lab
 //     namespace; hostProc.waitListen waits for its TCP listener and
 //     hostProc.wait for its exit. parseStats reads the line `--stats`
@@ -594,12 +595,23 @@ func (p *Peer) capture(t *testing.T) *lab.Capture {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	name := strings.NewReplacer("/", "_", "=", "").Replace(t.Name()) + ".pcap"
-	c, err := p.Lab.Capture(filepath.Join(dir, name))
+	name := strings.NewReplacer("/", "_", "=", "").Replace(t.Name())
+	path := filepath.Join(dir, name+".pcap")
+	// A repeated case (go test -count) keeps every run's capture.
+	for i := 2; fileExists(path); i++ {
+		path = filepath.Join(dir, fmt.Sprintf("%s-%d.pcap", name, i))
+	}
+	c, err := p.Lab.Capture(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// fileExists reports whether path names an existing file.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // checkCounters asserts rxe's delta and rxego's counters show no error the
