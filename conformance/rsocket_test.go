@@ -332,14 +332,7 @@ func rstreamSizeCase(size int) rstreamCase {
 // an emulated guest (TestRstreamAll). One connection per size; the C
 // tools in the guest first, then against rxego in both roles. Each
 // report row covers the 33 sizes, its rxego counters summed over them.
-// It runs only with RXEGO_RSTREAM_SIZES=1: 99 connections take about
-// three minutes per kernel in the lab (the baseline's 33 runs of both C
-// ends in one emulated guest alone over a minute), beyond the minute per
-// kernel the default suite allows it.
 func TestRstreamSizes(t *testing.T) {
-	if os.Getenv("RXEGO_RSTREAM_SIZES") != "1" {
-		t.Skip("99 rstream connections, about three minutes per kernel in the lab; set RXEGO_RSTREAM_SIZES=1 to run them")
-	}
 	sizes := rstreamTableSizes()
 	name := "rstream -T v, each size of -S all"
 	note := func(last string) string {
