@@ -56,8 +56,8 @@ type udpConn struct {
 	// scattered message gathered whole.
 	tmu    sync.Mutex
 	tapPkt []byte
-	rmu sync.Mutex
-	r   recvState
+	rmu    sync.Mutex
+	r      recvState
 }
 
 func (c *udpConn) LocalAddr() netip.AddrPort { return c.ep.local }
