@@ -58,8 +58,8 @@ type OutPacket struct {
 	// keeps the memory's owner from reusing it until the packet is sent:
 	// an RC work request completes only on its acknowledgement.
 	Payload []byte
-	Dest netip.AddrPort
-	TOS  uint8
+	Dest    netip.AddrPort
+	TOS     uint8
 	// QPN is the local QP the packet belongs to (the requester's for a
 	// request, the responder's for an ACK or READ response, the QP that
 	// saw the CE mark for a CNP): SendFailed finds it without parsing.
