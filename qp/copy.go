@@ -52,11 +52,14 @@ func (e *Engine) inPlace(q *QP, w *sendWQE, off uint32, n int) []byte {
 		if uint64(off)+uint64(n) > uint64(s.Length) {
 			return nil
 		}
-		src, err := e.cfg.MRs.Local(s.LKey, q.pd, s.Addr+uint64(off), uint32(n), 0)
+		// The rest of the SGE is looked up, so that the payload's capacity
+		// reaches over the next packet's and the Output can send the two
+		// as one GSO run (as it does with the slab's packets).
+		src, err := e.cfg.MRs.Local(s.LKey, q.pd, s.Addr+uint64(off), s.Length-off, 0)
 		if err != nil {
 			return nil
 		}
-		return src
+		return src[:n]
 	}
 	return nil
 }

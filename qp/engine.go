@@ -56,7 +56,10 @@ type OutPacket struct {
 	// registered memory (only from an Output that is a ScatterOutput):
 	// the packet is Buf's header, Payload, then Buf's trailer. The engine
 	// keeps the memory's owner from reusing it until the packet is sent:
-	// an RC work request completes only on its acknowledgement.
+	// an RC work request completes only on its acknowledgement. As with
+	// Buf, its capacity may reach over the next packet's payload (the
+	// rest of the SGE or of the READ burst), so that an Output finds runs;
+	// an Output must never write to it or append to it.
 	Payload []byte
 	Dest    netip.AddrPort
 	TOS     uint8
