@@ -46,9 +46,10 @@ type Message struct {
 	// sent from where it lies) and Buf holds only each packet's header
 	// (BTH through its extension headers) and trailer (pad and ICRC),
 	// packet after packet. A packet on the wire is its header, its
-	// payload and its trailer; Seg counts those wire bytes, and Send
-	// writes each ICRC into its trailer. Only a Conn that is a Scatterer
-	// accepts it (others return ErrScattered). Nil on receive.
+	// payload and its trailer; Seg counts those wire bytes. Send computes
+	// each ICRC over the pieces (Listen's Conns write it into the
+	// trailer; a pipe into the copy it delivers). Only a Conn that is a
+	// Scatterer accepts it (others return ErrScattered). Nil on receive.
 	Payload []byte
 	// IPID is, on receive, the IPv4 Identification the packet carried: read
 	// from the IP header in raw mode, recovered from the ICRC in socket mode.
