@@ -11,7 +11,8 @@ import (
 // TestDeviceNoAllocs checks a whole device pair on loopback — PostSend,
 // the engine, Emit's GSO runs, sendmmsg, recvmmsg with GRO, the ICRC both
 // ways, the receive loop, ACKs and the CQ — allocates nothing in steady
-// state, for multi-packet WRITEs and READs and for small inline WRITEs.
+// state, for multi-packet WRITEs and READs (whose payloads go out from
+// the MRs, qp.ZeroCopyMinPayload) and for small WRITEs (copied).
 func TestDeviceNoAllocs(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates")

@@ -201,6 +201,20 @@ func sumFrom(s uint32, pkt []byte) uint32 {
 	return crc32.Update(^s, table, pkt[bthHead:len(pkt)-Len])
 }
 
+// sumScattered is sumFrom for a packet in three pieces: hdr (at least the
+// BTH), payload and trailer (pad and ICRC, at least the ICRC). The CRC
+// runs on across the pieces (crc32.Update chains), so the result is
+// sumFrom's for the pieces gathered.
+func sumScattered(s uint32, hdr, payload, trailer []byte) uint32 {
+	var h [bthHead]byte
+	copy(h[:4], hdr)
+	h[4] = 0xff
+	s = feed(s, h[:])
+	c := crc32.Update(^s, table, hdr[bthHead:])
+	c = crc32.Update(c, table, payload)
+	return crc32.Update(c, table, trailer[:len(trailer)-Len])
+}
+
 // Put stores crc in the last four bytes of pkt.
 func Put(pkt []byte, crc uint32) { binary.LittleEndian.PutUint32(pkt[len(pkt)-Len:], crc) }
 

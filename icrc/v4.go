@@ -41,7 +41,24 @@ func (v *V4) Sum(id uint16, pkt []byte) uint32 {
 	if !valid(pkt) {
 		return 0
 	}
-	ipLen, udpLen := uint16(20+8+len(pkt)), uint16(8+len(pkt))
+	return sumFrom(v.head(id, len(pkt)), pkt)
+}
+
+// SumScattered returns the ICRC of the packet hdr, payload, trailer laid
+// end to end (BTH through ICRC, as Sum's pkt) sent with IP ID id, without
+// gathering it: for a packet whose payload is sent from where it lies.
+// hdr must hold at least the BTH and trailer at least the ICRC.
+func (v *V4) SumScattered(id uint16, hdr, payload, trailer []byte) uint32 {
+	if len(hdr) < bthLen || len(trailer) < Len {
+		return 0
+	}
+	return sumScattered(v.head(id, len(hdr)+len(payload)+len(trailer)), hdr, payload, trailer)
+}
+
+// head returns the register after the LRH stand-in and the masked IPv4
+// and UDP headers of an n-byte packet sent with IP ID id.
+func (v *V4) head(id uint16, n int) uint32 {
+	ipLen, udpLen := uint16(20+8+n), uint16(8+n)
 	df := 0
 	if v.DF {
 		df = 1
@@ -54,7 +71,7 @@ func (v *V4) Sum(id uint16, pkt []byte) uint32 {
 	r ^= w[11][v.Dst[0]] ^ w[10][v.Dst[1]] ^ w[9][v.Dst[2]] ^ w[8][v.Dst[3]]
 	r ^= w[7][v.SrcPort>>8] ^ w[6][byte(v.SrcPort)] ^ w[5][v.DstPort>>8] ^ w[4][byte(v.DstPort)]
 	r ^= w[3][udpLen>>8] ^ w[2][byte(udpLen)]
-	return sumFrom(r, pkt)
+	return r
 }
 
 // Fill computes the ICRC for IP ID id and stores it in pkt.

@@ -15,13 +15,30 @@ func (v *V6) Sum(pkt []byte) uint32 {
 	if !valid(pkt) {
 		return 0
 	}
+	return sumFrom(v.head(len(pkt)), pkt)
+}
+
+// SumScattered returns the ICRC of the packet hdr, payload, trailer laid
+// end to end (BTH through ICRC, as Sum's pkt), without gathering it: for
+// a packet whose payload is sent from where it lies. hdr must hold at
+// least the BTH and trailer at least the ICRC.
+func (v *V6) SumScattered(hdr, payload, trailer []byte) uint32 {
+	if len(hdr) < bthLen || len(trailer) < Len {
+		return 0
+	}
+	return sumScattered(v.head(len(hdr)+len(payload)+len(trailer)), hdr, payload, trailer)
+}
+
+// head returns the register after the LRH stand-in and the masked IPv6
+// and UDP headers of an n-byte packet.
+func (v *V6) head(n int) uint32 {
 	var h [iphdr.IPv6Len + iphdr.UDPLen]byte
 	// Traffic class, flow label and hop limit masked to all ones.
 	iphdr.IPv6(h[:]).Encode(&iphdr.IPv6Fields{TrafficClass: 0xff, FlowLabel: 0xfffff,
-		PayloadLength: uint16(iphdr.UDPLen + len(pkt)), NextHeader: iphdr.ProtoUDP, HopLimit: 0xff,
+		PayloadLength: uint16(iphdr.UDPLen + n), NextHeader: iphdr.ProtoUDP, HopLimit: 0xff,
 		Src: v.Src, Dst: v.Dst})
-	putUDP(h[iphdr.IPv6Len:], v.SrcPort, v.DstPort, iphdr.UDPLen+len(pkt))
-	return sum(h[:], pkt)
+	putUDP(h[iphdr.IPv6Len:], v.SrcPort, v.DstPort, iphdr.UDPLen+n)
+	return prefix(h[:])
 }
 
 // Fill computes and stores pkt's ICRC.

@@ -2,6 +2,7 @@ package qp
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/rxego/rxego/bth"
@@ -18,6 +19,13 @@ type wire struct {
 	seen int // packets emitted in all
 	runs int // packets that were adjacent to the one before (Output contract)
 	last []byte
+	// scatter makes the wire a ScatterOutput; scattered counts the
+	// packets that came with their payload left in registered memory, and
+	// payloadRuns those whose payload was adjacent to the one before.
+	scatter     bool
+	scattered   int
+	payloadRuns int
+	lastPayload []byte
 	// onEmit, if set, is called at each Emit.
 	onEmit func()
 }
@@ -30,6 +38,9 @@ func newWire(src netip.AddrPort) *wire {
 	return w
 }
 
+// Scatters implements ScatterOutput.
+func (w *wire) Scatters() bool { return w.scatter }
+
 func (w *wire) Emit(pkts []OutPacket) {
 	if w.onEmit != nil {
 		w.onEmit()
@@ -39,8 +50,20 @@ func (w *wire) Emit(pkts []OutPacket) {
 			w.runs++
 		}
 		w.last = p.Buf
-		b := w.bufs[len(w.in)][:len(p.Buf)]
-		copy(b, p.Buf)
+		b := w.bufs[len(w.in)][:len(p.Buf)+len(p.Payload)]
+		if p.Payload == nil {
+			copy(b, p.Buf)
+		} else {
+			w.scattered++
+			if adjacentBytes(w.lastPayload, p.Payload) {
+				w.payloadRuns++
+			}
+			h := bth.BTH(p.Buf).Opcode().Info().HdrLen
+			copy(b, p.Buf[:h])
+			copy(b[h:], p.Payload)
+			copy(b[h+len(p.Payload):], p.Buf[h:])
+		}
+		w.lastPayload = p.Payload
 		pkt, err := bth.Parse(b)
 		if err != nil {
 			panic(err)
@@ -48,7 +71,12 @@ func (w *wire) Emit(pkts []OutPacket) {
 		w.in = append(w.in, InPacket{Pkt: pkt, Src: w.src, Dest: p.Dest.Addr()})
 		w.seen++
 	}
-	w.last = nil
+	w.last, w.lastPayload = nil, nil
+}
+
+// adjacentBytes reports whether b starts where a ends, inside a's capacity.
+func adjacentBytes(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && cap(a) > len(a) && &a[:len(a)+1][len(a)] == &b[0]
 }
 
 // deliver hands what w holds to e in one batch, as a receive loop does.
@@ -70,7 +98,11 @@ type allocPair struct {
 	bmr    *mr.MR
 }
 
-func newAllocPair(t *testing.T, mtu MTU) *allocPair {
+func newAllocPair(t *testing.T, mtu MTU) *allocPair { return newAllocPairOut(t, mtu, false) }
+
+// newAllocPairOut is newAllocPair with wires that are ScatterOutputs when
+// scatter is set.
+func newAllocPairOut(t *testing.T, mtu MTU, scatter bool) *allocPair {
 	t.Helper()
 	clock := &vclock{}
 	p := &allocPair{}
@@ -78,6 +110,7 @@ func newAllocPair(t *testing.T, mtu MTU) *allocPair {
 		a := netip.MustParseAddr(addr)
 		n := &node{addr: netip.AddrPortFrom(a, 4791), mrs: mr.NewTable()}
 		w := newWire(n.addr)
+		w.scatter = scatter
 		e, err := NewEngine(Config{Local: a, Clock: clock, Out: w, MRs: n.mrs})
 		if err != nil {
 			t.Fatal(err)
@@ -148,19 +181,28 @@ func TestNoAllocs(t *testing.T) {
 				RemoteAddr: p.bmr.IOVA() + uint64(aligned8(p.bmr, 0)), RKey: p.bmr.RKey(), CompareAdd: 1}
 		}, 2},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := newAllocPair(t, tc.mtu)
-			wr := tc.wr(p)
-			wcs := make([]WC, 4)
-			p.round(t, wr, wcs) // first use sizes the queues
-			before := p.wa.seen + p.wb.seen
-			if n := testing.AllocsPerRun(100, func() { p.round(t, wr, wcs) }); n != 0 {
-				t.Errorf("%v allocations per round", n)
+		for _, scatter := range []bool{false, true} {
+			name := tc.name
+			if scatter {
+				name += "-scatter"
 			}
-			if got := (p.wa.seen + p.wb.seen - before) / 101; got != tc.pkts {
-				t.Errorf("%d packets per round, want %d", got, tc.pkts)
-			}
-		})
+			t.Run(name, func(t *testing.T) {
+				p := newAllocPairOut(t, tc.mtu, scatter)
+				wr := tc.wr(p)
+				wcs := make([]WC, 4)
+				p.round(t, wr, wcs) // first use sizes the queues
+				before := p.wa.seen + p.wb.seen
+				if n := testing.AllocsPerRun(100, func() { p.round(t, wr, wcs) }); n != 0 {
+					t.Errorf("%v allocations per round", n)
+				}
+				if got := (p.wa.seen + p.wb.seen - before) / 101; got != tc.pkts {
+					t.Errorf("%d packets per round, want %d", got, tc.pkts)
+				}
+				if big := strings.Contains(tc.name, "64KiB"); (p.wa.scattered+p.wb.scattered > 0) != (scatter && big) {
+					t.Errorf("%d packets scattered (scatter %v)", p.wa.scattered+p.wb.scattered, scatter)
+				}
+			})
+		}
 	}
 }
 
@@ -175,5 +217,14 @@ func TestSlabRuns(t *testing.T) {
 	// 64 packets in one PostSend: all but the first adjacent to the one before.
 	if p.wa.runs != 63 {
 		t.Errorf("%d of 64 packets adjacent to their predecessor, want 63", p.wa.runs)
+	}
+	// Scattered, the headers are still adjacent, and so are the payloads
+	// (one SGE), so the transport coalesces them likewise.
+	p = newAllocPairOut(t, MTU1024, true)
+	p.round(t, SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(p.amr, 0, 64<<10),
+		RemoteAddr: p.bmr.IOVA(), RKey: p.bmr.RKey()}, wcs)
+	if p.wa.runs != 63 || p.wa.scattered != 64 || p.wa.payloadRuns != 63 {
+		t.Errorf("scattered: %d of 64 packets scattered, %d adjacent to their predecessor, %d with adjacent payloads; want 64, 63, 63",
+			p.wa.scattered, p.wa.runs, p.wa.payloadRuns)
 	}
 }

@@ -47,9 +47,22 @@ type Clock interface {
 
 // OutPacket is a packet the engine wants sent.
 type OutPacket struct {
-	Buf  []byte // BTH through ICRC; the ICRC bytes are left for the transport
-	Dest netip.AddrPort
-	TOS  uint8
+	// Buf is the packet, BTH through ICRC; the ICRC bytes are left for the
+	// transport. With Payload set it is only the header (BTH through the
+	// opcode's extension headers, Info.HdrLen bytes) and the trailer (pad
+	// and ICRC).
+	Buf []byte
+	// Payload, when not nil, is the packet's payload where it lies in
+	// registered memory (only from an Output that is a ScatterOutput):
+	// the packet is Buf's header, Payload, then Buf's trailer. The engine
+	// keeps the memory's owner from reusing it until the packet is sent:
+	// an RC work request completes only on its acknowledgement. As with
+	// Buf, its capacity may reach over the next packet's payload (the
+	// rest of the SGE or of the READ burst), so that an Output finds runs;
+	// an Output must never write to it or append to it.
+	Payload []byte
+	Dest    netip.AddrPort
+	TOS     uint8
 	// QPN is the local QP the packet belongs to (the requester's for a
 	// request, the responder's for an ACK or READ response, the QP that
 	// saw the CE mark for a CNP): SendFailed finds it without parsing.
@@ -68,6 +81,38 @@ type OutPacket struct {
 // append to a Buf.
 type Output interface {
 	Emit(pkts []OutPacket)
+}
+
+// ScatterOutput is an Output that takes packets whose payload stays in
+// registered memory (OutPacket.Payload) and sends it from there (as
+// transport.Scatterer Conns do with scatter-gather I/O), which saves the
+// engine copying it into the slab. The engine asks Scatters once, when
+// it is made.
+type ScatterOutput interface {
+	Output
+	// Scatters reports whether Emit takes packets with Payload set.
+	Scatters() bool
+}
+
+// ZeroCopyMinPayload is the shortest payload the engine leaves in
+// registered memory for a ScatterOutput. Below it copying is cheaper:
+// a scattered packet costs two more iovecs for the kernel to walk (and a
+// page lookup for each) and a CRC that restarts across three pieces,
+// about what a copy of a few hundred bytes costs, while a copy of a full
+// 1 KiB or 4 KiB payload is several times that. Inline data, atomics and
+// every packet of UC and UD (their work requests complete when sent, so
+// the memory must not be read later) are always copied.
+const ZeroCopyMinPayload = 512
+
+// AppendPacket appends the whole packet p (header, payload, trailer for a
+// scattered one) to dst and returns the extended slice: for Outputs that
+// need it in one piece.
+func (p *OutPacket) AppendPacket(dst []byte) []byte {
+	if p.Payload == nil {
+		return append(dst, p.Buf...)
+	}
+	h := bth.BTH(p.Buf).Opcode().Info().HdrLen
+	return append(append(append(dst, p.Buf[:h]...), p.Payload...), p.Buf[h:]...)
 }
 
 // InPacket is a received packet handed to the engine.
@@ -156,6 +201,7 @@ type Engine struct {
 	outq     []OutPacket
 	slab     []byte       // packets of outq, back to back
 	slabOff  int          // first free byte of slab
+	scatters bool         // cfg.Out is a ScatterOutput that Scatters
 	batching atomic.Int32 // Batch calls running: PostSend leaves its packets queued
 	woke     bool         // a completion of this Input woke a goroutine waiting on a CQ
 	pushed   bool         // this Input made a completion
@@ -255,7 +301,8 @@ func NewEngine(cfg Config) (*Engine, error) {
 	if !cc.Off && cfg.DataTOS&3 == 0 {
 		cfg.DataTOS |= ECT0 // DCQCN needs switches to mark, so data is ECN-capable
 	}
-	return &Engine{cfg: cfg, cc: cc, qps: map[uint32]*QP{}, nextQPN: 17}, nil
+	so, ok := cfg.Out.(ScatterOutput)
+	return &Engine{cfg: cfg, cc: cc, qps: map[uint32]*QP{}, nextQPN: 17, scatters: ok && so.Scatters()}, nil
 }
 
 // MaxMTU returns the largest path MTU the engine accepts, the port's

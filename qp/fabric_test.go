@@ -137,7 +137,7 @@ type nodeOut struct{ n *node }
 
 func (o nodeOut) Emit(pkts []OutPacket) {
 	for _, p := range pkts {
-		o.n.f.queue = append(o.n.f.queue, wirePkt{data: append([]byte(nil), p.Buf...), src: o.n.addr, dst: p.Dest, tos: p.TOS})
+		o.n.f.queue = append(o.n.f.queue, wirePkt{data: p.AppendPacket(nil), src: o.n.addr, dst: p.Dest, tos: p.TOS})
 	}
 }
 

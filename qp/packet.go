@@ -8,7 +8,14 @@ import (
 
 // emit queues a packet of q's, built in buf, for sending.
 func (e *Engine) emit(q *QP, buf []byte, dest netip.AddrPort, tos uint8) {
-	e.outq = append(e.outq, OutPacket{Buf: buf, Dest: dest, TOS: tos, QPN: q.num, DestQPN: bth.BTH(buf).DestQP()})
+	e.emitScattered(q, buf, nil, dest, tos)
+}
+
+// emitScattered queues a packet of q's whose header and trailer are built
+// in buf and whose payload, when not nil, stays where it lies (see
+// OutPacket.Payload).
+func (e *Engine) emitScattered(q *QP, buf, payload []byte, dest netip.AddrPort, tos uint8) {
+	e.outq = append(e.outq, OutPacket{Buf: buf, Payload: payload, Dest: dest, TOS: tos, QPN: q.num, DestQPN: bth.BTH(buf).DestQP()})
 	e.Stats.SentPkts.Add(1)
 	if len(e.outq) >= outBatch {
 		e.flush()
@@ -64,8 +71,19 @@ const wireOverhead = 14 + 20 + 8 + 12 + 16 + 4
 // header starts a packet: it returns the buffer sized for op with a
 // payload of n bytes and the BTH filled in.
 func (e *Engine) header(q *QP, op bth.Opcode, psn bth.PSN, n int, ackReq, se bool, destQPN uint32) ([]byte, bth.Packet) {
+	return e.headerFor(q, op, psn, n, false, ackReq, se, destQPN)
+}
+
+// headerFor is header for a payload of n bytes that is copied into the
+// buffer (scattered false) or left where it lies (scattered: the buffer
+// then holds only the header and the trailer, pad and ICRC).
+func (e *Engine) headerFor(q *QP, op bth.Opcode, psn bth.PSN, n int, scattered, ackReq, se bool, destQPN uint32) ([]byte, bth.Packet) {
 	in := op.Info()
-	size := in.HdrLen + n + bth.PadFor(n) + bth.ICRCLen
+	inBuf := n
+	if scattered {
+		inBuf = 0
+	}
+	size := in.HdrLen + inBuf + bth.PadFor(n) + bth.ICRCLen
 	buf := e.buf(size)
 	b := bth.BTH(buf)
 	b.SetOpcode(op)
@@ -76,7 +94,7 @@ func (e *Engine) header(q *QP, op bth.Opcode, psn bth.PSN, n int, ackReq, se boo
 	b.SetDestQP(destQPN) // and clears byte 4's reserved bits
 	b.SetAckReq(ackReq)
 	b.SetPSN(psn)
-	clear(buf[in.HdrLen+n : size])
+	clear(buf[in.HdrLen+inBuf : size])
 	return buf, bth.Packet{Raw: buf, Info: in}
 }
 

@@ -225,7 +225,8 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 	}
 	se := lastPkt && w.wr.Flags&SendSolicited != 0
 	dest, dqpn := q.dest(w)
-	buf, p := e.header(q, op, r.psn, n, ackReq, se, dqpn)
+	payload := e.inPlace(q, w, r.off, n)
+	buf, p := e.headerFor(q, op, r.psn, n, payload != nil, ackReq, se, dqpn)
 	if h := p.RETH(); h != nil {
 		h.Set(w.wr.RemoteAddr, w.wr.RKey, w.length)
 	}
@@ -242,16 +243,18 @@ func (e *Engine) sendSegment(q *QP, w *sendWQE, mtu int) bool {
 		}
 		h.Set(qkey, q.num)
 	}
-	if err := e.gather(q, w, r.off, buf[p.Info.HdrLen:p.Info.HdrLen+n]); err != nil {
-		e.unbuf(buf)
-		e.failWQE(q, w, WCLocProtErr)
-		return false
+	if payload == nil {
+		if err := e.gather(q, w, r.off, buf[p.Info.HdrLen:p.Info.HdrLen+n]); err != nil {
+			e.unbuf(buf)
+			e.failWQE(q, w, WCLocProtErr)
+			return false
+		}
 	}
 	tos := e.cfg.DataTOS
 	if q.typ == UD {
 		tos = w.wr.AH.TrafficClass | e.cfg.DataTOS&3
 	}
-	e.emit(q, buf, dest, tos)
+	e.emitScattered(q, buf, payload, dest, tos)
 	e.Stats.SentBytes.Add(uint64(n))
 	r.psn = r.psn.Next()
 	r.off += uint32(n)

@@ -276,12 +276,21 @@ func (e *Engine) continueRead(q *QP, now time.Duration) {
 		off := uint32(i)*mtu - from
 		k := int(min(mtu, rd.n-min(uint32(i)*mtu, rd.n)))
 		op, _ := bth.Find(bth.RC, bth.OpReadResponse, position(i == 0, i == rd.npk-1), 0)
-		buf, p := e.header(q, op, rd.psn.Add(i), k, false, false, q.attr.DestQPN)
+		// A response's payload is sent from the MR where the Output
+		// takes it so (ZeroCopyMinPayload): consecutive responses' payloads
+		// lie back to back in src, so they still make GSO runs.
+		var payload []byte
+		if e.scatters && k >= ZeroCopyMinPayload {
+			payload = src[off : off+uint32(k)]
+		}
+		buf, p := e.headerFor(q, op, rd.psn.Add(i), k, payload != nil, false, false, q.attr.DestQPN)
 		if a := p.AETH(); a != nil {
 			a.Set(reth.ACKSyndrome(reth.CreditsInvalid), rd.msn)
 		}
-		copy(buf[p.Info.HdrLen:], src[off:off+uint32(k)])
-		e.emit(q, buf, q.attr.Dest, e.cfg.DataTOS)
+		if payload == nil {
+			copy(buf[p.Info.HdrLen:], src[off:off+uint32(k)])
+		}
+		e.emitScattered(q, buf, payload, q.attr.Dest, e.cfg.DataTOS)
 		e.Stats.SentBytes.Add(uint64(k))
 	}
 	rd.next = end

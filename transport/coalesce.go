@@ -11,7 +11,11 @@ import (
 // but the last, which may be shorter, at most MaxSegments of them and
 // together within one IPv4 UDP datagram: it becomes one Message with Seg
 // set, which Send hands the kernel as one datagram, copying nothing.
-// Messages that already have Seg set are left alone. An engine that builds
+// Messages that already have Seg set are left alone. Scattered messages
+// (Payload set) merge likewise when both their Bufs and their Payloads
+// lie back to back (consecutive packets of one message, read from one
+// registered memory range), never with messages that are not scattered;
+// the lengths compared are the wire lengths (Message.Len). An engine that builds
 // a batch's packets in one slab (as package qp does) gets a long message's
 // packets out in a few system calls this way; the limits are this
 // package's, so a run Coalesce makes is one Send accepts.
@@ -26,11 +30,16 @@ func Coalesce(msgs []Message, ports int) []Message {
 		k := runLen(msgs[i:], ports)
 		m := msgs[i]
 		if k > 1 {
-			n := 0
+			n, p := 0, 0
 			for j := i; j < i+k; j++ {
 				n += len(msgs[j].Buf)
+				p += len(msgs[j].Payload)
 			}
-			m.Buf, m.Seg = m.Buf[:n], len(m.Buf)
+			m.Seg = m.Len()
+			m.Buf = m.Buf[:n]
+			if m.Payload != nil {
+				m.Payload = m.Payload[:p]
+			}
 		}
 		out = append(out, m)
 		i += k
@@ -45,18 +54,28 @@ func runLen(msgs []Message, ports int) int {
 	if first.Seg > 0 {
 		return 1
 	}
-	seg, total := len(first.Buf), len(first.Buf)
+	seg, total := first.Len(), first.Len()
 	k := 1
 	for ; k < len(msgs) && k < MaxSegments; k++ {
 		prev, m := &msgs[k-1], &msgs[k]
-		if len(prev.Buf) != seg || len(m.Buf) == 0 || len(m.Buf) > seg || m.Seg > 0 ||
+		if prev.Len() != seg || len(m.Buf) == 0 || m.Len() > seg || m.Seg > 0 ||
 			m.Peer != first.Peer || m.TOS != first.TOS || !samePort(first.Buf, m.Buf, ports) ||
-			total+len(m.Buf) > maxPayload4 || !adjacent(prev.Buf, m.Buf) {
+			total+m.Len() > maxPayload4 || !adjacent(prev.Buf, m.Buf) || !payloadsFollow(prev, m) {
 			break
 		}
-		total += len(m.Buf)
+		total += m.Len()
 	}
 	return k
+}
+
+// payloadsFollow reports whether m can follow prev in a run as far as
+// their payloads go: neither scattered, or both, with m's payload right
+// after prev's.
+func payloadsFollow(prev, m *Message) bool {
+	if prev.Payload == nil || m.Payload == nil {
+		return prev.Payload == nil && m.Payload == nil
+	}
+	return adjacent(prev.Payload, m.Payload)
 }
 
 // adjacent reports whether b starts right where a ends, inside a's

@@ -11,7 +11,12 @@
 // may Send while another Recvs. UDP GSO (UDP_SEGMENT) sends a Seg run of
 // equal-size packets in one datagram, and UDP GRO (UDP_GRO) receives
 // coalesced datagrams that Recv splits again; both are probed at Listen and
-// on by default. [NewPipeNetwork] is an in-memory fabric with the same
+// on by default. A scattered Message (Message.Payload set; see
+// [Scatterer]) keeps its payloads where they lie, in registered memory:
+// each packet goes to the kernel as three iovecs (header, payload and
+// trailer), a GSO run as one datagram of all of them, and the ICRC is
+// computed over the pieces, so the payload is never copied in user space.
+// [NewPipeNetwork] is an in-memory fabric with the same
 // ICRC rules for tests without sockets; package transport/impair wraps any
 // Conn with seeded loss, bursts, duplication, reordering, delay,
 // corruption and CE marking. A [Tap] sees every packet sent, received and dropped.

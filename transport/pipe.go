@@ -107,6 +107,10 @@ func (c *pipeConn) Close() error {
 	return nil
 }
 
+// Scatters implements Scatterer: a pipe takes scattered messages,
+// gathering each into the copy it delivers.
+func (c *pipeConn) Scatters() bool { return true }
+
 // Send implements Conn.
 func (c *pipeConn) Send(msgs []Message) (int, error) { return c.send(msgs, true) }
 
@@ -125,19 +129,26 @@ func (c *pipeConn) send(msgs []Message, fill bool) (int, error) {
 		if !ok {
 			return i, fmt.Errorf("%w: %v", ErrPeer, m.Peer)
 		}
-		k, err := c.ep.runSegments(len(m.Buf), m.Seg)
+		k, err := c.ep.runSegments(m.Len(), m.Seg)
 		if err != nil {
 			return i, err
 		}
+		buf := m.Buf
+		if m.Payload != nil {
+			// A pipe copies every packet anyway: gather first.
+			if buf, err = m.Gather(nil); err != nil {
+				return i, err
+			}
+		}
 		seg := m.Seg
 		if k == 1 {
-			seg = len(m.Buf)
+			seg = len(buf)
 		} else {
 			c.ctr.gsoSends.Add(1)
 			c.ctr.gsoSegments.Add(uint64(k))
 		}
 		if fill {
-			c.ep.fillRun(m.Buf, seg, peer, 0, true)
+			c.ep.fillRun(buf, seg, peer, 0, true)
 		}
 		tos := m.TOS
 		if tos == 0 {
@@ -145,8 +156,8 @@ func (c *pipeConn) send(msgs []Message, fill bool) (int, error) {
 		}
 		dst := c.net.lookup(peer)
 		var id uint16
-		for off := 0; off < len(m.Buf); off += seg {
-			p := m.Buf[off:min(off+seg, len(m.Buf))]
+		for off := 0; off < len(buf); off += seg {
+			p := buf[off:min(off+seg, len(buf))]
 			if tap != nil {
 				tap.Packet(Out, at, c.ep.local, peer, tos, id, p)
 			}

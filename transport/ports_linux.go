@@ -79,6 +79,10 @@ func (p *portsConn) pick(b []byte) int {
 	return FlowPort(bth.BTH(b).DestQP(), len(p.pool))
 }
 
+// Scatters implements Scatterer: the pool's sockets send scattered
+// messages as Listen's Conn does.
+func (p *portsConn) Scatters() bool { return true }
+
 // Send implements Conn. It first regroups msgs in place by pool socket,
 // keeping the order of each socket's messages (so of each QP's), and
 // sends each group in that socket's sendmmsg calls: posts to many QPs

@@ -41,6 +41,16 @@ type Message struct {
 	// where the kernel supports it and as separate datagrams otherwise.
 	// Ignored on receive (set to 0).
 	Seg int
+	// Payload, on send, when not nil, makes the message scattered: the
+	// packets' payloads lie back to back in Payload (registered memory,
+	// sent from where it lies) and Buf holds only each packet's header
+	// (BTH through its extension headers) and trailer (pad and ICRC),
+	// packet after packet. A packet on the wire is its header, its
+	// payload and its trailer; Seg counts those wire bytes. Send computes
+	// each ICRC over the pieces (Listen's Conns write it into the
+	// trailer; a pipe into the copy it delivers). Only a Conn that is a
+	// Scatterer accepts it (others return ErrScattered). Nil on receive.
+	Payload []byte
 	// IPID is, on receive, the IPv4 Identification the packet carried: read
 	// from the IP header in raw mode, recovered from the ICRC in socket mode.
 	// 0 for IPv6. Ignored on send.
@@ -196,6 +206,7 @@ var (
 	ErrPacketSize = errors.New("transport: packet shorter than BTH+ICRC or longer than a UDP datagram")
 	ErrSegments   = errors.New("transport: Seg run invalid (segment shorter than BTH+ICRC, over MaxSegments or over 64 KiB)")
 	ErrRawIPv6    = errors.New("transport: raw receive mode is IPv4 only (IPv6 ICRCs are checked in full in socket mode)")
+	ErrScattered  = errors.New("transport: scattered message (Payload set) not taken by this Conn, or its Buf and Payload do not split into packets as their BTHs say")
 	ErrRawGroup   = errors.New("transport: raw receive mode cannot be steered to a group of Conns (its raw socket sees every packet)")
 )
 

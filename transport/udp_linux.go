@@ -52,8 +52,12 @@ type udpConn struct {
 
 	smu sync.Mutex
 	s   sendState
-	rmu sync.Mutex
-	r   recvState
+	// tmu guards tapPkt, where the Tap is shown each sent packet of a
+	// scattered message gathered whole.
+	tmu    sync.Mutex
+	tapPkt []byte
+	rmu    sync.Mutex
+	r      recvState
 }
 
 func (c *udpConn) LocalAddr() netip.AddrPort { return c.ep.local }
@@ -103,6 +107,11 @@ type sendState struct {
 	names []sockaddr
 	ctrl  []byte
 	msg   []int32 // index in msgs of each slot's message
+	// siovs are the iovecs of scattered slots (header, payload and
+	// trailer of each packet), made at the first scattered message;
+	// sused of them are taken by the slots of the batch being built.
+	siovs []unix.Iovec
+	sused int
 	pkts  []int32 // packets in each slot
 	win   []mmsghdr
 	n     int
@@ -141,6 +150,16 @@ func (s *sendState) init(slots int) {
 		return true
 	}
 }
+
+// scatterIovecs is how many iovecs a batch's scattered slots may use:
+// enough for eight full GSO runs of three pieces per packet, far below
+// the kernel's UIO_MAXIOV (1024) per datagram.
+const scatterIovecs = 8 * 3 * MaxSegments
+
+// Scatters implements Scatterer: scattered messages go out with
+// sendmmsg, each packet's header, payload and trailer an iovec of its
+// own, so the payload is never copied in user space.
+func (c *udpConn) Scatters() bool { return true }
 
 // Send implements Conn.
 func (c *udpConn) Send(msgs []Message) (int, error) { return c.sendMsgs(msgs, true) }
@@ -211,13 +230,13 @@ func (c *udpConn) build(msgs []Message, i int, gso, fill bool) (slots, j int, er
 		if !ok {
 			return slots, j, fmt.Errorf("%w: %v", ErrPeer, m.Peer)
 		}
-		k, err := c.ep.runSegments(len(m.Buf), m.Seg)
+		k, err := c.ep.runSegments(m.Len(), m.Seg)
 		if err != nil {
 			return slots, j, err
 		}
 		seg := m.Seg
 		if k == 1 {
-			seg = len(m.Buf)
+			seg = m.Len()
 		}
 		whole := gso && k > 1
 		need := k
@@ -226,6 +245,19 @@ func (c *udpConn) build(msgs []Message, i int, gso, fill bool) (slots, j int, er
 		}
 		if slots+need > len(s.hdrs) {
 			return slots, j, nil
+		}
+		if m.Payload != nil {
+			if err := checkScattered(m, seg); err != nil {
+				return slots, j, err
+			}
+			if s.siovs == nil {
+				s.siovs = make([]unix.Iovec, scatterIovecs)
+			}
+			if s.sused+3*k > len(s.siovs) {
+				return slots, j, nil
+			}
+			slots = c.placeScattered(slots, int32(j), m, seg, peer, whole, fill)
+			continue
 		}
 		if fill {
 			c.ep.fillRun(m.Buf, seg, peer, 0, whole)
@@ -243,14 +275,75 @@ func (c *udpConn) build(msgs []Message, i int, gso, fill bool) (slots, j int, er
 	return slots, j, nil
 }
 
+// placeScattered fills the slots of a scattered message m, validated,
+// from slot on, computing ICRCs if fill is set, and returns the next free
+// slot: one slot of 3 iovecs per packet (empty pieces left out), or, for
+// a whole GSO run, one slot with all of them (the kernel cuts the
+// concatenation every seg bytes, which the pieces of each packet add up
+// to).
+func (c *udpConn) placeScattered(slot int, msg int32, m *Message, seg int, peer netip.AddrPort, whole, fill bool) int {
+	s := &c.s
+	w := scatterWalk{buf: m.Buf, payload: m.Payload, seg: seg}
+	start, pkts, total := s.sused, 0, 0
+	var id uint16
+	for !w.done() {
+		hdr, pay, tr, _ := w.next() // checkScattered passed
+		if fill {
+			c.ep.fillScattered(hdr, pay, tr, peer, id)
+		}
+		for _, b := range [3][]byte{hdr, pay, tr} {
+			if len(b) > 0 {
+				s.siovs[s.sused].Base = &b[0]
+				s.siovs[s.sused].SetLen(len(b))
+				s.sused++
+			}
+		}
+		pkts++
+		total += len(hdr) + len(pay) + len(tr)
+		if whole {
+			id++
+			continue
+		}
+		c.placeIovecs(slot, msg, 1, s.siovs[start:s.sused], total, peer, m.TOS, 0)
+		slot++
+		start, pkts, total = s.sused, 0, 0
+	}
+	if whole {
+		c.placeIovecs(slot, msg, pkts, s.siovs[start:s.sused], total, peer, m.TOS, seg)
+		slot++
+	}
+	return slot
+}
+
+// placeIovecs fills one slot whose data is the n bytes of iovs, which
+// live in siovs: s.iovs[slot] keeps only the length, for the counters.
+func (c *udpConn) placeIovecs(slot int, msg int32, pkts int, iovs []unix.Iovec, n int, peer netip.AddrPort, tos uint8, gsoSize int) {
+	s := &c.s
+	h := &s.hdrs[slot].hdr
+	h.Iov = &iovs[0]
+	h.SetIovlen(len(iovs))
+	s.iovs[slot].Base = nil
+	s.iovs[slot].SetLen(n)
+	c.placeHeader(slot, msg, pkts, peer, tos, gsoSize)
+}
+
 // place fills one slot: address, data, and control messages for the TOS
 // (when not the socket default) and the GSO segment size.
 func (c *udpConn) place(slot int, msg int32, pkts int, buf []byte, peer netip.AddrPort, tos uint8, gsoSize int) {
 	s := &c.s
 	h := &s.hdrs[slot].hdr
-	h.Namelen = putSockaddr(&s.names[slot], peer, c.scope)
+	h.Iov = &s.iovs[slot]
+	h.SetIovlen(1)
 	s.iovs[slot].Base = &buf[0]
 	s.iovs[slot].SetLen(len(buf))
+	c.placeHeader(slot, msg, pkts, peer, tos, gsoSize)
+}
+
+// placeHeader fills a slot's address and control messages.
+func (c *udpConn) placeHeader(slot int, msg int32, pkts int, peer netip.AddrPort, tos uint8, gsoSize int) {
+	s := &c.s
+	h := &s.hdrs[slot].hdr
+	h.Namelen = putSockaddr(&s.names[slot], peer, c.scope)
 	ctrl := s.ctrl[slot*sendCtrlSpace : (slot+1)*sendCtrlSpace]
 	n := 0
 	if tos != 0 {
@@ -280,6 +373,10 @@ func (c *udpConn) flush(slots int) (int, error) {
 		for q := range slots {
 			s.iovs[q].Base = nil // do not keep the caller's buffers alive
 		}
+		for q := range s.sused {
+			s.siovs[q].Base = nil
+		}
+		s.sused = 0
 		s.win = nil
 	}()
 	var pkts, bytes, gsoSends, gsoSegs, calls uint64
@@ -323,6 +420,10 @@ func (c *udpConn) tapSent(tap Tap, at time.Time, msgs []Message, gso bool, fallb
 		if tos == 0 {
 			tos = c.tos
 		}
+		if m.Payload != nil {
+			c.tapScattered(tap, at, m, peer, tos, gso && i < fallbackAt && !c.ep.v6)
+			continue
+		}
 		seg := m.Seg
 		if seg <= 0 || seg >= len(m.Buf) {
 			seg = len(m.Buf)
@@ -333,6 +434,27 @@ func (c *udpConn) tapSent(tap Tap, at time.Time, msgs []Message, gso bool, fallb
 			if gso && i < fallbackAt && !c.ep.v6 {
 				id++
 			}
+		}
+	}
+}
+
+// tapScattered shows the Tap each packet of the scattered message m,
+// gathered whole; countIDs says the packets carried IDs 0, 1, ... (a GSO
+// run) rather than 0 each.
+func (c *udpConn) tapScattered(tap Tap, at time.Time, m *Message, peer netip.AddrPort, tos uint8, countIDs bool) {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	w := scatterWalk{buf: m.Buf, payload: m.Payload, seg: m.Seg}
+	var id uint16
+	for !w.done() {
+		hdr, pay, tr, err := w.next()
+		if err != nil {
+			return // not sent: Send rejected it
+		}
+		c.tapPkt = append(append(append(c.tapPkt[:0], hdr...), pay...), tr...)
+		tap.Packet(Out, at, c.ep.local, peer, tos, id, c.tapPkt)
+		if countIDs {
+			id++
 		}
 	}
 }

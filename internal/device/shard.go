@@ -45,11 +45,24 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 	msgs := s.msgs[:0]
 	for i := range pkts {
 		p := &pkts[i]
-		msgs = append(msgs, transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
+		msgs = append(msgs, transport.Message{Buf: p.Buf, Payload: p.Payload, Peer: p.Dest, TOS: p.TOS})
 	}
 	s.msgs = msgs // keep the grown array for the next call
 	s.send(s.conn, pkts, msgs)
 	clear(s.msgs[:cap(s.msgs)]) // do not keep the engine's buffers alive
+}
+
+// Scatters implements qp.ScatterOutput: the engine leaves large payloads
+// in registered memory when every Conn of the shard sends them from
+// there (transport.Scatterer); behind a Conn that is not one (the
+// impairment shim, a caller's own Conn) it builds whole packets.
+func (o *shardOut) Scatters() bool {
+	for _, c := range o.conns {
+		if sc, ok := c.(transport.Scatterer); !ok || !sc.Scatters() {
+			return false
+		}
+	}
+	return true
 }
 
 // emitGIDs sends pkts on a device with several GIDs, each packet from its
@@ -62,7 +75,7 @@ func (s *shard) emitGIDs(pkts []qp.OutPacket) {
 	for i := range pkts {
 		p := &pkts[i]
 		g := s.d.route(p.Dest, p.DestQPN)
-		s.gmsgs[g] = append(s.gmsgs[g], transport.Message{Buf: p.Buf, Peer: p.Dest, TOS: p.TOS})
+		s.gmsgs[g] = append(s.gmsgs[g], transport.Message{Buf: p.Buf, Payload: p.Payload, Peer: p.Dest, TOS: p.TOS})
 	}
 	s.d.routes.mu.RUnlock()
 	for g, msgs := range s.gmsgs {

@@ -223,6 +223,10 @@ func (c *Conn) Send(msgs []transport.Message) (int, error) {
 			n, err = i, fmt.Errorf("%w: %v", transport.ErrPeer, m.Peer)
 			break
 		}
+		if m.Payload != nil {
+			n, err = i, transport.ErrScattered // not a Scatterer
+			break
+		}
 		k, e := c.ep.RunSegments(len(m.Buf), m.Seg)
 		if e != nil {
 			n, err = i, e
