@@ -310,11 +310,27 @@ func TestRequesterAgainstRxego(t *testing.T) {
 		{perftest.SendBW, "send_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
 			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}},
 	} {
-		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want) })
+		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want, false) })
 	}
 }
 
-func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict) {
+// TestRequesterRDMACMAgainstRxego is TestRequesterAgainstRxego with -R:
+// rxego's perf clients connect to the probe with rdma_cm, and the
+// scenarios run on the QPs the CM connected.
+func TestRequesterRDMACMAgainstRxego(t *testing.T) {
+	t.Run("write_bw", func(t *testing.T) {
+		requesterAgainstRxego(t, perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms,
+			"rnr-wait": Conforms, "ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}, true)
+	})
+	t.Run("read_bw", func(t *testing.T) {
+		requesterAgainstRxego(t, perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms,
+			"ce-data-cnp": Conforms}, true)
+	})
+}
+
+// requesterAgainstRxego probes rxego's perf client of test (with -R when
+// rdmacm) and checks the verdicts against want and the capture.
+func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict, rdmacm bool) {
 	scens := BuiltinRequester()
 	qps := QPsNeeded(scens, tool, false)
 	probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
@@ -331,8 +347,14 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	ch := make(chan ret, 1)
 	go func() {
 		r, err := Requester(context.Background(), RequesterConfig{Tool: tool, Peer: client, Local: probeAddr, NumQPs: qps,
-			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second,
-			Listening: func(a net.Addr) { listening <- a.(*net.TCPAddr).Port }})
+			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second, RDMACM: rdmacm,
+			Listening: func(a net.Addr) {
+				if rdmacm {
+					listening <- 18515 // rdma_cm's port: the default
+					return
+				}
+				listening <- a.(*net.TCPAddr).Port
+			}})
 		ch <- ret{r, err}
 	}()
 	var port int
@@ -343,7 +365,7 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	}
 	var out bytes.Buffer
 	_, cerr := perftest.Run(context.Background(), perftest.Config{Test: test, Server: probeAddr.String(), Port: port,
-		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out})
+		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out, RDMACM: rdmacm})
 	r := <-ch
 	if err := pw.Close(); err != nil {
 		t.Error(err)

@@ -25,7 +25,7 @@ import (
 // CM client.
 type cmSide struct {
 	dev *rxego.Device
-	cl  *perftest.CMClient
+	cl  *perftest.CMSide
 	cq  *rxego.CQ
 	qps []*rxego.QP
 	// stop ends the exchange's waits (ib_send_bw's server, which may
@@ -48,9 +48,10 @@ func routeSource(peer netip.Addr) (netip.Addr, error) {
 	return c.LocalAddr().(*net.UDPAddr).AddrPort().Addr().Unmap(), nil
 }
 
-// dialCM opens the device on the wire's address and connects the
-// exchange's comm QP to the peer's -R server at port.
-func dialCM(ctx context.Context, w *wire, port int) (*cmSide, error) {
+// openCM opens the device on the wire's address and connects the
+// exchange's comm QP: to the peer's -R server at port (listen false), or
+// from the peer's -R client, listening on port.
+func openCM(ctx context.Context, w *wire, port int, listen bool) (*cmSide, error) {
 	if !w.local.Addr().Is4() {
 		return nil, errors.New("probe: -R runs over IPv4 only, as rxego's rdma_cm")
 	}
@@ -60,10 +61,15 @@ func dialCM(ctx context.Context, w *wire, port int) (*cmSide, error) {
 	}
 	c := &cmSide{dev: dev}
 	ctx, c.stop = context.WithCancel(ctx)
-	if c.cl, err = perftest.DialCM(ctx, dev, w.peer.Addr(), port, nil, nil); err != nil {
+	if listen {
+		c.cl, err = perftest.ListenCM(ctx, dev, port, nil, nil)
+	} else {
+		c.cl, err = perftest.DialCM(ctx, dev, w.peer.Addr(), port, nil, nil)
+	}
+	if err != nil {
 		c.stop()
 		dev.Close()
-		return nil, fmt.Errorf("probe: rdma_cm connection of the exchange to %v port %d: %w", w.peer.Addr(), port, err)
+		return nil, fmt.Errorf("probe: rdma_cm connection of the exchange with %v, port %d: %w", w.peer.Addr(), port, err)
 	}
 	return c, nil
 }
