@@ -1,11 +1,14 @@
 package probe
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/internal/app/perftest"
@@ -51,7 +54,8 @@ func routeSource(peer netip.Addr) (netip.Addr, error) {
 // openCM opens the device on the wire's address and connects the
 // exchange's comm QP: to the peer's -R server at port (listen false), or
 // from the peer's -R client, listening on port.
-func openCM(ctx context.Context, w *wire, port int, listen bool) (*cmSide, error) {
+// listening, when set, is called once the CM listens (listen true).
+func openCM(ctx context.Context, w *wire, port int, listen bool, listening func()) (*cmSide, error) {
 	if !w.local.Addr().Is4() {
 		return nil, errors.New("probe: -R runs over IPv4 only, as rxego's rdma_cm")
 	}
@@ -62,7 +66,7 @@ func openCM(ctx context.Context, w *wire, port int, listen bool) (*cmSide, error
 	c := &cmSide{dev: dev}
 	ctx, c.stop = context.WithCancel(ctx)
 	if listen {
-		c.cl, err = perftest.ListenCM(ctx, dev, port, nil, nil)
+		c.cl, err = perftest.ListenCM(ctx, dev, port, nil, listenWatch(listening))
 	} else {
 		c.cl, err = perftest.DialCM(ctx, dev, w.peer.Addr(), port, nil, nil)
 	}
@@ -122,3 +126,21 @@ func (c *cmSide) close() error {
 	c.dev.Close()
 	return err
 }
+
+// listenWatch is the output of perftest's -R server side: it calls
+// listening once perftest says it listens (perftest.CMListening), which
+// is when a client may connect; the rest is not shown.
+func listenWatch(listening func()) io.Writer {
+	var once sync.Once
+	return writerFunc(func(p []byte) (int, error) {
+		if listening != nil && bytes.Contains(p, []byte(perftest.CMListening)) {
+			once.Do(listening)
+		}
+		return len(p), nil
+	})
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

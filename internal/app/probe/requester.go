@@ -55,7 +55,8 @@ type RequesterConfig struct {
 	MaxPackets int
 	Pcap       *pcaptap.Writer
 	Timeout    time.Duration // the whole run; 0: 2 minutes
-	// Listening, when set, is called once the probe listens.
+	// Listening, when set, is called once the probe listens (with
+	// RDMACM: its rdma_cm port, as a *net.UDPAddr).
 	Listening func(addr net.Addr)
 	// RDMACM is perftest's -R: the peer's client runs with -R, and the
 	// exchange and the QPs' connections go over rdma_cm (see rdmacm.go);
@@ -179,10 +180,11 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	var conn net.Conn
 	var cms *cmSide
 	if cfg.RDMACM {
+		var listening func()
 		if cfg.Listening != nil {
-			cfg.Listening(&net.UDPAddr{IP: cfg.Local.AsSlice(), Port: cfg.Port})
+			listening = func() { cfg.Listening(&net.UDPAddr{IP: cfg.Local.AsSlice(), Port: cfg.Port}) }
 		}
-		if cms, err = openCM(ctx, w, cfg.Port, true); err != nil {
+		if cms, err = openCM(ctx, w, cfg.Port, true, listening); err != nil {
 			return nil, err
 		}
 		defer func() {

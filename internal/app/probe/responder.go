@@ -240,7 +240,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	defer w.close()
 	var cms *cmSide
 	if cfg.RDMACM {
-		if cms, err = openCM(ctx, w, cfg.Port, false); err != nil {
+		if cms, err = openCM(ctx, w, cfg.Port, false, nil); err != nil {
 			return nil, err
 		}
 		defer func() {
