@@ -1,7 +1,6 @@
 package probe
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -96,7 +95,9 @@ func (c *devConn) deliver(p bth.Packet, pkt []byte, from netip.AddrPort, id uint
 
 // Send implements transport.Conn: the ICRC is computed as the wire
 // computes its own (IPv4 ID 0, DF), and the packet goes to the wire's
-// peer, the only address a probe talks to.
+// peer, the only address a probe talks to. A run of packets (Seg, which
+// the device's sender makes of adjacent packets to one peer) goes as
+// separate datagrams, as a Conn without GSO sends it.
 func (c *devConn) Send(msgs []transport.Message) (int, error) {
 	for i, m := range msgs {
 		select {
@@ -104,30 +105,41 @@ func (c *devConn) Send(msgs []transport.Message) (int, error) {
 			return i, errDevConnClosed
 		default:
 		}
-		if m.Seg > 0 && m.Seg < len(m.Buf) {
-			return i, errors.New("probe: the device's shared port sends no GSO runs")
-		}
 		if rxAddr(m.Peer) != c.w.peer {
 			return i, fmt.Errorf("probe: the device sent to %v; the probe talks only to %v", m.Peer, c.w.peer)
 		}
-		pkt := append([]byte(nil), m.Buf...)
-		c.w.fillICRC(pkt)
-		now := time.Now()
-		c.w.record(transport.Out, now, c.w.local, c.w.peer, m.TOS, 0, pkt)
-		if _, err := c.w.conn.WriteToUDPAddrPort(pkt, c.w.peer); err != nil {
-			return i, fmt.Errorf("probe: the device's send to %v: %w", c.w.peer, err)
+		seg := m.Seg
+		if seg <= 0 || seg > len(m.Buf) {
+			seg = len(m.Buf)
 		}
-		c.mu.Lock()
-		c.stats.SentPackets++
-		c.stats.SentBytes += uint64(len(pkt))
-		c.stats.SendCalls++
-		tap := c.tap
-		c.mu.Unlock()
-		if tap != nil {
-			tap.Packet(transport.Out, now, c.w.local, c.w.peer, m.TOS, 0, pkt)
+		for off := 0; off < len(m.Buf); off += seg {
+			if err := c.sendOne(m.Buf[off:min(off+seg, len(m.Buf))], m.TOS); err != nil {
+				return i, err
+			}
 		}
 	}
 	return len(msgs), nil
+}
+
+// sendOne sends one packet of the device's, recorded in the capture.
+func (c *devConn) sendOne(buf []byte, tos uint8) error {
+	pkt := append([]byte(nil), buf...)
+	c.w.fillICRC(pkt)
+	now := time.Now()
+	c.w.record(transport.Out, now, c.w.local, c.w.peer, tos, 0, pkt)
+	if _, err := c.w.conn.WriteToUDPAddrPort(pkt, c.w.peer); err != nil {
+		return fmt.Errorf("probe: the device's send to %v: %w", c.w.peer, err)
+	}
+	c.mu.Lock()
+	c.stats.SentPackets++
+	c.stats.SentBytes += uint64(len(pkt))
+	c.stats.SendCalls++
+	tap := c.tap
+	c.mu.Unlock()
+	if tap != nil {
+		tap.Packet(transport.Out, now, c.w.local, c.w.peer, tos, 0, pkt)
+	}
+	return nil
 }
 
 // rxAddr is ap with port 4791 when it has none and its address unmapped.
