@@ -46,8 +46,8 @@ perftest server, and the probe does that tool's client handshake, then,
 instead of the tool's traffic, sends scripted packets on the QPs the
 handshake gave it, one scenario per QP, and judges what comes back.
 
-  peer$ ib_write_bw -d rxe0 -x 1 -q 25          # QPs for the write scenarios
-  here$ rxego probe -q 25 PEER
+  peer$ ib_write_bw -d rxe0 -x 1 -q 26          # QPs for the write scenarios
+  here$ rxego probe -q 26 PEER
   peer$ ib_read_bw -d rxe0 -x 1 -q 4
   here$ rxego probe --tool read_bw -q 4 PEER
   peer$ ib_atomic_bw -d rxe0 -x 1 -q 3
@@ -56,8 +56,8 @@ handshake gave it, one scenario per QP, and judges what comes back.
   here$ rxego probe --tool send_bw -q 4 PEER
   peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 2048     # one QP: the send scenarios in turn
   here$ rxego probe --tool rc_pingpong PEER
-  peer$ ib_write_bw -d rxe0 -R -q 25             # -R: rdma_cm's handshake
-  here$ rxego probe -R -q 25 PEER
+  peer$ ib_write_bw -d rxe0 -R -q 26             # -R: rdma_cm's handshake
+  here$ rxego probe -R -q 26 PEER
 
 -q must be the peer's -q: the exchange carries one record per QP. Each
 tool registers its memory for its own operation only, so a run judges the
