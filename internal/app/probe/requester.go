@@ -305,6 +305,11 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	// The peer's traffic runs until its final synchronisation;
 	// ibv_rc_pingpong's has none: its run ends when it falls silent.
 	final := make(chan error, 1)
+	// With a long T (rdma_cm's: 0.5 s to 2 s) the peer's resends come
+	// further apart than the default watch: watch at least 4T, the most a
+	// resend may wait, and withhold ACKs long enough for 9 of them.
+	T := qpTimeout(cfg.ACKTimeout)
+	cfg.Wait = max(cfg.Wait, 4*T+time.Second)
 	quiet := cfg.Wait / 4
 	if pp {
 		final, quiet = nil, cfg.Wait
@@ -321,7 +326,8 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 		}
 		final <- err
 	}()
-	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU}
+	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: T, retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU,
+		hold: min(max(maxHold, 9*T), maxHoldLong)}
 	var finalErr error
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -422,6 +428,7 @@ type reqRun struct {
 	retryCnt int
 	slack    time.Duration
 	mtu      int
+	hold     time.Duration // how long ACKs are withheld at most
 }
 
 // send builds h (addressed to q's peer QP), sends it and returns when it
@@ -663,14 +670,19 @@ func (q *reqQP) accept(h bth.Header, n int) {
 	}
 }
 
-// maxHold bounds how long the probe withholds a QP's ACKs.
-const maxHold = 5 * time.Second
+// maxHold bounds how long the probe withholds a QP's ACKs, unless the
+// peer's T is so long (rdma_cm's) that 9 of its resends take longer; then
+// 9T, at most maxHoldLong.
+const (
+	maxHold     = 5 * time.Second
+	maxHoldLong = 30 * time.Second
+)
 
-// releaseHeld ends a hold that has lasted maxHold: the probe acknowledges
+// releaseHeld ends a hold that has lasted r.hold: the probe acknowledges
 // what it has, so the peer's requester can finish its run.
 func (r *reqRun) releaseHeld() {
 	for _, q := range r.qps {
-		if q.holding && time.Since(q.heldAt) > maxHold {
+		if q.holding && time.Since(q.heldAt) > r.hold {
 			q.holding = false
 			r.ack(q, q.epsn-1, reth.ACKSyndrome(reth.CreditsInvalid), false)
 		}
