@@ -173,6 +173,18 @@ type Options struct {
 	// BusyPoll once the application stops polling. Used with the sockets of
 	// transport.Listen; ignored for other Conns.
 	BusyPoll time.Duration
+	// ZeroCopy, when set, sends the payloads of RC WRITEs, SENDs and READ
+	// responses of 512 bytes or more from registered memory with
+	// scatter-gather I/O instead of copying them into the packet (sockets
+	// of transport.Listen and pipes; other Conns get whole packets).
+	// Off by default: on the 2-CPU development machine it made 64 KiB
+	// WRITEs at MTU 4096 about 1.05x faster but SENDs and READs
+	// 0.72-0.91x and MTU 1024 slower (bench/RESULTS.md, session 8); the
+	// kernel's walk of three iovecs per packet costs more there than the
+	// copy it saves. Memory a READ response is sent from must not change
+	// until the response has left, or the peer drops it on its ICRC and
+	// asks again.
+	ZeroCopy bool
 	// GIDs are further addresses the device serves besides Open's, each
 	// a GID table entry with its own socket group: Open's address is index
 	// 0, GIDs[i] index i+1 (see Device.QueryGID and docs/rnic.md for how
@@ -285,7 +297,7 @@ func Open(addr string, opts *Options) (*Device, error) {
 	d := &Device{mrs: mrs} // the QPs' Destroyed hook forgets them here
 	dev, err := device.Open(device.Config{GIDs: gids, Shards: n, Transport: o.Transport, Conn: o.Conn,
 		SourcePorts: o.SourcePorts, Window: o.Window, StallTime: o.RetryStallTime, DataTOS: o.DataTOS, Congestion: o.Congestion,
-		BusyPoll: o.BusyPoll, Tap: o.Tap, MRs: mrs, Destroyed: func(q *qp.QP) { d.qps.Delete(q) }})
+		BusyPoll: o.BusyPoll, ZeroCopy: o.ZeroCopy, Tap: o.Tap, MRs: mrs, Destroyed: func(q *qp.QP) { d.qps.Delete(q) }})
 	if err != nil {
 		return nil, err
 	}

@@ -96,7 +96,7 @@ func openZCSide(t *testing.T, addr string, scatter bool, size int) *zcSide {
 		t.Fatal(err)
 	}
 	s := &zcSide{conn: &scatterConn{Conn: c, scatter: scatter}, tap: &icrcTap{}, buf: make([]byte, size+64)}
-	if s.dev, err = rxego.Open(c.LocalAddr().String(), &rxego.Options{Conn: s.conn, Tap: s.tap}); err != nil {
+	if s.dev, err = rxego.Open(c.LocalAddr().String(), &rxego.Options{Conn: s.conn, Tap: s.tap, ZeroCopy: true}); err != nil {
 		c.Close()
 		t.Fatal(err)
 	}

@@ -47,6 +47,8 @@ type Config struct {
 	Congestion *qp.CongestionConfig
 	// BusyPoll is rxego.Options.BusyPoll.
 	BusyPoll time.Duration
+	// ZeroCopy is rxego.Options.ZeroCopy.
+	ZeroCopy bool
 	// Tap, when set, sees every packet from the start.
 	Tap transport.Tap
 	// MRs is the device-wide MR table the engines check keys against.
@@ -183,7 +185,7 @@ func Open(c Config) (*Device, error) {
 	}
 	var sendMu sync.Mutex // for a shared Conn: one sender at a time
 	for i := range n {
-		s := &shard{d: d, idx: i, conn: conns[min(i, len(conns)-1)], sendMu: &sendMu}
+		s := &shard{d: d, idx: i, conn: conns[min(i, len(conns)-1)], sendMu: &sendMu, zeroCopy: c.ZeroCopy}
 		s.conns = []transport.Conn{s.conn}
 		for _, g := range xconns {
 			s.conns = append(s.conns, g[i])

@@ -22,10 +22,13 @@ type shard struct {
 	// leaves from its route's (Device.route).
 	conns []transport.Conn
 
-	ports  int         // source ports conn sends from (transport.SourcePorter), 0 for one
-	sendMu *sync.Mutex // the shard's own, or the device's for a shared Conn
-	msgs   []transport.Message
-	gmsgs  [][]transport.Message // per further GID, with several
+	ports int // source ports conn sends from (transport.SourcePorter), 0 for one
+	// zeroCopy asks the engine to leave payloads in registered memory
+	// (Config.ZeroCopy), where every Conn of the shard can send them so.
+	zeroCopy bool
+	sendMu   *sync.Mutex // the shard's own, or the device's for a shared Conn
+	msgs     []transport.Message
+	gmsgs    [][]transport.Message // per further GID, with several
 }
 
 // shardOut adapts a shard's Conn to the engine's Output.
@@ -52,11 +55,15 @@ func (o *shardOut) Emit(pkts []qp.OutPacket) {
 	clear(s.msgs[:cap(s.msgs)]) // do not keep the engine's buffers alive
 }
 
-// Scatters implements qp.ScatterOutput: the engine leaves large payloads
-// in registered memory when every Conn of the shard sends them from
-// there (transport.Scatterer); behind a Conn that is not one (the
-// impairment shim, a caller's own Conn) it builds whole packets.
+// Scatters implements qp.ScatterOutput: with Config.ZeroCopy, the
+// engine leaves large payloads in registered memory when every Conn of
+// the shard sends them from there (transport.Scatterer); behind a Conn
+// that is not one (the impairment shim, a caller's own Conn) it builds
+// whole packets.
 func (o *shardOut) Scatters() bool {
+	if !o.zeroCopy {
+		return false
+	}
 	for _, c := range o.conns {
 		if sc, ok := c.(transport.Scatterer); !ok || !sc.Scatters() {
 			return false
