@@ -47,6 +47,14 @@ const (
 	prefixLen  = 24
 	prefixLen6 = 64
 	bridgeName = "br0"
+	// BridgeMAC is the bridge's fixed MAC address (locally administered).
+	// A Linux bridge left to choose takes the lowest MAC among its ports,
+	// so it changed whenever a guest's tap came or went (a guest rebooted
+	// after its kernel died): IPv4 guests heard the kernel's gratuitous
+	// ARP, but an IPv6 guest kept the old MAC in its neighbour cache until
+	// its unicast probes failed, about 8 s in which every packet to the
+	// host was lost (TestPerftestIPv6 in CI, twice).
+	BridgeMAC = "02:00:c6:12:00:01"
 	// netnsPrefix starts the name of every lab namespace; New removes
 	// namespaces with it whose creating process is gone.
 	netnsPrefix = "rxegolab"
@@ -230,7 +238,7 @@ func (l *Lab) create() error {
 	l.ns = ns
 	steps := [][]string{
 		{"link", "set", "lo", "up"},
-		{"link", "add", bridgeName, "type", "bridge"},
+		{"link", "add", bridgeName, "address", BridgeMAC, "type", "bridge"},
 		// The bridge forwards at once (no STP learning delay) and a new tap
 		// needs no DAD wait for the host's IPv6 address.
 		{"link", "set", bridgeName, "type", "bridge", "forward_delay", "0", "stp_state", "0"},
