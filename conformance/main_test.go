@@ -710,8 +710,8 @@ func lateReplies(requesterRetries, responderDuplicates uint64) uint64 {
 // completed, and rxe checks the QP's state before its rcvd_pkts counter,
 // so each such message can cost one of rxego's packets uncounted by rxe:
 // its ACK, when rstream had taken rxego's DISCONNECT first (a failing
-// TestRstreamSizes capture: rstream sent its DISCONNECT 3.7 ms after
-// acknowledging rxego's, rxego acknowledged it 57 us later, and rxe
+// TestRstreamSizes capture: rxe sent rstream's DISCONNECT 37 us after
+// acknowledging rxego's, rxego acknowledged it 85 us later, and rxe
 // counted one packet fewer than rxego sent), or for rxe's DISCONNECT
 // rxego's own, arriving after rxe's had completed. Never both for one
 // message: whichever rxe took first it counted. A resend of rxego's
