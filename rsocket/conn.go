@@ -58,6 +58,14 @@ type Stats struct {
 	CreditUpdates            uint64 // SGL messages received
 	Keepalives               uint64 // keepalives sent
 	Malformed                uint64 // messages dropped as no rsocket peer sends them
+	// AfterShutdown counts the peer's messages taken after this side
+	// sent SHUTDOWN or DISCONNECT. The peer may tear its QP down on
+	// taking that message (rsocket's rshutdown does), so the ACK of each
+	// of these may reach a QP already in ERR, which drops it uncounted;
+	// or, for the peer's own DISCONNECT, the ACK arrives and this side's
+	// message is the one that comes too late. Each costs at most one
+	// packet (docs/rsocket.md).
+	AfterShutdown uint64
 }
 
 // Conn is one rsocket stream connection. It implements net.Conn; its
@@ -122,7 +130,11 @@ type Conn struct {
 
 	stats struct {
 		dataSent, dataRecv, bytesSent, bytesRecv, credits, keepalives, malformed atomic.Uint64
+		afterShutdown                                                            atomic.Uint64
 	}
+	// shutSent records that SHUTDOWN or DISCONNECT went out, for
+	// Stats.AfterShutdown.
+	shutSent bool
 
 	cancel   context.CancelFunc // ends the poller and keepalive
 	pollDone chan struct{}
@@ -312,6 +324,9 @@ func (c *Conn) completeLocked(wcs []rxego.WC) {
 				continue
 			}
 			received++
+			if c.shutSent {
+				c.stats.afterShutdown.Add(1)
+			}
 			if wc.Flags&rxego.WCWithImm == 0 {
 				c.stats.malformed.Add(1)
 				continue

@@ -142,6 +142,7 @@ func (c *Conn) sendCtrlLocked(ctrl uint32, deadline time.Time) error {
 		c.failLocked(err)
 		return c.err
 	}
+	c.shutSent = true
 	return nil
 }
 
@@ -206,8 +207,29 @@ func (c *Conn) shutdown() {
 		cancel()
 		c.cancel()
 		<-c.pollDone
+		c.drainCQ()
 		c.release()
 	})
+}
+
+// drainCQ counts, in Stats.AfterShutdown, the peer's messages the QP took
+// (and acknowledged) after this side's SHUTDOWN or DISCONNECT that the
+// poll goroutine left; the rest of what the CQ holds is moot now.
+func (c *Conn) drainCQ() {
+	wcs := make([]rxego.WC, 64)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		n, err := c.cq.Poll(wcs)
+		if err != nil || n == 0 {
+			return
+		}
+		for _, wc := range wcs[:n] {
+			if c.shutSent && wc.ID&recvWRFlag != 0 && wc.Status == rxego.WCSuccess {
+				c.stats.afterShutdown.Add(1)
+			}
+		}
+	}
 }
 
 // release frees the verbs resources, those that exist.
@@ -274,5 +296,5 @@ func (c *Conn) Stats() Stats {
 	s := &c.stats
 	return Stats{DataSent: s.dataSent.Load(), DataReceived: s.dataRecv.Load(), BytesSent: s.bytesSent.Load(),
 		BytesReceived: s.bytesRecv.Load(), CreditUpdates: s.credits.Load(), Keepalives: s.keepalives.Load(),
-		Malformed: s.malformed.Load()}
+		Malformed: s.malformed.Load(), AfterShutdown: s.afterShutdown.Load()}
 }

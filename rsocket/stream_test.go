@@ -184,6 +184,105 @@ func TestDisconnect(t *testing.T) {
 	}
 }
 
+// TestAfterShutdown: Stats.AfterShutdown counts the peer's messages taken
+// after this side's SHUTDOWN or DISCONNECT: 1 on both ends when their
+// DISCONNECTs crossed (each posted while neither end's poller could run),
+// 0 on both when one end's DISCONNECT was taken before the other closed,
+// and the data and DISCONNECT that followed a SHUTDOWN.
+func TestAfterShutdown(t *testing.T) {
+	deadline := time.Now().Add(10 * time.Second)
+	p := newPair(t, nil)
+	// connect sends a byte and waits for each end's first credit update
+	// (the second half of the receive buffer, advertised at the first
+	// completion), so the counts below are of the endings alone.
+	connect := func() (cli, srv *Conn) {
+		t.Helper()
+		cli, srv = p.connect(t, nil, nil)
+		srv.SetDeadline(deadline)
+		if _, err := cli.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(srv, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		for cli.Stats().CreditUpdates == 0 || srv.Stats().CreditUpdates == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("no credit update within 10 s of connecting")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return cli, srv
+	}
+	check := func(what string, cli, srv *Conn, wantCli, wantSrv uint64) {
+		t.Helper()
+		if got := cli.Stats().AfterShutdown; got != wantCli {
+			t.Errorf("%s: client AfterShutdown = %d, want %d", what, got, wantCli)
+		}
+		if got := srv.Stats().AfterShutdown; got != wantSrv {
+			t.Errorf("%s: server AfterShutdown = %d, want %d", what, got, wantSrv)
+		}
+	}
+
+	cli, srv := connect()
+	cli.mu.Lock()
+	srv.mu.Lock()
+	for _, c := range []*Conn{cli, srv} {
+		c.state &^= stReadable | stWritable
+		if err := c.sendCtrlLocked(ctrlDisconnect, deadline); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.mu.Unlock()
+	cli.mu.Unlock()
+	// Each end takes the other's DISCONNECT; Close then sends nothing.
+	for _, c := range []*Conn{cli, srv} {
+		for {
+			c.mu.Lock()
+			st := c.state
+			c.mu.Unlock()
+			if st == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the peer's DISCONNECT not taken within 10 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		c.Close()
+	}
+	check("crossed DISCONNECTs", cli, srv, 1, 1)
+
+	cli, srv = connect()
+	if err := cli.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := srv.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("server read after the client's Close: %v, want io.EOF", err)
+	}
+	srv.Close()
+	check("one DISCONNECT", cli, srv, 0, 0)
+
+	cli, srv = connect()
+	if err := cli.CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := srv.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("server read after the client's CloseWrite: %v, want io.EOF", err)
+	}
+	if _, err := srv.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	cli.SetDeadline(time.Now().Add(10 * time.Second))
+	if got, err := io.ReadAll(cli); err != nil || string(got) != "x" {
+		t.Fatalf("client read %q, %v after its CloseWrite; want \"x\" and EOF", got, err)
+	}
+	cli.Close()
+	check("SHUTDOWN, then DATA and DISCONNECT", cli, srv, 2, 0)
+}
+
 // TestReset: a connection torn down without DISCONNECT (the CM's DREQ
 // alone, as a crashed peer's kernel sends) is a reset, not an EOF.
 func TestReset(t *testing.T) {

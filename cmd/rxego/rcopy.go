@@ -108,10 +108,12 @@ flags:
 	if *port > 0xffff || *count < 0 {
 		return usageErrorf("port %d or count %d out of range", *port, *count)
 	}
+	var conns rsocketConns // their counters join --stats
+	f.extra = conns.counters
 	switch len(operands) {
 	case 0:
 		return rsocketServer(*bind, uint16(*port), f, func(ctx context.Context, ln *rsocket.Listener) error {
-			return rcopyServe(ctx, ln, *count)
+			return rcopyServe(ctx, ln, *count, &conns)
 		}, nil)
 	case 2:
 		src, dst := operands[0], operands[0]
@@ -120,14 +122,15 @@ flags:
 			dst = path
 		}
 		return rsocketClient(server, *bind, uint16(*port), f, func(ctx context.Context, m *cm.Manager, to string) error {
-			return rcopySend(ctx, m, to, src, dst, *f.timeout)
+			return rcopySend(ctx, m, to, src, dst, *f.timeout, &conns)
 		})
 	}
 	return usageErrorf("want no operands (server) or source server[:destination]")
 }
 
-// rcopySend is rcopy's client; timeout is the -timeout its errors name.
-func rcopySend(ctx context.Context, m *cm.Manager, to, src, dst string, timeout time.Duration) error {
+// rcopySend is rcopy's client; timeout is the -timeout its errors name;
+// the connection joins conns.
+func rcopySend(ctx context.Context, m *cm.Manager, to, src, dst string, timeout time.Duration, conns *rsocketConns) error {
 	file, err := os.Open(src)
 	if err != nil {
 		return err
@@ -141,6 +144,7 @@ func rcopySend(ctx context.Context, m *cm.Manager, to, src, dst string, timeout 
 	if err != nil {
 		return rsocketDialError(to, err, timeout)
 	}
+	conns.add(c)
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
@@ -207,8 +211,8 @@ func unixMode(m os.FileMode) uint32 {
 }
 
 // rcopyServe is rcopy's server: clients one after another, count of
-// them (0: until ctx ends).
-func rcopyServe(ctx context.Context, ln *rsocket.Listener, count int) error {
+// them (0: until ctx ends), each connection joining conns.
+func rcopyServe(ctx context.Context, ln *rsocket.Listener, count int, conns *rsocketConns) error {
 	for served := 0; count == 0 || served < count; served++ {
 		fmt.Print("waiting for connection...")
 		c, err := acceptContext(ctx, ln)
@@ -216,6 +220,7 @@ func rcopyServe(ctx context.Context, ln *rsocket.Listener, count int) error {
 			fmt.Println()
 			return err
 		}
+		conns.add(c)
 		fmt.Printf("client: %v\n", c.RemoteAddr().(rsocket.Addr).AddrPort.Addr())
 		stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 		err = rcopyProcess(c)

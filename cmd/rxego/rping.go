@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -38,6 +39,8 @@ type cmFlags struct {
 	stats   *bool
 	drop    *string
 	obs     *observeFlags
+	// extra, when set, adds a tool's own counters to --stats.
+	extra func() map[string]uint64
 }
 
 func addCMFlags(fs *flag.FlagSet) cmFlags {
@@ -188,7 +191,11 @@ func cmRunAll(locals []netip.Addr, f cmFlags, fn func(ctx context.Context, m *cm
 	err = first.err
 	first.m.Close()
 	if *f.stats {
-		err = errors.Join(err, printStatsWith(os.Stdout, first.dev, 0, first.m.Counters()))
+		counters := first.m.Counters()
+		if f.extra != nil {
+			maps.Copy(counters, f.extra())
+		}
+		err = errors.Join(err, printStatsWith(os.Stdout, first.dev, 0, counters))
 	}
 	return errors.Join(err, f.obs.close())
 }

@@ -167,6 +167,11 @@ flags:
 			fmt.Printf("Keepalive: ON\n  time: %d\n", *keepalive)
 		}
 	}
+	// The connections' rsocket counters join --stats once they are
+	// closed: messages taken after this side's DISCONNECT bound the
+	// packets the peer may not count (rsocket.Stats.AfterShutdown).
+	var conns rsocketConns
+	f.extra = conns.counters
 	client := *dst != ""
 	if o.tcp {
 		return rstreamTCP(client, *dst, *bind, uint16(*port), *keepalive, showKeepalive, cfg, *f.timeout)
@@ -177,7 +182,11 @@ flags:
 			return rstream.Run(ctx, true, func(ctx context.Context, latency bool) (net.Conn, error) {
 				showKeepalive()
 				c, err := rsocket.DialContext(ctx, m, to, rcfg(latency))
-				return c, rsocketDialError(to, err, *f.timeout)
+				if err != nil {
+					return nil, rsocketDialError(to, err, *f.timeout)
+				}
+				conns.add(c)
+				return c, nil
 			}, cfg)
 		})
 	}
@@ -190,24 +199,52 @@ flags:
 				return nil, err
 			}
 			c, err := acceptContext(ctx, ln)
-			if err == nil {
-				showKeepalive()
+			if err != nil {
+				return nil, err
 			}
-			return c, err
+			showKeepalive()
+			conns.add(c)
+			return c, nil
 		}, cfg)
 	}, rcfg(true))
 }
 
-// acceptContext is ln.Accept ending with ctx (the listener is closed
-// then).
-func acceptContext(ctx context.Context, ln *rsocket.Listener) (net.Conn, error) {
+// rsocketConns are the connections a tool made, for their counters.
+type rsocketConns struct {
+	mu    sync.Mutex
+	conns []*rsocket.Conn
+}
+
+func (r *rsocketConns) add(c *rsocket.Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.conns = append(r.conns, c)
+}
+
+// counters sums the connections' rsocket counters that --stats reports.
+func (r *rsocketConns) counters() map[string]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var after uint64
+	for _, c := range r.conns {
+		after += c.Stats().AfterShutdown
+	}
+	return map[string]uint64{"rsocket_after_shutdown": after}
+}
+
+// acceptContext is ln.AcceptRsocket ending with ctx (the listener is
+// closed then).
+func acceptContext(ctx context.Context, ln *rsocket.Listener) (*rsocket.Conn, error) {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	c, err := ln.Accept()
-	if err != nil && ctx.Err() != nil {
-		return nil, ctx.Err()
+	c, err := ln.AcceptRsocket()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, err
 	}
-	return c, err
+	return c, nil
 }
 
 // rsocketDialError is dialError for an rsocket dial under the -timeout

@@ -57,8 +57,13 @@ func TestRstreamCLI(t *testing.T) {
 			return []string{"-b", srv, "-p", port, "-T", "v", "-B", "4096", "-k", "1", "-S", "10000", "-C", "50", "-timeout", "60s"}
 		},
 		func(srv, cli, port string) []string {
-			return []string{"-s", srv, "-b", cli, "-p", port, "-T", "verify", "-B", "4096", "-k", "1", "-S", "10000", "-C", "50", "-timeout", "60s"}
+			return []string{"-s", srv, "-b", cli, "-p", port, "-T", "verify", "-B", "4096", "-k", "1", "-S", "10000", "-C", "50", "-timeout", "60s", "--stats"}
 		})
+	// The client's --stats carries the rsocket counter the lab's packet
+	// balance reads (conformance's rsocketAfterShutdown).
+	if !regexp.MustCompile(`(?m)^` + statsPrefix + `\{.*"rsocket_after_shutdown":\d+`).MatchString(cliOut) {
+		t.Errorf("client --stats: no rsocket_after_shutdown counter:\n%s", cliOut)
+	}
 	for name, out := range map[string]string{"server": srvOut, "client": cliOut} {
 		m := rstreamRow.FindStringSubmatch(out)
 		if m == nil || m[1] != "custom" || m[2] != "9.7k" || m[3] != "50" || m[4] != "1" || m[5] != "976k" {
