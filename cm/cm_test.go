@@ -262,11 +262,18 @@ func TestLostRTU(t *testing.T) {
 	if f.droppedOf(AttrRTU) != 2 {
 		t.Fatalf("dropped %d RTUs", f.droppedOf(AttrRTU))
 	}
-	if c := p.cli.m.Counters(); c["cm_sent_rtu"] != 3 || c["cm_duplicates"] != 2 {
-		t.Errorf("client %s", counts(p.cli.m, "cm_sent_rtu", "cm_duplicates"))
+	// Two lost RTUs take at least two REP retransmissions; on a loaded
+	// machine the server's timer can fire once more before the third RTU
+	// lands (ci16: 4 REPs, 2 RTUs taken), so the counts must agree with
+	// each other rather than be exactly 3 and 1. Each duplicate REP the
+	// client took was answered with an RTU, every RTU but the two dropped
+	// may have reached the server, and no REP arrived that was not sent.
+	cc, sc := p.cli.m.Counters(), p.srv.m.Counters()
+	if cc["cm_duplicates"] < 2 || cc["cm_sent_rtu"] != cc["cm_duplicates"]+1 || cc["cm_duplicates"]+1 > sc["cm_sent_rep"] {
+		t.Errorf("client %s, server %s", counts(p.cli.m, "cm_sent_rtu", "cm_duplicates"), counts(p.srv.m, "cm_sent_rep"))
 	}
-	if c := p.srv.m.Counters(); c["cm_sent_rep"] != 3 || c["cm_rcvd_rtu"] != 1 {
-		t.Errorf("server %s", counts(p.srv.m, "cm_sent_rep", "cm_rcvd_rtu"))
+	if sc["cm_sent_rep"] < 3 || sc["cm_rcvd_rtu"] < 1 || sc["cm_rcvd_rtu"] > cc["cm_sent_rtu"]-2 {
+		t.Errorf("server %s, client %s", counts(p.srv.m, "cm_sent_rep", "cm_rcvd_rtu"), counts(p.cli.m, "cm_sent_rtu"))
 	}
 	cli.Disconnect(testCtx(t))
 	waitClosed(t, srv.Done(), "server Done")
