@@ -22,12 +22,7 @@ import (
 // each tool serves except those listed in notConforming, and moves the
 // error counters listed in counters (each must move: the scenarios
 // reached rxe). docs/probe.md explains every deviation.
-var probeTools = []struct {
-	tool          string
-	args          []string // the server's arguments beyond -d, -x, -p and -q
-	notConforming map[string]probe.Verdict
-	counters      []string
-}{
+var probeTools = []probeTool{
 	{"write_bw", nil, map[string]probe.Verdict{
 		"reserved-opcode": probe.Deviates,      // rxe drops a reserved opcode silently
 		"fecn-cnp":        probe.NotApplicable, // rxe has no RoCEv2 congestion control
@@ -39,6 +34,22 @@ var probeTools = []struct {
 	{"send_bw", []string{"-s", "2048"}, nil, []string{"out_of_seq_request"}},
 }
 
+// rxe61Verdicts are the responder verdicts in which rxe 6.1 differs from
+// 6.12: 6.1's rxe_resp_check_length does not check C9-94 (a DMA Length
+// above 2^31), so such a WRITE meets the region's bounds check and is
+// NAKed as a remote access error; 6.12 checks it and NAKs invalid
+// request.
+var rxe61Verdicts = map[string]probe.Verdict{"dma-length-too-long": probe.Deviates}
+
+// probeTool is one perftest server the responder probe rides, with the
+// verdicts other than conforms it earns and the rxe counters it moves.
+type probeTool struct {
+	tool          string
+	args          []string // the server's arguments beyond -d, -x, -p and -q
+	notConforming map[string]probe.Verdict
+	counters      []string
+}
+
 // TestProbeResponder runs `rxego probe` against rdma_rxe's responder
 // behind each perftest server, checks every verdict against the table
 // above, and checks the report against the lab bridge's own capture:
@@ -48,76 +59,135 @@ var probeTools = []struct {
 func TestProbeResponder(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		for _, pt := range probeTools {
-			scens := probe.Builtin()
-			qps := probe.QPsNeeded(scens, pt.tool, false)
-			var require []string
-			for _, c := range pt.counters {
-				require = append(require, "rxe:"+c)
-			}
-			c := Case{Name: "probe " + pt.tool, Role: "rxego probe", Expect: pt.counters, Require: require}
-			p.Case(t, c, func(t *testing.T) Outcome {
-				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-				defer cancel()
-				args := append([]string{"-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", strconv.Itoa(qps)}, pt.args...)
-				proc, err := p.Guest.Start(append([]string{"ib_" + pt.tool}, args...)...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer proc.Kill()
-				if err := p.Guest.WaitTCPListen(ctx, p.Port); err != nil {
-					t.Fatal(err)
-				}
-				capPath := filepath.Join(t.TempDir(), "bridge.pcap")
-				capt, err := p.Lab.Capture(capPath)
-				if err != nil {
-					t.Fatal(err)
-				}
-				h := p.startRxego(t, ctx, "probe", "--tool", pt.tool, "-q", strconv.Itoa(qps), "-p", strconv.Itoa(p.Port),
-					"-x", p.HostIP, "--wait", "1s", "--json", p.Guest.IP())
-				herr := h.wait(ctx)
-				capt.Stop()
-				res, perr := proc.Wait(ctx)
-				if herr != nil {
-					t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
-				}
-				if perr != nil && pt.tool != "send_bw" {
-					t.Errorf("the peer's ib_%s did not end cleanly after the probe: %v\n%s\n%s", pt.tool, perr, res.Stdout, res.Stderr)
-				}
-				var rep probe.Report
-				if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
-					t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
-				}
-				checkProbeCapture(t, &rep, capPath, p.Guest.IP())
-				var summary []string
-				ran := 0
-				for _, r := range rep.Results {
-					if r.MyQPN == 0 {
-						continue // not for this tool
-					}
-					ran++
-					t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
-					want, ok := pt.notConforming[r.Name]
-					if !ok {
-						want = probe.Conforms
-					}
-					if r.Verdict != want {
-						t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, want)
-					}
-					if r.Verdict != probe.Conforms {
-						summary = append(summary, fmt.Sprintf("%s %s", r.Name, r.Verdict))
-					}
-				}
-				if ran != qps {
-					t.Errorf("%d scenarios ran on the peer's %d QPs", ran, qps)
-				}
-				note := rep.Summary
-				if len(summary) > 0 {
-					note += " (" + strings.Join(summary, ", ") + ")"
-				}
-				return Outcome{Note: note}
-			})
+			p.probeResponder(t, pt, false)
 		}
 	})
+}
+
+// TestProbeRDMACM is TestProbeResponder and TestProbeRequester with
+// perftest's -R: the guest's ib_write_bw and ib_read_bw server (responder
+// mode) or client (requester mode) connect with rdma_cm; the probe's
+// rxego device runs the CM and the exchange on the probe's port, and the
+// scenarios run on the QPs the CM connected. Verdicts and the capture are
+// checked as without -R; psn-wrap, which needs its own start PSN, is not
+// run (the CM picks it).
+func TestProbeRDMACM(t *testing.T) {
+	forEachKernel(t, func(t *testing.T, p *Peer) {
+		for _, pt := range probeTools[:2] {
+			want := map[string]probe.Verdict{"psn-wrap": probe.Inconclusive}
+			for k, v := range pt.notConforming {
+				want[k] = v
+			}
+			pt.notConforming = want
+			p.probeResponder(t, pt, true)
+		}
+		for _, tool := range []string{"write_bw", "read_bw"} {
+			p.probeRequester(t, tool, true)
+		}
+	})
+}
+
+// probeResponder is one TestProbeResponder case: the peer runs pt's
+// server (with -R when rdmacm).
+func (p *Peer) probeResponder(t *testing.T, pt probeTool, rdmacm bool) {
+	scens := probe.Builtin()
+	qps := probe.QPsNeeded(scens, pt.tool, false)
+	var require []string
+	for _, c := range pt.counters {
+		require = append(require, "rxe:"+c)
+	}
+	name, dashR := "probe "+pt.tool, []string(nil)
+	if rdmacm {
+		name, dashR = name+" -R", []string{"-R"}
+	}
+	c := Case{Name: name, Role: "rxego probe", Expect: pt.counters, Require: require}
+	p.Case(t, c, func(t *testing.T) Outcome {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		args := append([]string{"-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", strconv.Itoa(qps)}, pt.args...)
+		listening := p.Guest.WaitTCPListen
+		if rdmacm {
+			// rdma_cm picks the GID.
+			args, listening = append(append(args[:2:2], args[4:]...), "-R"), p.waitCMListen
+		}
+		proc, err := p.Guest.Start(append([]string{"ib_" + pt.tool}, args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		if err := listening(ctx, p.Port); err != nil {
+			t.Fatal(err)
+		}
+		capPath := filepath.Join(t.TempDir(), "bridge.pcap")
+		capt, err := p.Lab.Capture(capPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := p.startRxego(t, ctx, append(append([]string{"probe", "--tool", pt.tool, "-q", strconv.Itoa(qps), "-p", strconv.Itoa(p.Port),
+			"-x", p.HostIP, "--wait", "1s", "--json"}, dashR...), p.Guest.IP())...)
+		herr := h.wait(ctx)
+		capt.Stop()
+		res, perr := proc.Wait(ctx)
+		if herr != nil {
+			t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
+		}
+		if perr != nil && pt.tool != "send_bw" {
+			t.Errorf("the peer's ib_%s did not end cleanly after the probe: %v\n%s\n%s", pt.tool, perr, res.Stdout, res.Stderr)
+		}
+		var rep probe.Report
+		if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
+			t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
+		}
+		checkProbeCapture(t, &rep, capPath, p.Guest.IP())
+		var summary []string
+		for _, r := range skippedUnderCM(rep.Results) {
+			if !rdmacm || pt.notConforming[r.Name] != probe.Inconclusive {
+				t.Errorf("%s: not run (%s)", r.Name, r.Detail)
+			}
+			summary = append(summary, fmt.Sprintf("%s %s", r.Name, r.Verdict))
+		}
+		ran := 0
+		for _, r := range rep.Results {
+			if r.MyQPN == 0 {
+				continue // not for this tool
+			}
+			ran++
+			t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
+			want, ok := pt.notConforming[r.Name]
+			if !ok {
+				want = probe.Conforms
+			}
+			if v, ok := rxe61Verdicts[r.Name]; ok && p.Kernel == "6.1" {
+				want = v
+			}
+			if r.Verdict != want {
+				t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, want)
+			}
+			if r.Verdict != probe.Conforms {
+				summary = append(summary, fmt.Sprintf("%s %s", r.Name, r.Verdict))
+			}
+		}
+		if wantRan := qps - len(skippedUnderCM(rep.Results)); ran != wantRan {
+			t.Errorf("%d scenarios ran on the peer's %d QPs, want %d", ran, qps, wantRan)
+		}
+		note := rep.Summary
+		if len(summary) > 0 {
+			note += " (" + strings.Join(summary, ", ") + ")"
+		}
+		return Outcome{Note: note}
+	})
+}
+
+// skippedUnderCM are the results of scenarios not run because under -R
+// the CM picks the start PSN.
+func skippedUnderCM(rs []probe.Result) []probe.Result {
+	var out []probe.Result
+	for _, r := range rs {
+		if r.MyQPN == 0 && r.Verdict == probe.Inconclusive && strings.Contains(r.Detail, "-R") {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // checkProbeCapture checks the report against the bridge capture: per
@@ -179,20 +249,25 @@ var rxeRequesterVerdicts = map[string]probe.Verdict{
 func TestProbeRequester(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
 		for _, tool := range []string{"write_bw", "read_bw", "send_bw"} {
-			p.probeRequester(t, tool)
+			p.probeRequester(t, tool, false)
 		}
 	})
 }
 
-// probeRequester is one TestProbeRequester case: the peer runs tool's client.
-func (p *Peer) probeRequester(t *testing.T, tool string) {
+// probeRequester is one TestProbeRequester case: the peer runs tool's
+// client (with -R when rdmacm).
+func (p *Peer) probeRequester(t *testing.T, tool string, rdmacm bool) {
 	scens := probe.BuiltinRequester()
 	qps := probe.QPsNeeded(scens, tool, false)
 	require := []string{"rxe:completer_retry_err"}
 	if tool != "read_bw" {
 		require = append(require, "rxe:rcvd_rnr_err")
 	}
-	c := Case{Name: "probe requester " + tool, Role: "rxego probe", Tail: true,
+	name, dashR := "probe requester "+tool, []string(nil)
+	if rdmacm {
+		name, dashR = name+" -R", []string{"-R"}
+	}
+	c := Case{Name: name, Role: "rxego probe", Tail: true,
 		Expect:  []string{"completer_retry_err", "retransmits", "rcvd_seq_err", "rcvd_rnr_err", "duplicate_request", "out_of_seq_request"},
 		Require: require}
 	p.Case(t, c, func(t *testing.T) Outcome {
@@ -204,13 +279,19 @@ func (p *Peer) probeRequester(t *testing.T, tool string) {
 			t.Fatal(err)
 		}
 		q := strconv.Itoa(qps)
-		h := p.startRxego(t, ctx, "probe", "--mode", "requester", "--tool", tool, "-x", p.HostIP, "-q", q,
-			"-p", strconv.Itoa(p.Port), "--json", p.Guest.IP())
-		if err := h.waitListen(ctx, p.Port); err != nil {
+		h := p.startRxego(t, ctx, append(append([]string{"probe", "--mode", "requester", "--tool", tool, "-x", p.HostIP, "-q", q,
+			"-p", strconv.Itoa(p.Port), "--json"}, dashR...), p.Guest.IP())...)
+		listening := h.waitListen
+		argv := []string{"ib_" + tool, "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", q, "-s", "64", "-n", "20"}
+		if rdmacm {
+			// The probe says when its CM listens; rdma_cm picks the GID.
+			listening = func(ctx context.Context, _ int) error { return h.waitOutput(ctx, "rxego probe: waiting for") }
+			argv = append(append(argv[:3:3], argv[5:]...), "-R")
+		}
+		if err := listening(ctx, p.Port); err != nil {
 			t.Fatalf("%v\n%s", err, h.output())
 		}
-		proc, err := p.Guest.Start("ib_"+tool, "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", q,
-			"-s", "64", "-n", "20", p.HostIP)
+		proc, err := p.Guest.Start(append(argv, p.HostIP)...)
 		if err != nil {
 			t.Fatal(err)
 		}

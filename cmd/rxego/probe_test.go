@@ -28,7 +28,7 @@ func TestProbeUsage(t *testing.T) {
 		t.Errorf("probe -h: code %d\n%s", code, out)
 	}
 	out, _, code = rxegoCmd(t, "probe", "--list")
-	if code != 0 || !strings.Contains(out, "ib_write_bw: -q 25") || !strings.Contains(out, "psn-gap-nak") {
+	if code != 0 || !strings.Contains(out, "ib_write_bw: -q 26") || !strings.Contains(out, "psn-gap-nak") {
 		t.Errorf("probe --list: code %d\n%s", code, out)
 	}
 	for _, c := range []struct {

@@ -130,7 +130,11 @@ type ResponderConfig struct {
 	// server has one QP: the scenarios run on it one after another, each
 	// from the PSN after the last one's, so a scenario that moves the QP
 	// to the error state must come last (and ends the server's run).
-	Pingpong   PingpongSwap
+	Pingpong PingpongSwap
+	// RDMACM is perftest's -R: the peer's server runs with -R, and the
+	// exchange and the QPs' connections go over rdma_cm (see rdmacm.go).
+	// Port is then the server's rdma_cm port.
+	RDMACM     bool
 	Scenarios  []*Scenario
 	Wait       time.Duration // per expected response; 0: DefaultWait
 	Gap        time.Duration // least time between packets; 0: DefaultGap
@@ -190,6 +194,8 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		switch {
 		case s.Needs != needs && (!cfg.AllAccess || s.Needs == NeedsSend || needs == NeedsSend):
 			r.Verdict, r.Detail = NotApplicable, notServed(s.Needs, cfg.Tool, needs)
+		case cfg.RDMACM && s.StartPSN != nil:
+			r.Verdict, r.Detail = Inconclusive, "not run: under -R the CM picks the start PSN, and this scenario needs its own"
 		case len(runs) >= cfg.NumQPs && !chained:
 			r.Verdict, r.Detail = Inconclusive, fmt.Sprintf("not run: the peer has %d QPs (run its server with -q %d)", cfg.NumQPs, cfg.NumQPs+1)
 		default:
@@ -199,27 +205,50 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		rep.Results = append(rep.Results, r)
 	}
 
-	var d net.Dialer
-	if cfg.Local.IsValid() {
-		d.LocalAddr = &net.TCPAddr{IP: cfg.Local.AsSlice()}
-	}
-	addr := net.JoinHostPort(cfg.Peer.String(), strconv.Itoa(cfg.Port))
-	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("probe: connecting to the peer's %s server at %s: %w", toolName(cfg.Tool), addr, err)
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
 	local := cfg.Local
-	if !local.IsValid() {
-		local = conn.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	var conn net.Conn
+	if cfg.RDMACM {
+		if chained {
+			return nil, errors.New("probe: -R is perftest's; ibv_rc_pingpong has no rdma_cm handshake")
+		}
+		if !local.IsValid() {
+			if local, err = routeSource(cfg.Peer); err != nil {
+				return nil, err
+			}
+		}
+	} else {
+		var d net.Dialer
+		if cfg.Local.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: cfg.Local.AsSlice()}
+		}
+		addr := net.JoinHostPort(cfg.Peer.String(), strconv.Itoa(cfg.Port))
+		conn, err = d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("probe: connecting to the peer's %s server at %s: %w", toolName(cfg.Tool), addr, err)
+		}
+		defer conn.Close()
+		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		defer stop()
+		if !local.IsValid() {
+			local = conn.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+		}
 	}
 	w, err := openWire(local, cfg.Peer, cfg.Gap, cfg.MaxPackets, cfg.Pcap)
 	if err != nil {
 		return nil, err
 	}
 	defer w.close()
+	var cms *cmSide
+	if cfg.RDMACM {
+		if cms, err = openCM(ctx, w, cfg.Port, false, nil); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cms != nil {
+				cms.close()
+			}
+		}()
+	}
 
 	// The probe's side of each QP: a number of its own choosing (the
 	// peer only needs it to address its responses) and a start PSN.
@@ -249,7 +278,11 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 			return nil, err
 		}
 	} else {
-		ex = perftest.NewExchange(conn, true, deadline)
+		if cms != nil {
+			ex = cms.cl.Exchange()
+		} else {
+			ex = perftest.NewExchange(conn, true, deadline)
+		}
 		if err := ex.Versions(); err != nil {
 			return nil, err
 		}
@@ -262,8 +295,23 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 			return nil, err
 		}
 		mtu = 1 << (7 + code)
-		if err := handShakes(ex, cfg.Tool, my, rem, func() error { return checkPeerAddrs(rem, cfg.Peer) }); err != nil {
+		keys := rem
+		if cms != nil {
+			// The CM picks the numbers and PSNs; the records that
+			// follow carry the peer's rkeys and addresses only.
+			if my, rem, err = cms.connect(w, toolTests[cfg.Tool], cfg.NumQPs, mtu); err != nil {
+				return nil, err
+			}
+			if err := checkPeerAddrs(rem, cfg.Peer); err != nil {
+				return nil, err
+			}
+			keys = make([]perftest.Dest, cfg.NumQPs)
+		}
+		if err := handShakes(ex, cfg.Tool, my, keys, func() error { return checkPeerAddrs(rem, cfg.Peer) }); err != nil {
 			return nil, err
+		}
+		for i := range keys {
+			rem[i].RKey, rem[i].VAddr = keys[i].RKey, keys[i].VAddr
 		}
 	}
 	rep.MTU = mtu
@@ -303,7 +351,13 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		// messages per QP, or at its first failed receive (a scenario
 		// that moved a QP to the error state flushed its receives):
 		// wait a little for that, no longer.
-		t := time.AfterFunc(sendBWEndWait, func() { conn.Close() })
+		t := time.AfterFunc(sendBWEndWait, func() {
+			if cms != nil {
+				cms.stop() // the exchange's SENDs wait on the CM side's context
+			} else {
+				conn.Close()
+			}
+		})
 		endErr = ex.Close(my[0], nil)
 		t.Stop()
 		if endErr != nil {
@@ -317,6 +371,10 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		if endErr == nil {
 			endErr = ex.Close(my[0], nil)
 		}
+	}
+	if cms != nil {
+		endErr = errors.Join(endErr, cms.close())
+		cms = nil
 	}
 	if endErr != nil {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("ending the peer tool's run: %v", endErr))

@@ -62,7 +62,7 @@ const (
 const (
 	ImpairDrop         = "drop"          // lose it: the packets after it meet a PSN sequence error NAK
 	ImpairWithhold     = "withhold"      // accept it but send no ACK: the peer's ACK timer must fire
-	ImpairWithholdMany = "withhold-many" // send no ACK for it or its copies until Count copies came (or 5 s)
+	ImpairWithholdMany = "withhold-many" // send no ACK for it or its copies until Count copies came (or 5 s; 9T for a longer T)
 	ImpairRNR          = "rnr"           // answer it with an RNR NAK carrying Timer
 	ImpairGhostAck     = "ghost-ack"     // acknowledge a PSN 100 past it instead of it
 	ImpairAckTwice     = "ack-twice"     // send its ACK twice
