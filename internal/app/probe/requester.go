@@ -751,13 +751,16 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 			if len(copies) < 2 {
 				return fail("psn=+%d was never resent", im.At)
 			}
-			// The timer's resend is the peer's first one. When the
-			// probe's ACKs of the PSNs before +At came late (a loaded
-			// host), the peer's timer ran out on one of those and its
-			// go-back-N resent +At along with it, perhaps just after
-			// +At's first copy: the time that judges the timer is then
-			// the oldest PSN's.
-			first, ok := q.firstRetransmission()
+			// The timer's resend is the peer's first one after +At's
+			// first copy. When the probe's ACKs of the PSNs before +At
+			// came late (a loaded host), the peer's timer ran out on
+			// one of those and its go-back-N resent +At along with it,
+			// perhaps just after +At's first copy: the time that judges
+			// the timer is then the oldest PSN's. A resend before +At
+			// was first sent is no reaction to the withheld ACK (a
+			// stalled guest's timer ran out while its sends were still
+			// queued, and the original and its copy left together).
+			first, ok := q.firstRetransmissionAfter(im.At)
 			if !ok || first.rel > im.At {
 				return fail("resent psn=+%d first, not the oldest unacknowledged (psn=+%d or before)", first.rel, im.At)
 			}
@@ -799,11 +802,15 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 	return Conforms, "", obs
 }
 
-// firstRetransmission returns the first packet the peer sent a second
-// time.
-func (q *reqQP) firstRetransmission() (reqEvent, bool) {
+// firstRetransmissionAfter returns the first packet the peer sent a
+// second time after PSN +rel's first copy.
+func (q *reqQP) firstRetransmissionAfter(rel int) (reqEvent, bool) {
+	sent := false
 	for _, e := range q.events {
-		if e.copy > 1 {
+		switch {
+		case e.rel == rel && e.copy == 1:
+			sent = true
+		case sent && e.copy > 1:
 			return e, true
 		}
 	}
