@@ -56,6 +56,8 @@ handshake gave it, one scenario per QP, and judges what comes back.
   here$ rxego probe --tool send_bw -q 4 PEER
   peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 2048     # one QP: the send scenarios in turn
   here$ rxego probe --tool rc_pingpong PEER
+  peer$ ibv_uc_pingpong -d rxe0 -g 1 -s 2048     # UC: its silent drops
+  here$ rxego probe --tool uc_pingpong PEER
   peer$ ib_write_bw -d rxe0 -R -q 26             # -R: rdma_cm's handshake
   here$ rxego probe -R -q 26 PEER
 
@@ -103,7 +105,7 @@ func probeTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var f probeFlags
 	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's, ib_send_bw's or ib_read_bw's client)")
-	fs.StringVar(&f.tool, "tool", "write_bw", "the tool the peer runs: write_bw, read_bw, atomic_bw, send_bw or rc_pingpong (its server); requester mode: write_bw, send_bw, read_bw or rc_pingpong (its client)")
+	fs.StringVar(&f.tool, "tool", "write_bw", "the tool the peer runs: write_bw, read_bw, atomic_bw, send_bw, rc_pingpong or uc_pingpong (its server); requester mode: write_bw, send_bw, read_bw or rc_pingpong (its client)")
 	fs.IntVar(&f.ackTimeout, "u", 0, "requester mode: the peer's QP ACK timeout exponent (its -u): T = 4.096 us x 2^u (default 14; with -R the one the peer's CM REQ announces)")
 	fs.BoolVar(&f.rdmacm, "R", false, "the peer's tool runs with -R: the exchange and the QPs' connections go over rdma_cm (-p is then the rdma_cm port); IPv4 only")
 	fs.IntVar(&f.qps, "q", 0, "the QPs of the peer's server (its -q); default: as many as the tool's scenarios need")

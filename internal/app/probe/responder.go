@@ -24,11 +24,25 @@ var toolNeeds = map[string]Needs{
 	"send_bw":   NeedsSend,
 	// ibv_rc_pingpong: one QP, receives posted, no remote access; the
 	// scenarios run one after another on it (see ResponderConfig).
-	"rc_pingpong": NeedsSend,
+	Pingpong: NeedsSend,
+	// ibv_uc_pingpong: the same, on an unreliable connected QP.
+	UCPingpong: NeedsUC,
 }
 
 // Pingpong is the name of ibv_rc_pingpong as a Tool.
 const Pingpong = "rc_pingpong"
+
+// UCPingpong is the name of ibv_uc_pingpong as a Tool (responder mode):
+// its exchange is ibv_rc_pingpong's, its QP unreliable connected.
+const UCPingpong = "uc_pingpong"
+
+// isPingpong says whether tool is one of the ibv_*_pingpong servers,
+// whose one QP the scenarios share.
+func isPingpong(tool string) bool { return tool == Pingpong || tool == UCPingpong }
+
+// receivesOnly says whether a QP that offers n allows no remote access
+// (its receives take SENDs), so that AllAccess does not widen it.
+func receivesOnly(n Needs) bool { return n == NeedsSend || n == NeedsUC }
 
 // QPRecord is one QP's address as ibv_*_pingpong's exchange carries it.
 type QPRecord struct {
@@ -44,7 +58,7 @@ type PingpongSwap func(c net.Conn, client bool, mine QPRecord) (QPRecord, error)
 
 // toolName is the C tool's command name.
 func toolName(tool string) string {
-	if tool == Pingpong {
+	if isPingpong(tool) {
 		return "ibv_" + tool
 	}
 	return "ib_" + tool
@@ -119,15 +133,15 @@ type ResponderConfig struct {
 	// Local is the probe's RoCE address; it binds Local:4791 (default:
 	// the exchange's local address, as the C tools use).
 	Local  netip.Addr
-	Tool   string // write_bw, read_bw, atomic_bw, send_bw or Pingpong: what the peer runs
+	Tool   string // write_bw, read_bw, atomic_bw, send_bw, Pingpong or UCPingpong: what the peer runs
 	NumQPs int    // the peer's -q
 	MTU    int    // path MTU offered, bytes (default 1024)
 	// AllAccess says the peer's memory region allows writes, reads and
 	// atomics whatever the tool (rxego's perf does; rdma-core's perftest
 	// registers only what its test uses).
 	AllAccess bool
-	// Pingpong does ibv_rc_pingpong's exchange (Tool Pingpong). Its
-	// server has one QP: the scenarios run on it one after another, each
+	// Pingpong does ibv_rc_pingpong's exchange (Tool Pingpong or
+	// UCPingpong, whose exchange is the same). Its server has one QP: the scenarios run on it one after another, each
 	// from the PSN after the last one's, so a scenario that moves the QP
 	// to the error state must come last (and ends the server's run).
 	Pingpong PingpongSwap
@@ -149,12 +163,12 @@ type ResponderConfig struct {
 func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	needs, ok := toolNeeds[cfg.Tool]
 	if !ok {
-		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw, atomic_bw, send_bw or %s", cfg.Tool, Pingpong)
+		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw, atomic_bw, send_bw, %s or %s", cfg.Tool, Pingpong, UCPingpong)
 	}
-	chained := cfg.Tool == Pingpong
+	chained := isPingpong(cfg.Tool)
 	if chained {
 		if cfg.Pingpong == nil {
-			return nil, errors.New("probe: ibv_rc_pingpong's exchange (ResponderConfig.Pingpong) is not set")
+			return nil, fmt.Errorf("probe: %s's exchange (ResponderConfig.Pingpong) is not set", toolName(cfg.Tool))
 		}
 		cfg.NumQPs = 1
 	}
@@ -192,7 +206,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	for _, s := range cfg.Scenarios {
 		r := Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires}
 		switch {
-		case s.Needs != needs && (!cfg.AllAccess || s.Needs == NeedsSend || needs == NeedsSend):
+		case s.Needs != needs && (!cfg.AllAccess || receivesOnly(s.Needs) || receivesOnly(needs)):
 			r.Verdict, r.Detail = NotApplicable, notServed(s.Needs, cfg.Tool, needs)
 		case cfg.RDMACM && s.StartPSN != nil:
 			r.Verdict, r.Detail = Inconclusive, "not run: under -R the CM picks the start PSN, and this scenario needs its own"
@@ -209,7 +223,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	var conn net.Conn
 	if cfg.RDMACM {
 		if chained {
-			return nil, errors.New("probe: -R is perftest's; ibv_rc_pingpong has no rdma_cm handshake")
+			return nil, fmt.Errorf("probe: -R is perftest's; %s has no rdma_cm handshake", toolName(cfg.Tool))
 		}
 		if !local.IsValid() {
 			if local, err = routeSource(cfg.Peer); err != nil {
@@ -323,7 +337,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		} else {
 			i = 0
 		}
-		q := &qpRun{s: s, w: w, ctx: ctx, myQPN: my[i].QPN, base: base, mtu: mtu, wait: cfg.Wait,
+		q := &qpRun{s: s, w: w, ctx: ctx, myQPN: my[i].QPN, base: base, mtu: mtu, wait: cfg.Wait, uc: needs == NeedsUC,
 			peer: peerQP{QPN: rem[i].QPN, PSN: rem[i].PSN, RKey: rem[i].RKey, VAddr: rem[i].VAddr}}
 		v, err := q.run()
 		base = (base + uint32(q.next)) & bth.PSNMask // where the next scenario on this QP starts
@@ -344,7 +358,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	var endErr error
 	switch {
 	case chained:
-		// ibv_rc_pingpong's exchange is over; its server waits for
+		// ibv_*_pingpong's exchange is over; its server waits for
 		// messages until its -n are done or a receive fails.
 	case cfg.Tool == "send_bw":
 		// ib_send_bw's server ends once it has received all its -n
@@ -405,12 +419,15 @@ const sendBWEndWait = 3 * time.Second
 // whose QPs offer has.
 func notServed(what Needs, tool string, has Needs) string {
 	say := func(n Needs) string {
-		if n == NeedsSend {
+		switch n {
+		case NeedsSend:
 			return "receives posted and no remote access"
+		case NeedsUC:
+			return "an unreliable connected QP with receives posted"
 		}
 		return "a region that allows " + string(n)
 	}
-	return fmt.Sprintf("needs %s; ib_%s's QPs offer %s", say(what), tool, say(has))
+	return fmt.Sprintf("needs %s; %s's QPs offer %s", say(what), toolName(tool), say(has))
 }
 
 // QPsNeeded is how many QPs the peer's server (or, for requester-mode
@@ -424,7 +441,7 @@ func QPsNeeded(scens []*Scenario, tool string, allAccess bool) int {
 			if requesterToolNeeds[tool] == s.Needs {
 				n++
 			}
-		case toolNeeds[tool] == s.Needs, allAccess && s.Needs != NeedsSend && tool != "send_bw":
+		case toolNeeds[tool] == s.Needs, allAccess && !receivesOnly(s.Needs) && !receivesOnly(toolNeeds[tool]):
 			n++
 		}
 	}
