@@ -18,15 +18,15 @@ const DefaultWait = 300 * time.Millisecond
 
 // qpRun is one scenario running on one of the peer's QPs.
 type qpRun struct {
-	s      *Scenario
-	w      *wire
-	ctx    context.Context
-	myQPN  uint32 // the QP number the probe announced (where responses go)
-	peer   peerQP
-	base   uint32 // the start PSN
-	next   int    // the next PSN, relative to base
-	mtu    int
-	wait   time.Duration
+	s     *Scenario
+	w     *wire
+	ctx   context.Context
+	myQPN uint32 // the QP number the probe announced (where responses go)
+	peer  peerQP
+	base  uint32 // the start PSN
+	next  int    // the next PSN, relative to base
+	mtu   int
+	wait  time.Duration
 	// uc: the peer's QP is unreliable connected (ibv_uc_pingpong): its
 	// own messages are not acknowledged, UC has no ACKs.
 	uc bool
@@ -34,8 +34,8 @@ type qpRun struct {
 	// message instead of only recording it ("expect peer-send").
 	peerMsg bool
 	vars    map[string]uint64
-	got    []string // the peer's packets, summarised
-	detail string
+	got     []string // the peer's packets, summarised
+	detail  string
 }
 
 // peerQP is what the handshake told the probe about one of the peer's QPs.
