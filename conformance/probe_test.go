@@ -242,6 +242,14 @@ var rxeRequesterVerdicts = map[string]probe.Verdict{
 	"ce-data-cnp":      probe.NotApplicable,
 }
 
+// requesterWait is the lab's --wait in requester mode: how long the
+// peer's client may fall silent before the probe ends the run (2 s by
+// default). The emulated guests stall for seconds when the host is busy
+// (ci15's consoles: "clocksource: Long readout interval" of 2.4 s on
+// 6.1 and 2.8 s on 6.12, at about the same moment): a stall longer than
+// the watch ends the run in the middle of the client's traffic.
+const requesterWait = "5s"
+
 // TestProbeRequester runs `rxego probe --mode requester` as the server of
 // rxe's ib_write_bw, ib_read_bw and ib_send_bw clients, checks the verdicts, and
 // checks against the bridge capture that each scenario's impaired packet
@@ -280,7 +288,7 @@ func (p *Peer) probeRequester(t *testing.T, tool string, rdmacm bool) {
 		}
 		q := strconv.Itoa(qps)
 		h := p.startRxego(t, ctx, append(append([]string{"probe", "--mode", "requester", "--tool", tool, "-x", p.HostIP, "-q", q,
-			"-p", strconv.Itoa(p.Port), "--json"}, dashR...), p.Guest.IP())...)
+			"-p", strconv.Itoa(p.Port), "--wait", requesterWait, "--json"}, dashR...), p.Guest.IP())...)
 		listening := h.waitListen
 		argv := []string{"ib_" + tool, "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", q, "-s", "64", "-n", "20"}
 		if rdmacm {
@@ -463,7 +471,7 @@ func (p *Peer) probePingpongRequester(t *testing.T, name string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		h := p.startRxego(t, ctx, "probe", "--mode", "requester", "--tool", "rc_pingpong", "--only", name, "-x", p.HostIP,
-			"-p", strconv.Itoa(p.Port), "--json", p.Guest.IP())
+			"-p", strconv.Itoa(p.Port), "--wait", requesterWait, "--json", p.Guest.IP())
 		if err := h.waitListen(ctx, p.Port); err != nil {
 			t.Fatalf("%v\n%s", err, h.output())
 		}
