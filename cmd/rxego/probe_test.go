@@ -124,8 +124,10 @@ func probePingpongServer(t *testing.T, kind pingpong.Kind, server, local netip.A
 		srv <- err
 	}()
 	pcap := filepath.Join(t.TempDir(), "probe.pcapng")
+	// --wait 1s: the server's answer, the only sign of a UC delivery,
+	// must not be judged missing because a loaded host was slow.
 	out, errOut, code := rxegoCmd(t, "probe", "--tool", string(kind)+"_pingpong", "-p", strconv.Itoa(port), "-x", local.String(),
-		"--json", "--pcap", pcap, server.String())
+		"--wait", "1s", "--json", "--pcap", pcap, server.String())
 	if code != 0 {
 		t.Fatalf("code %d\n%s\n%s", code, out, errOut)
 	}
