@@ -784,13 +784,8 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 				return fail("%d retries, want %d", n, *st.Count)
 			}
 		case "no-retransmit":
-			// A reaction to the duplicate ACK would come at once; a
-			// resend half a timeout later is the ACK timer's, which a
-			// stalled host can fire for reasons of its own.
-			for _, e := range q.events {
-				if e.copy > 1 && !e.at.Before(q.dupAt) && e.at.Sub(q.dupAt) < r.timeoutT/2 {
-					return fail("psn=+%d resent %v after the duplicate ACK", e.rel, e.at.Sub(q.dupAt).Round(100*time.Microsecond))
-				}
+			if e, ok := q.resentAfterDupAck(im.At, r.timeoutT/2); ok {
+				return fail("psn=+%d resent %v after the duplicate ACK", e.rel, e.at.Sub(q.dupAt).Round(100*time.Microsecond))
 			}
 		case "cnp":
 			if len(q.cnps) == 0 {
@@ -800,6 +795,31 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 		}
 	}
 	return Conforms, "", obs
+}
+
+// resentAfterDupAck returns the first resend that reacts to the
+// duplicate ACK of PSN +at: one less than within after it (a reaction
+// would come at once; a resend half a timeout later is the ACK timer's,
+// which a stalled host can fire for reasons of its own). A go-back-N that starts at +at
+// or before is no reaction to it either: the ACKs covered those PSNs, so
+// the peer resending them had not taken the ACKs yet when its timer ran
+// out (a stalled guest); that sweep is passed over whole.
+func (q *reqQP) resentAfterDupAck(at int, within time.Duration) (reqEvent, bool) {
+	sweep := -1 // the last PSN of a go-back-N from a covered PSN
+	for _, e := range q.events {
+		if e.copy < 2 || e.at.Before(q.dupAt) || e.at.Sub(q.dupAt) >= within {
+			continue
+		}
+		switch {
+		case e.rel <= at:
+			sweep = e.rel
+		case sweep >= 0 && e.rel == sweep+1:
+			sweep = e.rel
+		default:
+			return e, true
+		}
+	}
+	return reqEvent{}, false
 }
 
 // firstRetransmissionAfter returns the first packet the peer sent a
