@@ -36,11 +36,11 @@ var cmExpect = []string{"flushed_work_requests", "drop_closed_qp"}
 // message costs a retransmission timeout of about 4.6 s.
 const cmTimeout = 2 * time.Minute
 
-// waitOutput waits until the rxego process printed a line starting with
-// prefix.
+// waitOutput waits until the rxego process printed prefix, on its
+// standard output or error.
 func (h *hostProc) waitOutput(ctx context.Context, prefix string) error {
 	for {
-		if bytes.Contains(h.stdout.Bytes(), []byte(prefix)) {
+		if bytes.Contains(h.stdout.Bytes(), []byte(prefix)) || bytes.Contains(h.stderr.Bytes(), []byte(prefix)) {
 			return nil
 		}
 		select {

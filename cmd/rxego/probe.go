@@ -29,7 +29,7 @@ func runProbe(args []string) error { return probeTo(os.Stdout, args) }
 type probeFlags struct {
 	mode, tool, local, scenarios, only, html, pcap string
 	qps, port, mtu, maxPackets, ackTimeout         int
-	json, ladder, list, allAccess                  bool
+	json, ladder, list, allAccess, rdmacm          bool
 	wait, gap, timeout                             time.Duration
 }
 
@@ -46,8 +46,8 @@ perftest server, and the probe does that tool's client handshake, then,
 instead of the tool's traffic, sends scripted packets on the QPs the
 handshake gave it, one scenario per QP, and judges what comes back.
 
-  peer$ ib_write_bw -d rxe0 -x 1 -q 25          # QPs for the write scenarios
-  here$ rxego probe -q 25 PEER
+  peer$ ib_write_bw -d rxe0 -x 1 -q 26          # QPs for the write scenarios
+  here$ rxego probe -q 26 PEER
   peer$ ib_read_bw -d rxe0 -x 1 -q 4
   here$ rxego probe --tool read_bw -q 4 PEER
   peer$ ib_atomic_bw -d rxe0 -x 1 -q 3
@@ -56,6 +56,10 @@ handshake gave it, one scenario per QP, and judges what comes back.
   here$ rxego probe --tool send_bw -q 4 PEER
   peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 2048     # one QP: the send scenarios in turn
   here$ rxego probe --tool rc_pingpong PEER
+  peer$ ibv_uc_pingpong -d rxe0 -g 1 -s 2048     # UC: its silent drops
+  here$ rxego probe --tool uc_pingpong PEER
+  peer$ ib_write_bw -d rxe0 -R -q 26             # -R: rdma_cm's handshake
+  here$ rxego probe -R -q 26 PEER
 
 -q must be the peer's -q: the exchange carries one record per QP. Each
 tool registers its memory for its own operation only, so a run judges the
@@ -77,6 +81,13 @@ peer reacts:
   peer$ ib_send_bw -d rxe0 -x 1 -q 7 -s 64 -n 20 LOCAL
   here$ rxego probe --mode requester --tool rc_pingpong --only ack-timeout -x LOCAL PEER
   peer$ ibv_rc_pingpong -d rxe0 -g 1 -s 64 -n 20 LOCAL   # one QP: one scenario
+  here$ rxego probe --mode requester -R -x LOCAL -q 7 PEER
+  peer$ ib_write_bw -d rxe0 -R -q 7 -s 64 -n 20 LOCAL
+
+With -R the CM's MADs and the exchange's SENDs run on an rxego device
+that shares the probe's port 4791; the scenarios run on the QPs the CM
+connected, with the PSNs it agreed (scenarios that need their own start
+PSN are not run).
 
 Safe by construction: the probe sends only to PEER (it refuses a
 handshake whose QPs are elsewhere), only on the QPs the handshake gave
@@ -94,8 +105,9 @@ func probeTo(out io.Writer, args []string) error {
 	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
 	var f probeFlags
 	fs.StringVar(&f.mode, "mode", "responder", "which side of the peer to probe: responder (it runs a server) or requester (it runs ib_write_bw's, ib_send_bw's or ib_read_bw's client)")
-	fs.StringVar(&f.tool, "tool", "write_bw", "the tool the peer runs: write_bw, read_bw, atomic_bw, send_bw or rc_pingpong (its server); requester mode: write_bw, send_bw, read_bw or rc_pingpong (its client)")
-	fs.IntVar(&f.ackTimeout, "u", 14, "requester mode: the peer's QP ACK timeout exponent (its -u): T = 4.096 us x 2^u")
+	fs.StringVar(&f.tool, "tool", "write_bw", "the tool the peer runs: write_bw, read_bw, atomic_bw, send_bw, rc_pingpong or uc_pingpong (its server); requester mode: write_bw, send_bw, read_bw or rc_pingpong (its client)")
+	fs.IntVar(&f.ackTimeout, "u", 0, "requester mode: the peer's QP ACK timeout exponent (its -u): T = 4.096 us x 2^u (default 14; with -R the one the peer's CM REQ announces)")
+	fs.BoolVar(&f.rdmacm, "R", false, "the peer's tool runs with -R: the exchange and the QPs' connections go over rdma_cm (-p is then the rdma_cm port); IPv4 only")
 	fs.IntVar(&f.qps, "q", 0, "the QPs of the peer's server (its -q); default: as many as the tool's scenarios need")
 	fs.IntVar(&f.port, "p", 18515, "the peer tool's TCP port (its -p)")
 	fs.StringVar(&f.local, "x", "", "local RoCE address (the probe binds it, UDP port 4791); default in responder mode: the exchange's local address")
@@ -142,7 +154,7 @@ func probeTo(out io.Writer, args []string) error {
 	}
 	cfg := probe.ResponderConfig{Peer: peer.Unmap(), Port: f.port, Tool: f.tool, NumQPs: f.qps, MTU: f.mtu,
 		AllAccess: f.allAccess, Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout,
-		Pingpong: pingpongSwap}
+		Pingpong: pingpongSwap, RDMACM: f.rdmacm}
 	if cfg.NumQPs == 0 {
 		cfg.NumQPs = max(1, probe.QPsNeeded(scens, f.tool, f.allAccess))
 	}
@@ -170,11 +182,13 @@ func probeRequester(out io.Writer, peer netip.Addr, scens []*probe.Scenario, f *
 	if err != nil {
 		return usageErrorf("-x %q: want an IP address", f.local)
 	}
-	if err := inRange("u", int64(f.ackTimeout), 1, 31); err != nil {
-		return err
+	if f.ackTimeout != 0 {
+		if err := inRange("u", int64(f.ackTimeout), 1, 31); err != nil {
+			return err
+		}
 	}
 	cfg := probe.RequesterConfig{Tool: f.tool, Peer: peer, Port: f.port, Local: local, NumQPs: f.qps, MTU: f.mtu, ACKTimeout: uint8(f.ackTimeout),
-		Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout, Pingpong: pingpongSwap,
+		Scenarios: scens, Wait: f.wait, Gap: f.gap, MaxPackets: f.maxPackets, Timeout: f.timeout, Pingpong: pingpongSwap, RDMACM: f.rdmacm,
 		Listening: func(a net.Addr) {
 			fmt.Fprintf(os.Stderr, "rxego probe: waiting for the peer's %s client on %v\n", f.tool, a)
 		}}

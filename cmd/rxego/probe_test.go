@@ -28,7 +28,7 @@ func TestProbeUsage(t *testing.T) {
 		t.Errorf("probe -h: code %d\n%s", code, out)
 	}
 	out, _, code = rxegoCmd(t, "probe", "--list")
-	if code != 0 || !strings.Contains(out, "ib_write_bw: -q 25") || !strings.Contains(out, "psn-gap-nak") {
+	if code != 0 || !strings.Contains(out, "ib_write_bw: -q 26") || !strings.Contains(out, "psn-gap-nak") {
 		t.Errorf("probe --list: code %d\n%s", code, out)
 	}
 	for _, c := range []struct {
@@ -105,13 +105,12 @@ func TestProbeCommand(t *testing.T) {
 	}
 }
 
-// TestProbePingpongResponder runs `rxego probe --tool rc_pingpong`
-// against rxego's own ibv_rc_pingpong server: the send scenarios run one
-// after another on its one QP, the server's replies (a SEND per message
-// it receives) are acknowledged by the probe and shown, and
-// send-too-long, last, ends the server's run with a failed receive.
-func TestProbePingpongResponder(t *testing.T) {
-	server, local := testaddr.Loopback(), testaddr.Loopback()
+// probePingpongServer runs `rxego probe --tool KIND_pingpong` (--json,
+// --pcap) against rxego's own ibv_*_pingpong server of kind, which takes
+// iters messages, and returns the report, the capture's path and how the
+// server's run ended.
+func probePingpongServer(t *testing.T, kind pingpong.Kind, server, local netip.Addr, iters int) (probe.Report, string, error) {
+	t.Helper()
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
 	if err != nil {
 		t.Fatal(err)
@@ -120,22 +119,78 @@ func TestProbePingpongResponder(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	srv := make(chan error, 1)
 	go func() {
-		_, err := pingpong.Run(context.Background(), pingpong.Config{Kind: pingpong.RC, Local: server, Listener: ln,
-			TCPPort: port, Size: 2048, Iters: 20, Timeout: 30 * time.Second, Out: io.Discard})
+		_, err := pingpong.Run(context.Background(), pingpong.Config{Kind: kind, Local: server, Listener: ln,
+			TCPPort: port, Size: 2048, Iters: iters, Timeout: 30 * time.Second, Out: io.Discard})
 		srv <- err
 	}()
 	pcap := filepath.Join(t.TempDir(), "probe.pcapng")
-	out, errOut, code := rxegoCmd(t, "probe", "--tool", "rc_pingpong", "-p", strconv.Itoa(port), "-x", local.String(),
-		"--json", "--pcap", pcap, server.String())
+	// --wait 1s: the server's answer, the only sign of a UC delivery,
+	// must not be judged missing because a loaded host was slow.
+	out, errOut, code := rxegoCmd(t, "probe", "--tool", string(kind)+"_pingpong", "-p", strconv.Itoa(port), "-x", local.String(),
+		"--wait", "1s", "--json", "--pcap", pcap, server.String())
 	if code != 0 {
 		t.Fatalf("code %d\n%s\n%s", code, out, errOut)
-	}
-	if err := <-srv; err == nil {
-		t.Errorf("the pingpong server ended cleanly; send-too-long should have failed its receive")
 	}
 	var rep probe.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+	return rep, pcap, <-srv
+}
+
+// TestProbeUCPingpongResponder runs `rxego probe --tool uc_pingpong`
+// against rxego's own ibv_uc_pingpong server (which takes 4 messages):
+// the UC scenarios conform, the capture shows no ACK or NAK from the
+// server, only its answers, one per delivered message, and the server
+// ends cleanly once the 4 messages the scenarios deliver came.
+func TestProbeUCPingpongResponder(t *testing.T) {
+	server, local := testaddr.Loopback(), testaddr.Loopback()
+	rep, pcap, srvErr := probePingpongServer(t, pingpong.UC, server, local, 4)
+	ran := 0
+	for _, r := range rep.Results {
+		if r.MyQPN == 0 {
+			continue
+		}
+		ran++
+		if r.Verdict != probe.Conforms {
+			t.Errorf("%s: %s (%s) %v", r.Name, r.Verdict, r.Detail, r.Observed)
+		}
+	}
+	if ran != 2 {
+		t.Errorf("%d scenarios ran on the UC pingpong server's QP, want the 2 UC scenarios", ran)
+	}
+	answers := 0
+	if err := trace.ReadFile(pcap, func(r trace.Record) error {
+		switch {
+		case r.Src == server && (r.OpcodeName == "UC_SEND_LAST" || r.OpcodeName == "UC_SEND_ONLY"):
+			answers++ // the last packet of an answer (2048 bytes: FIRST, LAST)
+		case r.Src == server && strings.HasPrefix(r.OpcodeName, "UC_SEND"):
+		case r.Src == server:
+			t.Errorf("the UC server sent %s", r.OpcodeName)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// uc-gap-at-start delivers 2 messages, uc-gap-mid-message 2 of 3.
+	if answers != 4 {
+		t.Errorf("the server answered %d messages, want the 4 delivered", answers)
+	}
+	if srvErr != nil {
+		t.Errorf("the UC pingpong server did not end after its 4 messages: %v", srvErr)
+	}
+}
+
+// TestProbePingpongResponder runs `rxego probe --tool rc_pingpong`
+// against rxego's own ibv_rc_pingpong server: the send scenarios run one
+// after another on its one QP, the server's replies (a SEND per message
+// it receives) are acknowledged by the probe and shown, and
+// send-too-long, last, ends the server's run with a failed receive.
+func TestProbePingpongResponder(t *testing.T) {
+	server, local := testaddr.Loopback(), testaddr.Loopback()
+	rep, pcap, srvErr := probePingpongServer(t, pingpong.RC, server, local, 20)
+	if srvErr == nil {
+		t.Errorf("the pingpong server ended cleanly; send-too-long should have failed its receive")
 	}
 	ran := 0
 	for _, r := range rep.Results {

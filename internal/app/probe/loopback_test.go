@@ -26,20 +26,29 @@ import (
 // server of test on loopback and returns the report, the pcap's records
 // and the server's result.
 func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, []trace.Record, *perftest.Result) {
+	return probeRxegoWith(t, test, scens, false)
+}
+
+// probeRxegoWith is probeRxego; rdmacm runs the server and the probe
+// with -R (rdma_cm).
+func probeRxegoWith(t *testing.T, test perftest.Test, scens []*Scenario, rdmacm bool) (*Report, []trace.Record, *perftest.Result) {
 	t.Helper()
 	server, local := testaddr.Loopback(), testaddr.Loopback()
-	ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	var out bytes.Buffer
 	size := 64
 	if test == perftest.SendBW {
 		size = 2048 // the send scenarios' receives (ib_send_bw -s 2048)
 	}
-	scfg := perftest.Config{Test: test, Local: server, Listener: ln, Port: ln.Addr().(*net.TCPAddr).Port,
-		NumQPs: len(scens), Size: size, Iters: 5, Timeout: 60 * time.Second, Out: &out, KeepDevice: true}
+	scfg := perftest.Config{Test: test, Local: server, NumQPs: len(scens), Size: size, Iters: 5,
+		Timeout: 60 * time.Second, Out: &out, KeepDevice: true, RDMACM: rdmacm, Port: 18515}
+	if !rdmacm {
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(server, 0).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		scfg.Listener, scfg.Port = ln, ln.Addr().(*net.TCPAddr).Port
+	}
 	type ret struct {
 		r   *perftest.Result
 		err error
@@ -57,7 +66,8 @@ func probeRxego(t *testing.T, test perftest.Test, scens []*Scenario) (*Report, [
 	tool := map[perftest.Test]string{perftest.WriteBW: "write_bw", perftest.ReadBW: "read_bw", perftest.AtomicBW: "atomic_bw",
 		perftest.SendBW: "send_bw"}[test]
 	rep, err := Responder(context.Background(), ResponderConfig{Peer: server, Port: scfg.Port, Local: local,
-		Tool: tool, NumQPs: len(scens), AllAccess: true, Scenarios: scens, Pcap: pw, Wait: 200 * time.Millisecond})
+		Tool: tool, NumQPs: len(scens), AllAccess: true, Scenarios: scens, Pcap: pw, Wait: 200 * time.Millisecond,
+		RDMACM: rdmacm})
 	if cerr := pw.Close(); cerr != nil {
 		t.Error(cerr)
 	}
@@ -118,10 +128,13 @@ func udpInCsumErrors(t *testing.T) uint64 {
 }
 
 // fromPeer returns the pcap's packets the peer sent to the scenario's QP.
-func fromPeer(recs []trace.Record, res Result) []trace.Record {
+// (On loopback under -R both ends' QP numbers come from the same
+// ranges, so the probe's own packets to the peer's QP can carry the same
+// number: the source address tells them apart.)
+func fromPeer(recs []trace.Record, rep *Report, res Result) []trace.Record {
 	var out []trace.Record
 	for _, r := range recs {
-		if r.RoCE != nil && r.DestQP == res.MyQPN {
+		if r.RoCE != nil && r.DestQP == res.MyQPN && r.Src.String() == rep.Peer {
 			out = append(out, r)
 		}
 	}
@@ -152,15 +165,9 @@ func TestResponderAgainstRxego(t *testing.T) {
 	if len(rep.Results) != len(scens) {
 		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(scens))
 	}
-	// What the capture must show per scenario that rxego conforms to:
-	// the peer's packets on that QP as (AETH syndrome or opcode, relative PSN).
-	type pkt struct {
-		what string
-		psn  int
-	}
 	nak := func(code uint8) string { return reth.NAKSyndrome(code).String() }
 	ack := "ACK"
-	want := map[string][]pkt{
+	checkCapture(t, rep, recs, map[string][]capturedPkt{
 		"write-ack":            {{ack, 0}},
 		"psn-gap-nak":          {{nak(reth.NAKPSNSeqError), 0}, {ack, 0}},
 		"nak-once":             {{nak(reth.NAKPSNSeqError), 0}},
@@ -173,53 +180,21 @@ func TestResponderAgainstRxego(t *testing.T) {
 		"zero-length-write":    {{ack, 0}},
 		"stray-ack":            {{ack, 0}},
 		"duplicate-read":       {{"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}, {"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}},
-	}
-	for _, res := range rep.Results {
-		got := fromPeer(recs, res)
-		if len(got) != len(res.Observed) {
-			t.Errorf("%s: the report lists %d packets from the peer, the capture %d", res.Name, len(res.Observed), len(got))
-		}
-		w, ok := want[res.Name]
-		if !ok {
-			continue
-		}
-		if res.Verdict != Conforms {
-			t.Errorf("%s: verdict %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
-			continue
-		}
-		var have []pkt
-		for _, r := range got {
-			what := r.OpcodeName
-			if r.Opcode == bth.RCAck {
-				what = reth.Syndrome(r.AETH.Syndrome).String()
-			}
-			have = append(have, pkt{what, relPSNOf(r, res)})
-		}
-		if len(have) != len(w) {
-			t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
-			continue
-		}
-		for i := range w {
-			if have[i].psn != w[i].psn || !strings.HasPrefix(have[i].what, w[i].what) {
-				t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
-				break
-			}
-		}
-	}
+	})
 	// rxego, like rxe, drops a reserved opcode silently (docs/probe.md).
-	if res, _ := rep.Result("reserved-opcode"); res.Verdict != Deviates || len(fromPeer(recs, res)) != 0 {
-		t.Errorf("reserved-opcode: %s with %d packets from the peer; rxego drops such packets silently", res.Verdict, len(fromPeer(recs, res)))
+	if res, _ := rep.Result("reserved-opcode"); res.Verdict != Deviates || len(fromPeer(recs, rep, res)) != 0 {
+		t.Errorf("reserved-opcode: %s with %d packets from the peer; rxego drops such packets silently", res.Verdict, len(fromPeer(recs, rep, res)))
 	}
 	// The psn-wrap scenario's ACK is at PSN 0 on the wire.
 	if res, ok := rep.Result("psn-wrap"); ok && res.Verdict == Conforms {
-		got := fromPeer(recs, res)
+		got := fromPeer(recs, rep, res)
 		if len(got) == 0 || got[len(got)-1].PSN != 0 {
 			t.Errorf("psn-wrap: the last ACK is not at PSN 0: %v", got)
 		}
 	}
 	// rxego implements DCQCN: the CE-marked WRITE drew a CNP to the
 	// probe's QP.
-	if res, ok := rep.Result("fecn-cnp"); !ok || res.Verdict != Conforms || !slices.ContainsFunc(fromPeer(recs, res),
+	if res, ok := rep.Result("fecn-cnp"); !ok || res.Verdict != Conforms || !slices.ContainsFunc(fromPeer(recs, rep, res),
 		func(r trace.Record) bool { return r.Opcode == bth.CNPOpcode }) {
 		t.Errorf("fecn-cnp: %+v: no CNP in the capture", res)
 	}
@@ -234,6 +209,53 @@ func TestResponderAgainstRxego(t *testing.T) {
 		t.Errorf("summary %q", rep.Summary)
 	}
 	checkRenderings(t, rep)
+}
+
+// capturedPkt is one of the peer's packets on a scenario's QP as the
+// capture shows it: its AETH syndrome (ACKs) or opcode name, and its PSN
+// relative to the scenario's start.
+type capturedPkt struct {
+	what string
+	psn  int
+}
+
+// checkCapture checks that every report lists as many packets from the
+// peer as the capture holds, and that each scenario in want conformed
+// with exactly those packets on the wire.
+func checkCapture(t *testing.T, rep *Report, recs []trace.Record, want map[string][]capturedPkt) {
+	t.Helper()
+	for _, res := range rep.Results {
+		got := fromPeer(recs, rep, res)
+		if len(got) != len(res.Observed) {
+			t.Errorf("%s: the report lists %d packets from the peer, the capture %d", res.Name, len(res.Observed), len(got))
+		}
+		w, ok := want[res.Name]
+		if !ok {
+			continue
+		}
+		if res.Verdict != Conforms {
+			t.Errorf("%s: verdict %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
+			continue
+		}
+		var have []capturedPkt
+		for _, r := range got {
+			what := r.OpcodeName
+			if r.Opcode == bth.RCAck {
+				what = reth.Syndrome(r.AETH.Syndrome).String()
+			}
+			have = append(have, capturedPkt{what, relPSNOf(r, res)})
+		}
+		if len(have) != len(w) {
+			t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+			continue
+		}
+		for i := range w {
+			if have[i].psn != w[i].psn || !strings.HasPrefix(have[i].what, w[i].what) {
+				t.Errorf("%s: capture shows %v, want %v", res.Name, have, w)
+				break
+			}
+		}
+	}
 }
 
 // checkRenderings checks the JSON report carries every verdict and the
@@ -288,11 +310,27 @@ func TestRequesterAgainstRxego(t *testing.T) {
 		{perftest.SendBW, "send_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
 			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}},
 	} {
-		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want) })
+		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want, false) })
 	}
 }
 
-func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict) {
+// TestRequesterRDMACMAgainstRxego is TestRequesterAgainstRxego with -R:
+// rxego's perf clients connect to the probe with rdma_cm, and the
+// scenarios run on the QPs the CM connected.
+func TestRequesterRDMACMAgainstRxego(t *testing.T) {
+	t.Run("write_bw", func(t *testing.T) {
+		requesterAgainstRxego(t, perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms,
+			"rnr-wait": Conforms, "ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}, true)
+	})
+	t.Run("read_bw", func(t *testing.T) {
+		requesterAgainstRxego(t, perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms,
+			"ce-data-cnp": Conforms}, true)
+	})
+}
+
+// requesterAgainstRxego probes rxego's perf client of test (with -R when
+// rdmacm) and checks the verdicts against want and the capture.
+func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict, rdmacm bool) {
 	scens := BuiltinRequester()
 	qps := QPsNeeded(scens, tool, false)
 	probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
@@ -309,8 +347,14 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	ch := make(chan ret, 1)
 	go func() {
 		r, err := Requester(context.Background(), RequesterConfig{Tool: tool, Peer: client, Local: probeAddr, NumQPs: qps,
-			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second,
-			Listening: func(a net.Addr) { listening <- a.(*net.TCPAddr).Port }})
+			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second, RDMACM: rdmacm,
+			Listening: func(a net.Addr) {
+				if rdmacm {
+					listening <- 18515 // rdma_cm's port: the default
+					return
+				}
+				listening <- a.(*net.TCPAddr).Port
+			}})
 		ch <- ret{r, err}
 	}()
 	var port int
@@ -321,7 +365,7 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	}
 	var out bytes.Buffer
 	_, cerr := perftest.Run(context.Background(), perftest.Config{Test: test, Server: probeAddr.String(), Port: port,
-		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out})
+		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out, RDMACM: rdmacm})
 	r := <-ch
 	if err := pw.Close(); err != nil {
 		t.Error(err)
@@ -450,7 +494,7 @@ func TestSendScenariosAgainstRxego(t *testing.T) {
 			t.Errorf("%s: %s (%s), want conforms", res.Name, res.Verdict, res.Detail)
 			continue
 		}
-		got := fromPeer(recs, res)
+		got := fromPeer(recs, rep, res)
 		if len(got) == 0 || len(got) != len(res.Observed) {
 			t.Errorf("%s: the capture has %d packets from the peer, the report %d", res.Name, len(got), len(res.Observed))
 			continue
@@ -466,5 +510,57 @@ func TestSendScenariosAgainstRxego(t *testing.T) {
 	}
 	if st := srv.Device.Stats(); st.OutOfSeqRequest == 0 {
 		t.Errorf("the server counted no sequence error, but send-psn-gap conformed")
+	}
+}
+
+// TestResponderRDMACMAgainstRxego rides rxego's own `perf -R` server: the
+// exchange and the QPs' connections go over rdma_cm on the device that
+// shares the probe's port, and the scenarios then run on the QPs the CM
+// connected, with the PSNs it agreed. The capture must show the CM's
+// MADs (QP 1) and the verdicts' packets on the claimed QPs; a scenario
+// that needs its own start PSN is not run.
+func TestResponderRDMACMAgainstRxego(t *testing.T) {
+	var scens []*Scenario
+	for _, s := range Builtin() {
+		switch s.Name {
+		case "write-ack", "psn-gap-nak", "duplicate-write", "write-bad-rkey", "duplicate-read", "psn-wrap":
+			scens = append(scens, s)
+		}
+	}
+	rep, recs, srv := probeRxegoWith(t, perftest.WriteBW, scens, true)
+	var text bytes.Buffer
+	rep.WriteText(&text, false)
+	t.Logf("%s", text.String())
+	if len(rep.Results) != len(scens) {
+		t.Fatalf("%d results for %d scenarios", len(rep.Results), len(scens))
+	}
+	nak := func(code uint8) string { return reth.NAKSyndrome(code).String() }
+	checkCapture(t, rep, recs, map[string][]capturedPkt{
+		"write-ack":       {{"ACK", 0}},
+		"psn-gap-nak":     {{nak(reth.NAKPSNSeqError), 0}, {"ACK", 0}},
+		"duplicate-write": {{"ACK", 0}, {"ACK", 0}},
+		"write-bad-rkey":  {{nak(reth.NAKRemoteAccess), 0}},
+		"duplicate-read":  {{"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}, {"RC_RDMA_READ_RESPONSE_FIRST", 0}, {"RC_RDMA_READ_RESPONSE_LAST", 1}},
+	})
+	if res, _ := rep.Result("psn-wrap"); res.Verdict != Inconclusive || !strings.Contains(res.Detail, "-R") {
+		t.Errorf("psn-wrap under -R: %s (%s), want inconclusive: the CM picks the start PSN", res.Verdict, res.Detail)
+	}
+	mads := 0
+	for _, r := range recs {
+		if r.RoCE != nil && r.DestQP == 1 {
+			mads++
+		}
+	}
+	// REQ, REP, RTU for the comm QP and each data QP, and the DREQs and
+	// DREPs at the end.
+	if want := 3 * (1 + len(scens) - 1); mads < want {
+		t.Errorf("the capture holds %d CM MADs, want at least %d", mads, want)
+	}
+	// The scenarios' QPs are the ones the server's CM connected: its
+	// engine saw the sequence error and the duplicate.
+	st := srv.Device.Stats()
+	if st.OutOfSeqRequest == 0 || st.DuplicateRequest == 0 {
+		t.Errorf("the server counted %d sequence errors and %d duplicates; psn-gap-nak and duplicate-write conformed",
+			st.OutOfSeqRequest, st.DuplicateRequest)
 	}
 }

@@ -30,7 +30,8 @@ type RequesterConfig struct {
 	NumQPs int        // the client's -q
 	MTU    int        // path MTU offered, bytes (default 1024)
 	// ACKTimeout is the peer's QP ACK timeout exponent (perftest's -u;
-	// default 14, 67 ms): the "T" of retransmission bounds.
+	// default 14, 67 ms; with RDMACM, the one the peer's CM REQ
+	// announced): the "T" of retransmission bounds.
 	ACKTimeout uint8
 	// RetryCnt is the peer's retry count (the C tools set 7).
 	RetryCnt int
@@ -54,8 +55,13 @@ type RequesterConfig struct {
 	MaxPackets int
 	Pcap       *pcaptap.Writer
 	Timeout    time.Duration // the whole run; 0: 2 minutes
-	// Listening, when set, is called once the probe listens.
+	// Listening, when set, is called once the probe listens (with
+	// RDMACM: its rdma_cm port, as a *net.UDPAddr).
 	Listening func(addr net.Addr)
+	// RDMACM is perftest's -R: the peer's client runs with -R, and the
+	// exchange and the QPs' connections go over rdma_cm (see rdmacm.go);
+	// Port is then the probe's rdma_cm port.
+	RDMACM bool
 }
 
 // reqEvent is one packet the peer's requester sent on a scenario's QP.
@@ -135,6 +141,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	if cfg.Port == 0 {
 		cfg.Port = 18515
 	}
+	cmTimeout := cfg.RDMACM && cfg.ACKTimeout == 0 // T as the peer's CM REQ says (below)
 	if cfg.ACKTimeout == 0 {
 		cfg.ACKTimeout = 14
 	}
@@ -162,30 +169,50 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	deadline, _ := ctx.Deadline()
 	rep := &Report{Mode: "requester", Peer: cfg.Peer.String(), Tool: toolName(cfg.Tool), Started: time.Now()}
 
-	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Local.String(), strconv.Itoa(cfg.Port)))
-	if err != nil {
-		return nil, fmt.Errorf("probe: listening on port %d: %w", cfg.Port, err)
+	if cfg.RDMACM && pp {
+		return nil, errors.New("probe: -R is perftest's; ibv_rc_pingpong has no rdma_cm handshake")
 	}
-	defer ln.Close()
 	w, err := openWire(cfg.Local, cfg.Peer, cfg.Gap, cfg.MaxPackets, cfg.Pcap)
 	if err != nil {
 		return nil, err
 	}
 	defer w.close()
-	if cfg.Listening != nil {
-		cfg.Listening(ln.Addr())
+	var conn net.Conn
+	var cms *cmSide
+	if cfg.RDMACM {
+		var listening func()
+		if cfg.Listening != nil {
+			listening = func() { cfg.Listening(&net.UDPAddr{IP: cfg.Local.AsSlice(), Port: cfg.Port}) }
+		}
+		if cms, err = openCM(ctx, w, cfg.Port, true, listening); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cms != nil {
+				cms.close()
+			}
+		}()
+	} else {
+		ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Local.String(), strconv.Itoa(cfg.Port)))
+		if err != nil {
+			return nil, fmt.Errorf("probe: listening on port %d: %w", cfg.Port, err)
+		}
+		defer ln.Close()
+		if cfg.Listening != nil {
+			cfg.Listening(ln.Addr())
+		}
+		stopLn := context.AfterFunc(ctx, func() { ln.Close() })
+		defer stopLn()
+		// The exchange may come from another address of the peer's host (on
+		// loopback it does); the handshake's GIDs must be the peer's.
+		conn, err = ln.Accept()
+		if err != nil {
+			return nil, fmt.Errorf("probe: waiting for the peer's %s client: %w", toolName(cfg.Tool), err)
+		}
+		defer conn.Close()
+		stopConn := context.AfterFunc(ctx, func() { conn.Close() })
+		defer stopConn()
 	}
-	stopLn := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stopLn()
-	// The exchange may come from another address of the peer's host (on
-	// loopback it does); the handshake's GIDs must be the peer's.
-	conn, err := ln.Accept()
-	if err != nil {
-		return nil, fmt.Errorf("probe: waiting for the peer's %s client: %w", toolName(cfg.Tool), err)
-	}
-	defer conn.Close()
-	stopConn := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stopConn()
 
 	var ex *perftest.Exchange
 	rep.MTU = 1024
@@ -194,7 +221,11 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 			rep.MTU = cfg.MTU // ibv_rc_pingpong's -m: not exchanged
 		}
 	} else {
-		ex = perftest.NewExchange(conn, false, deadline)
+		if cms != nil {
+			ex = cms.cl.Exchange()
+		} else {
+			ex = perftest.NewExchange(conn, false, deadline)
+		}
 		if err := ex.Versions(); err != nil {
 			return nil, err
 		}
@@ -214,6 +245,26 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 			RKey: 0x1000 + uint32(i), VAddr: 0x10000000, GID: cfg.Local.As16()}
 	}
 	rem := make([]perftest.Dest, cfg.NumQPs)
+	keys := rem
+	if cms != nil {
+		// The CM picks the numbers and PSNs; the records carry rkeys
+		// and addresses only (the probe's are never used: it answers).
+		if my, rem, err = cms.connect(w, toolTests[cfg.Tool], cfg.NumQPs, rep.MTU); err != nil {
+			return nil, err
+		}
+		keys = make([]perftest.Dest, cfg.NumQPs)
+		for i := range my {
+			my[i].RKey, my[i].VAddr = 0x1000+uint32(i), 0x10000000
+		}
+		if cmTimeout {
+			// The CM gave the peer's QPs the ACK timeout its REQ
+			// announced (perftest's -u does not reach rdma_cm's
+			// QPs), and the probe's QPs the same.
+			cfg.ACKTimeout = cms.qps[0].Query().Timeout
+			rep.Notes = append(rep.Notes, fmt.Sprintf("-R: the peer's ACK timeout is the one its CM REQ announced: %d (T = %v)",
+				cfg.ACKTimeout, qpTimeout(cfg.ACKTimeout)))
+		}
+	}
 	qps := make(map[uint32]*reqQP, cfg.NumQPs)
 	var order []*reqQP
 	// The QPs are set up once the first handshake told the peer's PSNs.
@@ -247,13 +298,18 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 		if err := setUp(); err != nil {
 			return nil, err
 		}
-	} else if err := handShakes(ex, cfg.Tool, my, rem, setUp); err != nil {
+	} else if err := handShakes(ex, cfg.Tool, my, keys, setUp); err != nil {
 		return nil, err
 	}
 
 	// The peer's traffic runs until its final synchronisation;
 	// ibv_rc_pingpong's has none: its run ends when it falls silent.
 	final := make(chan error, 1)
+	// With a long T (rdma_cm's: 0.5 s to 2 s) the peer's resends come
+	// further apart than the default watch: watch at least 4T, the most a
+	// resend may wait, and withhold ACKs long enough for 9 of them.
+	T := qpTimeout(cfg.ACKTimeout)
+	cfg.Wait = max(cfg.Wait, 4*T+time.Second)
 	quiet := cfg.Wait / 4
 	if pp {
 		final, quiet = nil, cfg.Wait
@@ -270,7 +326,8 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 		}
 		final <- err
 	}()
-	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: qpTimeout(cfg.ACKTimeout), retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU}
+	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: T, retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU,
+		hold: min(max(maxHold, 9*T), maxHoldLong)}
 	var finalErr error
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -314,6 +371,12 @@ loop:
 		}
 	} else if finalErr != nil {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the peer's client ended its run abnormally: %v", finalErr))
+	}
+	if cms != nil {
+		if err := cms.close(); err != nil {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("rdma_cm teardown: %v", err))
+		}
+		cms = nil
 	}
 	for i, q := range order {
 		if q.s == nil {
@@ -365,6 +428,7 @@ type reqRun struct {
 	retryCnt int
 	slack    time.Duration
 	mtu      int
+	hold     time.Duration // how long ACKs are withheld at most
 }
 
 // send builds h (addressed to q's peer QP), sends it and returns when it
@@ -606,14 +670,19 @@ func (q *reqQP) accept(h bth.Header, n int) {
 	}
 }
 
-// maxHold bounds how long the probe withholds a QP's ACKs.
-const maxHold = 5 * time.Second
+// maxHold bounds how long the probe withholds a QP's ACKs, unless the
+// peer's T is so long (rdma_cm's) that 9 of its resends take longer; then
+// 9T, at most maxHoldLong.
+const (
+	maxHold     = 5 * time.Second
+	maxHoldLong = 30 * time.Second
+)
 
-// releaseHeld ends a hold that has lasted maxHold: the probe acknowledges
+// releaseHeld ends a hold that has lasted r.hold: the probe acknowledges
 // what it has, so the peer's requester can finish its run.
 func (r *reqRun) releaseHeld() {
 	for _, q := range r.qps {
-		if q.holding && time.Since(q.heldAt) > maxHold {
+		if q.holding && time.Since(q.heldAt) > r.hold {
 			q.holding = false
 			r.ack(q, q.epsn-1, reth.ACKSyndrome(reth.CreditsInvalid), false)
 		}
@@ -682,13 +751,16 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 			if len(copies) < 2 {
 				return fail("psn=+%d was never resent", im.At)
 			}
-			// The timer's resend is the peer's first one. When the
-			// probe's ACKs of the PSNs before +At came late (a loaded
-			// host), the peer's timer ran out on one of those and its
-			// go-back-N resent +At along with it, perhaps just after
-			// +At's first copy: the time that judges the timer is then
-			// the oldest PSN's.
-			first, ok := q.firstRetransmission()
+			// The timer's resend is the peer's first one after +At's
+			// first copy. When the probe's ACKs of the PSNs before +At
+			// came late (a loaded host), the peer's timer ran out on
+			// one of those and its go-back-N resent +At along with it,
+			// perhaps just after +At's first copy: the time that judges
+			// the timer is then the oldest PSN's. A resend before +At
+			// was first sent is no reaction to the withheld ACK (a
+			// stalled guest's timer ran out while its sends were still
+			// queued, and the original and its copy left together).
+			first, ok := q.firstRetransmissionAfter(im.At)
 			if !ok || first.rel > im.At {
 				return fail("resent psn=+%d first, not the oldest unacknowledged (psn=+%d or before)", first.rel, im.At)
 			}
@@ -712,13 +784,8 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 				return fail("%d retries, want %d", n, *st.Count)
 			}
 		case "no-retransmit":
-			// A reaction to the duplicate ACK would come at once; a
-			// resend half a timeout later is the ACK timer's, which a
-			// stalled host can fire for reasons of its own.
-			for _, e := range q.events {
-				if e.copy > 1 && !e.at.Before(q.dupAt) && e.at.Sub(q.dupAt) < r.timeoutT/2 {
-					return fail("psn=+%d resent %v after the duplicate ACK", e.rel, e.at.Sub(q.dupAt).Round(100*time.Microsecond))
-				}
+			if e, ok := q.resentAfterDupAck(im.At, r.timeoutT/2); ok {
+				return fail("psn=+%d resent %v after the duplicate ACK", e.rel, e.at.Sub(q.dupAt).Round(100*time.Microsecond))
 			}
 		case "cnp":
 			if len(q.cnps) == 0 {
@@ -730,11 +797,40 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 	return Conforms, "", obs
 }
 
-// firstRetransmission returns the first packet the peer sent a second
-// time.
-func (q *reqQP) firstRetransmission() (reqEvent, bool) {
+// resentAfterDupAck returns the first resend that reacts to the
+// duplicate ACK of PSN +at: one less than within after it (a reaction
+// would come at once; a resend half a timeout later is the ACK timer's,
+// which a stalled host can fire for reasons of its own). A go-back-N that starts at +at
+// or before is no reaction to it either: the ACKs covered those PSNs, so
+// the peer resending them had not taken the ACKs yet when its timer ran
+// out (a stalled guest); that sweep is passed over whole.
+func (q *reqQP) resentAfterDupAck(at int, within time.Duration) (reqEvent, bool) {
+	sweep := -1 // the last PSN of a go-back-N from a covered PSN
 	for _, e := range q.events {
-		if e.copy > 1 {
+		if e.copy < 2 || e.at.Before(q.dupAt) || e.at.Sub(q.dupAt) >= within {
+			continue
+		}
+		switch {
+		case e.rel <= at:
+			sweep = e.rel
+		case sweep >= 0 && e.rel == sweep+1:
+			sweep = e.rel
+		default:
+			return e, true
+		}
+	}
+	return reqEvent{}, false
+}
+
+// firstRetransmissionAfter returns the first packet the peer sent a
+// second time after PSN +rel's first copy.
+func (q *reqQP) firstRetransmissionAfter(rel int) (reqEvent, bool) {
+	sent := false
+	for _, e := range q.events {
+		switch {
+		case e.rel == rel && e.copy == 1:
+			sent = true
+		case sent && e.copy > 1:
 			return e, true
 		}
 	}

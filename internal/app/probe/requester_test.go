@@ -8,24 +8,14 @@ import (
 // TestJudgeAckTimeout: ack-timeout judges the peer's first resend. A resend
 // of the held PSN just after its first copy deviates, unless it is part of
 // the go-back-N of an older PSN whose timer ran out first (the probe's ACK
-// for it came late), which is then judged by its own first copy.
+// for it came late), which is then judged by its own first copy. A resend
+// before the held PSN's first copy is no reaction to the withheld ACK.
 func TestJudgeAckTimeout(t *testing.T) {
-	var s *Scenario
-	for _, sc := range BuiltinRequester() {
-		if sc.Name == "ack-timeout" {
-			s = sc
-		}
-	}
-	if s == nil {
-		t.Fatal("no built-in ack-timeout scenario")
-	}
+	s := builtinRequester(t, "ack-timeout")
 	r := &reqRun{timeoutT: qpTimeout(14), slack: DefaultTimerSlack}
 	t0 := time.Now()
 	ms := func(f float64) time.Time { return t0.Add(time.Duration(f * float64(time.Millisecond))) }
-	type ev struct {
-		rel int
-		at  float64
-	}
+	type ev = judgeEvent
 	for _, c := range []struct {
 		name   string
 		events []ev
@@ -38,20 +28,87 @@ func TestJudgeAckTimeout(t *testing.T) {
 		// from +0 carries it along 0.5 ms later.
 		{"go-back-N from +0's timeout", []ev{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 66.9}, {0, 67.2}, {1, 67.3}, {2, 67.3}, {3, 67.4}, {4, 67.4}, {5, 67.4}}, Conforms},
 		{"+0 resent too early", []ev{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 10}, {0, 10.5}, {1, 10.5}, {2, 10.5}, {3, 10.6}, {4, 10.6}, {5, 10.6}}, Deviates},
+		// The lab's capture of a stalled rxe 6.12 guest: +1 and its
+		// timer's copy left together 147 ms after +0, before +5 was
+		// first sent; +5's own timer resent it 225 ms later.
+		{"an older PSN resent before +5 was sent", []ev{{0, 0}, {1, 147.26}, {1, 147.27}, {2, 147.27}, {3, 147.28}, {4, 147.28},
+			{5, 147.29}, {6, 147.3}, {5, 372.5}, {6, 372.6}}, Conforms},
 		{"a newer PSN resent first", []ev{{0, 0}, {1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0.1}, {6, 0.2}, {6, 70}, {5, 71}}, Deviates},
 	} {
-		q := &reqQP{s: s, seen: map[int]int{}}
-		for j := range s.Steps {
-			if s.Steps[j].Kind == StepImpair {
-				q.impair = &s.Steps[j]
-			}
+		if v, detail, obs := r.judge(judgeQP(s, c.events, ms)); v != c.want {
+			t.Errorf("%s: %s (%s; %q), want %s", c.name, v, detail, obs, c.want)
 		}
-		for _, e := range c.events {
-			q.seen[e.rel]++
-			q.events = append(q.events, reqEvent{at: ms(e.at), rel: e.rel, copy: q.seen[e.rel]})
+	}
+}
+
+// TestJudgeDuplicateAck: duplicate-ack deviates when the peer resends a
+// PSN the ACK does not cover at once after the duplicate; not for a
+// timer's resend half a timeout later, nor for a go-back-N from a PSN the
+// ACKs covered (the peer had not taken them when its timer ran out: the
+// lab's capture of a starved rxe 6.1 guest, whose 20 SENDs reached the
+// wire 6 ms before the probe's ACKs and were all resent 11 ms after them).
+func TestJudgeDuplicateAck(t *testing.T) {
+	s := builtinRequester(t, "duplicate-ack")
+	r := &reqRun{timeoutT: qpTimeout(14), slack: DefaultTimerSlack}
+	t0 := time.Now()
+	ms := func(f float64) time.Time { return t0.Add(time.Duration(f * float64(time.Millisecond))) }
+	burst := func(at float64) []judgeEvent {
+		var out []judgeEvent
+		for rel := range 20 {
+			out = append(out, judgeEvent{rel, at})
 		}
+		return out
+	}
+	for _, c := range []struct {
+		name   string
+		events []judgeEvent
+		dupAt  float64
+		want   Verdict
+	}{
+		{"nothing resent", burst(0), 1, Conforms},
+		{"+6 resent at once", append(burst(0), judgeEvent{6, 1.5}), 1, Deviates},
+		{"+6 resent by the timer", append(burst(0), judgeEvent{6, 68}), 1, Conforms},
+		{"go-back-N from +0 before the ACKs were taken", append(burst(0), burst(10.8)...), 6.3, Conforms},
+		{"go-back-N from +0, then +6 again", append(append(burst(0), burst(10.8)...), judgeEvent{6, 11}), 6.3, Deviates},
+	} {
+		q := judgeQP(s, c.events, ms)
+		q.dupAt = ms(c.dupAt)
 		if v, detail, obs := r.judge(q); v != c.want {
 			t.Errorf("%s: %s (%s; %q), want %s", c.name, v, detail, obs, c.want)
 		}
 	}
+}
+
+// judgeEvent is a packet of the peer's in a judge test: its PSN
+// relative to the start, and when it came, in ms.
+type judgeEvent struct {
+	rel int
+	at  float64
+}
+
+// builtinRequester returns the built-in requester scenario name.
+func builtinRequester(t *testing.T, name string) *Scenario {
+	t.Helper()
+	for _, sc := range BuiltinRequester() {
+		if sc.Name == name {
+			return sc
+		}
+	}
+	t.Fatalf("no built-in %s scenario", name)
+	return nil
+}
+
+// judgeQP is a reqQP of scenario s that saw events (times from ms).
+func judgeQP(s *Scenario, events []judgeEvent, ms func(float64) time.Time) *reqQP {
+	q := &reqQP{s: s, seen: map[int]int{}}
+	for j := range s.Steps {
+		if s.Steps[j].Kind == StepImpair {
+			q.impair = &s.Steps[j]
+		}
+	}
+	for _, e := range events {
+		q.seen[e.rel]++
+		q.events = append(q.events, reqEvent{at: ms(e.at), rel: e.rel, copy: q.seen[e.rel]})
+	}
+	return q
 }

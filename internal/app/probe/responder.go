@@ -24,11 +24,25 @@ var toolNeeds = map[string]Needs{
 	"send_bw":   NeedsSend,
 	// ibv_rc_pingpong: one QP, receives posted, no remote access; the
 	// scenarios run one after another on it (see ResponderConfig).
-	"rc_pingpong": NeedsSend,
+	Pingpong: NeedsSend,
+	// ibv_uc_pingpong: the same, on an unreliable connected QP.
+	UCPingpong: NeedsUC,
 }
 
 // Pingpong is the name of ibv_rc_pingpong as a Tool.
 const Pingpong = "rc_pingpong"
+
+// UCPingpong is the name of ibv_uc_pingpong as a Tool (responder mode):
+// its exchange is ibv_rc_pingpong's, its QP unreliable connected.
+const UCPingpong = "uc_pingpong"
+
+// isPingpong says whether tool is one of the ibv_*_pingpong servers,
+// whose one QP the scenarios share.
+func isPingpong(tool string) bool { return tool == Pingpong || tool == UCPingpong }
+
+// receivesOnly says whether a QP that offers n allows no remote access
+// (its receives take SENDs), so that AllAccess does not widen it.
+func receivesOnly(n Needs) bool { return n == NeedsSend || n == NeedsUC }
 
 // QPRecord is one QP's address as ibv_*_pingpong's exchange carries it.
 type QPRecord struct {
@@ -44,7 +58,7 @@ type PingpongSwap func(c net.Conn, client bool, mine QPRecord) (QPRecord, error)
 
 // toolName is the C tool's command name.
 func toolName(tool string) string {
-	if tool == Pingpong {
+	if isPingpong(tool) {
 		return "ibv_" + tool
 	}
 	return "ib_" + tool
@@ -119,18 +133,22 @@ type ResponderConfig struct {
 	// Local is the probe's RoCE address; it binds Local:4791 (default:
 	// the exchange's local address, as the C tools use).
 	Local  netip.Addr
-	Tool   string // write_bw, read_bw, atomic_bw, send_bw or Pingpong: what the peer runs
+	Tool   string // write_bw, read_bw, atomic_bw, send_bw, Pingpong or UCPingpong: what the peer runs
 	NumQPs int    // the peer's -q
 	MTU    int    // path MTU offered, bytes (default 1024)
 	// AllAccess says the peer's memory region allows writes, reads and
 	// atomics whatever the tool (rxego's perf does; rdma-core's perftest
 	// registers only what its test uses).
 	AllAccess bool
-	// Pingpong does ibv_rc_pingpong's exchange (Tool Pingpong). Its
-	// server has one QP: the scenarios run on it one after another, each
+	// Pingpong does ibv_rc_pingpong's exchange (Tool Pingpong or
+	// UCPingpong, whose exchange is the same). Its server has one QP: the scenarios run on it one after another, each
 	// from the PSN after the last one's, so a scenario that moves the QP
 	// to the error state must come last (and ends the server's run).
-	Pingpong   PingpongSwap
+	Pingpong PingpongSwap
+	// RDMACM is perftest's -R: the peer's server runs with -R, and the
+	// exchange and the QPs' connections go over rdma_cm (see rdmacm.go).
+	// Port is then the server's rdma_cm port.
+	RDMACM     bool
 	Scenarios  []*Scenario
 	Wait       time.Duration // per expected response; 0: DefaultWait
 	Gap        time.Duration // least time between packets; 0: DefaultGap
@@ -145,12 +163,12 @@ type ResponderConfig struct {
 func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	needs, ok := toolNeeds[cfg.Tool]
 	if !ok {
-		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw, atomic_bw, send_bw or %s", cfg.Tool, Pingpong)
+		return nil, fmt.Errorf("probe: tool %q: want write_bw, read_bw, atomic_bw, send_bw, %s or %s", cfg.Tool, Pingpong, UCPingpong)
 	}
-	chained := cfg.Tool == Pingpong
+	chained := isPingpong(cfg.Tool)
 	if chained {
 		if cfg.Pingpong == nil {
-			return nil, errors.New("probe: ibv_rc_pingpong's exchange (ResponderConfig.Pingpong) is not set")
+			return nil, fmt.Errorf("probe: %s's exchange (ResponderConfig.Pingpong) is not set", toolName(cfg.Tool))
 		}
 		cfg.NumQPs = 1
 	}
@@ -188,8 +206,10 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	for _, s := range cfg.Scenarios {
 		r := Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires}
 		switch {
-		case s.Needs != needs && (!cfg.AllAccess || s.Needs == NeedsSend || needs == NeedsSend):
+		case s.Needs != needs && (!cfg.AllAccess || receivesOnly(s.Needs) || receivesOnly(needs)):
 			r.Verdict, r.Detail = NotApplicable, notServed(s.Needs, cfg.Tool, needs)
+		case cfg.RDMACM && s.StartPSN != nil:
+			r.Verdict, r.Detail = Inconclusive, "not run: under -R the CM picks the start PSN, and this scenario needs its own"
 		case len(runs) >= cfg.NumQPs && !chained:
 			r.Verdict, r.Detail = Inconclusive, fmt.Sprintf("not run: the peer has %d QPs (run its server with -q %d)", cfg.NumQPs, cfg.NumQPs+1)
 		default:
@@ -199,27 +219,50 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		rep.Results = append(rep.Results, r)
 	}
 
-	var d net.Dialer
-	if cfg.Local.IsValid() {
-		d.LocalAddr = &net.TCPAddr{IP: cfg.Local.AsSlice()}
-	}
-	addr := net.JoinHostPort(cfg.Peer.String(), strconv.Itoa(cfg.Port))
-	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("probe: connecting to the peer's %s server at %s: %w", toolName(cfg.Tool), addr, err)
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
 	local := cfg.Local
-	if !local.IsValid() {
-		local = conn.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	var conn net.Conn
+	if cfg.RDMACM {
+		if chained {
+			return nil, fmt.Errorf("probe: -R is perftest's; %s has no rdma_cm handshake", toolName(cfg.Tool))
+		}
+		if !local.IsValid() {
+			if local, err = routeSource(cfg.Peer); err != nil {
+				return nil, err
+			}
+		}
+	} else {
+		var d net.Dialer
+		if cfg.Local.IsValid() {
+			d.LocalAddr = &net.TCPAddr{IP: cfg.Local.AsSlice()}
+		}
+		addr := net.JoinHostPort(cfg.Peer.String(), strconv.Itoa(cfg.Port))
+		conn, err = d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("probe: connecting to the peer's %s server at %s: %w", toolName(cfg.Tool), addr, err)
+		}
+		defer conn.Close()
+		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		defer stop()
+		if !local.IsValid() {
+			local = conn.LocalAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+		}
 	}
 	w, err := openWire(local, cfg.Peer, cfg.Gap, cfg.MaxPackets, cfg.Pcap)
 	if err != nil {
 		return nil, err
 	}
 	defer w.close()
+	var cms *cmSide
+	if cfg.RDMACM {
+		if cms, err = openCM(ctx, w, cfg.Port, false, nil); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if cms != nil {
+				cms.close()
+			}
+		}()
+	}
 
 	// The probe's side of each QP: a number of its own choosing (the
 	// peer only needs it to address its responses) and a start PSN.
@@ -249,7 +292,11 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 			return nil, err
 		}
 	} else {
-		ex = perftest.NewExchange(conn, true, deadline)
+		if cms != nil {
+			ex = cms.cl.Exchange()
+		} else {
+			ex = perftest.NewExchange(conn, true, deadline)
+		}
 		if err := ex.Versions(); err != nil {
 			return nil, err
 		}
@@ -262,8 +309,23 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 			return nil, err
 		}
 		mtu = 1 << (7 + code)
-		if err := handShakes(ex, cfg.Tool, my, rem, func() error { return checkPeerAddrs(rem, cfg.Peer) }); err != nil {
+		keys := rem
+		if cms != nil {
+			// The CM picks the numbers and PSNs; the records that
+			// follow carry the peer's rkeys and addresses only.
+			if my, rem, err = cms.connect(w, toolTests[cfg.Tool], cfg.NumQPs, mtu); err != nil {
+				return nil, err
+			}
+			if err := checkPeerAddrs(rem, cfg.Peer); err != nil {
+				return nil, err
+			}
+			keys = make([]perftest.Dest, cfg.NumQPs)
+		}
+		if err := handShakes(ex, cfg.Tool, my, keys, func() error { return checkPeerAddrs(rem, cfg.Peer) }); err != nil {
 			return nil, err
+		}
+		for i := range keys {
+			rem[i].RKey, rem[i].VAddr = keys[i].RKey, keys[i].VAddr
 		}
 	}
 	rep.MTU = mtu
@@ -275,7 +337,7 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		} else {
 			i = 0
 		}
-		q := &qpRun{s: s, w: w, ctx: ctx, myQPN: my[i].QPN, base: base, mtu: mtu, wait: cfg.Wait,
+		q := &qpRun{s: s, w: w, ctx: ctx, myQPN: my[i].QPN, base: base, mtu: mtu, wait: cfg.Wait, uc: needs == NeedsUC,
 			peer: peerQP{QPN: rem[i].QPN, PSN: rem[i].PSN, RKey: rem[i].RKey, VAddr: rem[i].VAddr}}
 		v, err := q.run()
 		base = (base + uint32(q.next)) & bth.PSNMask // where the next scenario on this QP starts
@@ -296,14 +358,20 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	var endErr error
 	switch {
 	case chained:
-		// ibv_rc_pingpong's exchange is over; its server waits for
+		// ibv_*_pingpong's exchange is over; its server waits for
 		// messages until its -n are done or a receive fails.
 	case cfg.Tool == "send_bw":
 		// ib_send_bw's server ends once it has received all its -n
 		// messages per QP, or at its first failed receive (a scenario
 		// that moved a QP to the error state flushed its receives):
 		// wait a little for that, no longer.
-		t := time.AfterFunc(sendBWEndWait, func() { conn.Close() })
+		t := time.AfterFunc(sendBWEndWait, func() {
+			if cms != nil {
+				cms.stop() // the exchange's SENDs wait on the CM side's context
+			} else {
+				conn.Close()
+			}
+		})
 		endErr = ex.Close(my[0], nil)
 		t.Stop()
 		if endErr != nil {
@@ -317,6 +385,10 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 		if endErr == nil {
 			endErr = ex.Close(my[0], nil)
 		}
+	}
+	if cms != nil {
+		endErr = errors.Join(endErr, cms.close())
+		cms = nil
 	}
 	if endErr != nil {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("ending the peer tool's run: %v", endErr))
@@ -347,12 +419,15 @@ const sendBWEndWait = 3 * time.Second
 // whose QPs offer has.
 func notServed(what Needs, tool string, has Needs) string {
 	say := func(n Needs) string {
-		if n == NeedsSend {
+		switch n {
+		case NeedsSend:
 			return "receives posted and no remote access"
+		case NeedsUC:
+			return "an unreliable connected QP with receives posted"
 		}
 		return "a region that allows " + string(n)
 	}
-	return fmt.Sprintf("needs %s; ib_%s's QPs offer %s", say(what), tool, say(has))
+	return fmt.Sprintf("needs %s; %s's QPs offer %s", say(what), toolName(tool), say(has))
 }
 
 // QPsNeeded is how many QPs the peer's server (or, for requester-mode
@@ -366,7 +441,7 @@ func QPsNeeded(scens []*Scenario, tool string, allAccess bool) int {
 			if requesterToolNeeds[tool] == s.Needs {
 				n++
 			}
-		case toolNeeds[tool] == s.Needs, allAccess && s.Needs != NeedsSend && tool != "send_bw":
+		case toolNeeds[tool] == s.Needs, allAccess && !receivesOnly(s.Needs) && !receivesOnly(toolNeeds[tool]):
 			n++
 		}
 	}

@@ -18,18 +18,24 @@ const DefaultWait = 300 * time.Millisecond
 
 // qpRun is one scenario running on one of the peer's QPs.
 type qpRun struct {
-	s      *Scenario
-	w      *wire
-	ctx    context.Context
-	myQPN  uint32 // the QP number the probe announced (where responses go)
-	peer   peerQP
-	base   uint32 // the start PSN
-	next   int    // the next PSN, relative to base
-	mtu    int
-	wait   time.Duration
-	vars   map[string]uint64
-	got    []string // the peer's packets, summarised
-	detail string
+	s     *Scenario
+	w     *wire
+	ctx   context.Context
+	myQPN uint32 // the QP number the probe announced (where responses go)
+	peer  peerQP
+	base  uint32 // the start PSN
+	next  int    // the next PSN, relative to base
+	mtu   int
+	wait  time.Duration
+	// uc: the peer's QP is unreliable connected (ibv_uc_pingpong): its
+	// own messages are not acknowledged, UC has no ACKs.
+	uc bool
+	// peerMsg: nextArrival hands back the last packet of the peer's own
+	// message instead of only recording it ("expect peer-send").
+	peerMsg bool
+	vars    map[string]uint64
+	got     []string // the peer's packets, summarised
+	detail  string
 }
 
 // peerQP is what the handshake told the probe about one of the peer's QPs.
@@ -198,11 +204,17 @@ func (q *qpRun) nextArrival(d time.Duration) (arrival, bool, error) {
 			}
 			q.got = append(q.got, q.describe(a.hdr))
 			if in, _ := bth.Lookup(a.hdr.Opcode); in != nil && in.Has(bth.Request) && a.hdr.Opcode != bth.RCReadRequest {
-				// The peer's own request (ibv_rc_pingpong's server
-				// answers each message with one): acknowledged so
-				// its QP stays well, shown, not judged.
-				if err := q.ackPeer(a.hdr, in); err != nil {
-					return arrival{}, false, err
+				// The peer's own request (ibv_*_pingpong's server
+				// answers each message with one): acknowledged (on
+				// RC) so its QP stays well, shown, judged only by
+				// "expect peer-send".
+				if !q.uc {
+					if err := q.ackPeer(a.hdr, in); err != nil {
+						return arrival{}, false, err
+					}
+				}
+				if q.peerMsg && in.Has(bth.Last) {
+					return a, true, nil
 				}
 				continue
 			}
@@ -287,6 +299,9 @@ func (q *qpRun) describe(h bth.Header) string {
 		return "CNP" // its PSN means nothing
 	}
 	if in, _ := bth.Lookup(h.Opcode); in != nil && in.Has(bth.Request) {
+		if q.uc {
+			return fmt.Sprintf("%s (the peer's own request, in its PSN space)", h.Opcode)
+		}
 		return fmt.Sprintf("%s (the peer's own request, in its PSN space; acknowledged)", h.Opcode)
 	}
 	s := fmt.Sprintf("%s psn=%+d", h.Opcode, q.rel(h.PSN))
@@ -303,6 +318,10 @@ func (q *qpRun) describe(h bth.Header) string {
 // expect takes the peer's next packet and checks it against st.
 func (q *qpRun) expect(st *Step) error {
 	want := st.Expect
+	switch want {
+	case "peer-send", "no-peer-send":
+		return q.expectPeerSend(st)
+	}
 	if want == "none" {
 		a, ok, err := q.nextArrival(q.wait)
 		if err != nil {
@@ -361,6 +380,37 @@ func (q *qpRun) expect(st *Step) error {
 			q.vars[st.Save] = h.AtomicAck
 		}
 		return nil
+	}
+}
+
+// expectPeerSend checks that the peer sent a message of its own within
+// the wait (peer-send: ibv_*_pingpong's server answers each message it
+// received, so its answer proves delivery) or did not (no-peer-send: a
+// message dropped). Responses to the probe's packets that come meanwhile
+// are shown; on UC, which has none, any is a deviation.
+func (q *qpRun) expectPeerSend(st *Step) error {
+	q.peerMsg = true
+	defer func() { q.peerMsg = false }()
+	end := time.Now().Add(q.wait)
+	for {
+		a, ok, err := q.nextArrival(time.Until(end))
+		if err != nil {
+			return err
+		}
+		in, _ := bth.Lookup(a.hdr.Opcode)
+		switch {
+		case !ok && st.Expect == "peer-send":
+			return &errStep{st, fmt.Sprintf("expected the peer's own message (its answer to a delivered one), got none within %v", q.wait)}
+		case !ok:
+			return nil
+		case in != nil && in.Has(bth.Request):
+			if st.Expect == "no-peer-send" {
+				return &errStep{st, fmt.Sprintf("expected no message of the peer's (nothing delivered), got %s", q.describe(a.hdr))}
+			}
+			return nil
+		case q.uc:
+			return &errStep{st, fmt.Sprintf("expected no response on UC, got %s", q.describe(a.hdr))}
+		}
 	}
 }
 

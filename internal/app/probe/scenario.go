@@ -14,7 +14,8 @@ import (
 // Needs is what a scenario needs the peer's QP to offer: the C tool the
 // peer runs decides it (ib_write_bw registers its buffer for remote
 // writes only, ib_read_bw for reads, ib_atomic_bw for atomics;
-// ib_send_bw's allows no remote access but its QPs have receives posted).
+// ib_send_bw's allows no remote access but its QPs have receives posted;
+// ibv_uc_pingpong's QP is unreliable connected, with receives posted).
 type Needs string
 
 // What scenarios can need.
@@ -23,6 +24,7 @@ const (
 	NeedsRead   Needs = "read"
 	NeedsAtomic Needs = "atomic"
 	NeedsSend   Needs = "send"
+	NeedsUC     Needs = "uc"
 )
 
 // Scenario is one scripted exchange on one of the peer's QPs, and the rule
@@ -62,7 +64,7 @@ const (
 const (
 	ImpairDrop         = "drop"          // lose it: the packets after it meet a PSN sequence error NAK
 	ImpairWithhold     = "withhold"      // accept it but send no ACK: the peer's ACK timer must fire
-	ImpairWithholdMany = "withhold-many" // send no ACK for it or its copies until Count copies came (or 5 s)
+	ImpairWithholdMany = "withhold-many" // send no ACK for it or its copies until Count copies came (or 5 s; 9T for a longer T)
 	ImpairRNR          = "rnr"           // answer it with an RNR NAK carrying Timer
 	ImpairGhostAck     = "ghost-ack"     // acknowledge a PSN 100 past it instead of it
 	ImpairAckTwice     = "ack-twice"     // send its ACK twice
@@ -137,6 +139,9 @@ var expectKinds = map[string]bool{
 	"atomic-ack": true, "cnp": true, "none": true,
 	// requester mode
 	"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true,
+	// a pingpong server's answer: a message of its own, sent once it
+	// received one (proof of delivery), or none within the wait
+	"peer-send": true, "no-peer-send": true,
 }
 
 // sendOps are the opcode names a Send step accepts.
@@ -147,6 +152,8 @@ var sendOps = map[string]bth.Opcode{
 	"send-only": bth.RCSendOnly, "read": bth.RCReadRequest,
 	"cmp-swap": bth.RCCompareSwap, "fetch-add": bth.RCFetchAdd, "ack": bth.RCAck,
 	"uc-write-only": bth.UCWriteOnly,
+	"uc-send-first": bth.UCSendFirst, "uc-send-middle": bth.UCSendMiddle, "uc-send-last": bth.UCSendLast,
+	"uc-send-only": bth.UCSendOnly,
 }
 
 // ParseScenarios reads scenarios in the probe's text format:
@@ -154,7 +161,7 @@ var sendOps = map[string]bth.Opcode{
 //	scenario NAME
 //	rule TEXT
 //	requires TEXT
-//	needs write|read|atomic|send
+//	needs write|read|atomic|send|uc
 //	start-psn N
 //	optional
 //	send OP [psn=+N] [len=N] [dmalen=N] [rkey=peer|bad|N] [va=+N] [addr=N] [ackreq]
@@ -211,10 +218,10 @@ func ParseScenarios(r io.Reader) ([]*Scenario, error) {
 			cur.Requires = rest
 		case "needs":
 			switch Needs(rest) {
-			case NeedsWrite, NeedsRead, NeedsAtomic, NeedsSend:
+			case NeedsWrite, NeedsRead, NeedsAtomic, NeedsSend, NeedsUC:
 				cur.Needs = Needs(rest)
 			default:
-				err = fmt.Errorf("needs %q: want write, read, atomic or send", rest)
+				err = fmt.Errorf("needs %q: want write, read, atomic, send or uc", rest)
 			}
 		case "optional":
 			cur.Optional = true

@@ -54,6 +54,8 @@ func TestParseErrors(t *testing.T) {
 		{"scenario a\nmode requester\nrule r\nrequires q\nsend write-only\nend", "does not belong in a requester-mode scenario"},
 		{"scenario a\nmode requester\nrule r\nrequires q\nimpair drop at=5\nexpect retransmit min=soon\nend", "delay \"soon\""},
 		{"scenario a\nrule r\nrequires q\nwait 1h\nend", "outside (0, 10s]"},
+		{"scenario a\nrule r\nrequires q\nneeds ud\nsend uc-send-only\nend", "needs \"ud\": want write, read, atomic, send or uc"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair drop at=5\nexpect peer-send\nend", "does not belong in a requester-mode scenario"},
 		{"scenario a\nrule r\nrequires q\n" + strings.Repeat("send write-only\n", 65) + "end", "at most 64"},
 	} {
 		_, err := ParseScenarios(strings.NewReader(c.text))

@@ -69,6 +69,11 @@ type wire struct {
 
 	in      chan arrival
 	dropped int // received but not RoCE or bad ICRC
+
+	// dev, when set, is the rxego device sharing the port (-R: its CM
+	// and exchange); it gets every packet but those for claimed QPs.
+	dev     *devConn
+	claimed map[uint32]bool
 	done    chan struct{}
 }
 
@@ -281,6 +286,11 @@ func (w *wire) readLoop() {
 			w.mu.Lock()
 			w.dropped++
 			w.mu.Unlock()
+			continue
+		}
+		if dc := w.toDevice(p.Decode().DestQP); dc != nil {
+			w.record(transport.In, at, from, w.local, 0, id, pkt)
+			dc.deliver(p, pkt, from, id, at)
 			continue
 		}
 		rec := w.record(transport.In, at, from, w.local, 0, id, pkt)
