@@ -65,15 +65,15 @@ func TestProbeResponder(t *testing.T) {
 }
 
 // TestProbeRDMACM is TestProbeResponder and TestProbeRequester with
-// perftest's -R: the guest's ib_write_bw and ib_read_bw server (responder
-// mode) or client (requester mode) connect with rdma_cm; the probe's
-// rxego device runs the CM and the exchange on the probe's port, and the
-// scenarios run on the QPs the CM connected. Verdicts and the capture are
+// perftest's -R: the guest's perftest servers (responder mode) or its
+// ib_write_bw, ib_read_bw and ib_send_bw clients (requester mode) connect
+// with rdma_cm; the probe's rxego device runs the CM and the exchange on
+// the probe's port, and the scenarios run on the QPs the CM connected. Verdicts and the capture are
 // checked as without -R; psn-wrap, which needs its own start PSN, is not
 // run (the CM picks it).
 func TestProbeRDMACM(t *testing.T) {
 	forEachKernel(t, func(t *testing.T, p *Peer) {
-		for _, pt := range probeTools[:2] {
+		for _, pt := range probeTools {
 			want := map[string]probe.Verdict{"psn-wrap": probe.Inconclusive}
 			for k, v := range pt.notConforming {
 				want[k] = v
@@ -81,7 +81,7 @@ func TestProbeRDMACM(t *testing.T) {
 			pt.notConforming = want
 			p.probeResponder(t, pt, true)
 		}
-		for _, tool := range []string{"write_bw", "read_bw"} {
+		for _, tool := range []string{"write_bw", "read_bw", "send_bw"} {
 			p.probeRequester(t, tool, true)
 		}
 	})
