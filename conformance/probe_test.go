@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -146,25 +147,21 @@ func (p *Peer) probeResponder(t *testing.T, pt probeTool, rdmacm bool) {
 			}
 			summary = append(summary, fmt.Sprintf("%s %s", r.Name, r.Verdict))
 		}
+		table := maps.Clone(pt.notConforming)
+		if p.Kernel == "6.1" {
+			if table == nil {
+				table = map[string]probe.Verdict{}
+			}
+			maps.Copy(table, rxe61Verdicts)
+		}
 		ran := 0
 		for _, r := range rep.Results {
 			if r.MyQPN == 0 {
 				continue // not for this tool
 			}
 			ran++
-			t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
-			want, ok := pt.notConforming[r.Name]
-			if !ok {
-				want = probe.Conforms
-			}
-			if v, ok := rxe61Verdicts[r.Name]; ok && p.Kernel == "6.1" {
-				want = v
-			}
-			if r.Verdict != want {
-				t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, want)
-			}
-			if r.Verdict != probe.Conforms {
-				summary = append(summary, fmt.Sprintf("%s %s", r.Name, r.Verdict))
+			if n := checkVerdict(t, r, table); n != "" {
+				summary = append(summary, n)
 			}
 		}
 		if wantRan := qps - len(skippedUnderCM(rep.Results)); ran != wantRan {
@@ -333,13 +330,8 @@ func (p *Peer) probeRequester(t *testing.T, tool string, rdmacm bool) {
 			if r.MyQPN == 0 {
 				continue // another tool's scenario
 			}
-			t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
-			want, ok := rxeRequesterVerdicts[r.Name]
-			if !ok {
-				want = probe.Conforms
-			}
-			if r.Verdict != want {
-				t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, want)
+			if n := checkVerdict(t, r, rxeRequesterVerdicts); n != "" {
+				notes = append(notes, n)
 			}
 			n := 0
 			for _, o := range r.Observed {
@@ -349,9 +341,6 @@ func (p *Peer) probeRequester(t *testing.T, tool string, rdmacm bool) {
 			}
 			if n != copies[r.MyQPN] {
 				t.Errorf("%s: the report counts %d copies of psn=+5, the bridge saw %d", r.Name, n, copies[r.MyQPN])
-			}
-			if r.Verdict != probe.Conforms {
-				notes = append(notes, r.Name+" "+string(r.Verdict))
 			}
 		}
 		return Outcome{Note: rep.Summary + " (" + strings.Join(notes, ", ") + ")"}
@@ -440,16 +429,8 @@ func (p *Peer) probePingpongResponder(t *testing.T, tool string, notConforming m
 				continue
 			}
 			ran++
-			t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
-			v, ok := notConforming[r.Name]
-			if !ok {
-				v = probe.Conforms
-			}
-			if r.Verdict != v {
-				t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, v)
-			}
-			if r.Verdict != probe.Conforms {
-				notes = append(notes, r.Name+" "+string(r.Verdict))
+			if n := checkVerdict(t, r, notConforming); n != "" {
+				notes = append(notes, n)
 			}
 		}
 		if ran != want.ran {
@@ -496,11 +477,8 @@ func (p *Peer) probePingpongRequester(t *testing.T, name string) {
 			t.Fatalf("%d results, want %s's", len(rep.Results), name)
 		}
 		r := rep.Results[0]
-		t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
-		want, ok := rxeRequesterVerdicts[name]
-		if !ok {
-			want = probe.Conforms
-		}
+		logResult(t, r)
+		want := expectedVerdict(rxeRequesterVerdicts, name)
 		// rxe 6.1 arms its retransmission timer only when none is
 		// pending: with ibv_rc_pingpong's one message at a time, the
 		// timer of the message before (acknowledged a round trip
@@ -522,4 +500,34 @@ func (p *Peer) probePingpongRequester(t *testing.T, name string) {
 		}
 		return Outcome{Note: note}
 	})
+}
+
+// expectedVerdict is the verdict table records for scenario name:
+// conforms where it records none.
+func expectedVerdict(table map[string]probe.Verdict, name string) probe.Verdict {
+	if v, ok := table[name]; ok {
+		return v
+	}
+	return probe.Conforms
+}
+
+// logResult puts one scenario's result in the test log.
+func logResult(t *testing.T, r probe.Result) {
+	t.Helper()
+	t.Logf("%s: %s %s [%s]", r.Name, r.Verdict, r.Detail, strings.Join(r.Observed, "; "))
+}
+
+// checkVerdict logs r and fails t unless its verdict is the one table
+// records (expectedVerdict); for a scenario that did not conform it
+// returns "name verdict", for the case's note.
+func checkVerdict(t *testing.T, r probe.Result, table map[string]probe.Verdict) string {
+	t.Helper()
+	logResult(t, r)
+	if want := expectedVerdict(table, r.Name); r.Verdict != want {
+		t.Errorf("%s: verdict %s (%s), want %s", r.Name, r.Verdict, r.Detail, want)
+	}
+	if r.Verdict == probe.Conforms {
+		return ""
+	}
+	return r.Name + " " + string(r.Verdict)
 }
