@@ -58,6 +58,8 @@ type Case struct {
 	Busy  bool   `json:",omitempty"` // busy-poll instead of blocking waits
 	// Warmup runs before the measurement, Duration is measured.
 	Warmup, Duration time.Duration
+	// Sched is where and at what priority the two peers run (-nice, -pin).
+	Sched Sched `json:",omitzero"`
 }
 
 // Name is a short label for progress lines and the report.

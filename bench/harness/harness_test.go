@@ -83,7 +83,7 @@ func TestCases(t *testing.T) {
 		})
 	}
 	var b bytes.Buffer
-	WriteReport(&b, all, false, 1)
+	WriteReport(&b, all, Sched{}, 1)
 	for _, want := range []string{"## Yardsticks", "| rsocket stream (rxego) | ", "| rsocket 64 B ping-pong (rxego) | ", "## rxego bandwidth", "| WRITE | 64 KiB | 1024 |", "| WRITE 64 B, depth 128 | 32 | blocking |", "| WRITE 64 B, depth 128 | 64 | busy-poll |", "## Targets",
 		"## rxego over several QPs", "| 4 | ", "| READ | 1024 |", "message rate over 8 QPs"} {
 		if !strings.Contains(b.String(), want) {

@@ -176,6 +176,9 @@ func Peer(args []string, stdout io.Writer) error {
 	if !ok {
 		return fmt.Errorf("peer: unknown case kind %q", c.Kind)
 	}
+	if err := applySched(c.Sched, *role == "server"); err != nil {
+		return fmt.Errorf("peer: %w", err)
+	}
 	var conn net.Conn
 	switch *role {
 	case "server":

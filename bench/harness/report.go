@@ -154,15 +154,15 @@ func wait(busy bool) string {
 }
 
 // WriteReport prints the markdown report of a run.
-// nice says the processes ran at raised priority (nice -20); each result is
-// the median of repeat runs.
-func WriteReport(w io.Writer, list []Result, nice bool, repeat int) {
+// sched is where and at what priority the peers ran (-nice, -pin); each
+// result is the median of repeat runs.
+func WriteReport(w io.Writer, list []Result, sched Sched, repeat int) {
 	rs := results(list)
 	host, _ := os.Hostname()
 	fmt.Fprintf(w, "# rxego-bench, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
 	prio := ""
-	if nice {
-		prio = " at nice -20"
+	if d := sched.String(); d != "" {
+		prio = " (" + d + ")"
 	}
 	fmt.Fprintf(w, "%s, %s/%s, %d CPUs, %s; two processes on loopback%s, one case at a time; each figure the median of %d runs; load average at the end %s.\n\n",
 		host, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), kernel(), prio, repeat, loadAvg())

@@ -255,7 +255,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	multi := fs.Bool("multi", false, "add the multi-QP rows: 4, 8 and 16 QPs of WRITE, READ and SEND beside as many TCP streams and UDP GSO/GRO flows, and the 64-byte rate over 8 QPs (about 50 s a round, -quick 20 s)")
 	qpList := fs.String("qps", "", "the multi-QP rows' QP counts, comma-separated (e.g. 1,2,4,8,16; implies -multi; default 1,4,8,16)")
 	budget := fs.Duration("budget", 0, "start no case once this much time has passed (0: no limit); cases not run are reported as such, so a sitting with a fixed time ends in it")
-	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20, needs root) so other load on the machine disturbs the figures less")
+	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20 on every thread of both peers, needs root) so other load on the machine disturbs the figures less")
+	pin := fs.String("pin", "", "run the peers on these CPUs: one Linux CPU list for both (\"1\": both on CPU 1) or the server's and the client's apart (\"0/1\"); a round trip's figure depends on whether its wake-ups cross CPUs, so latency is best compared with the placement fixed")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rxego-bench [flags]\n\nMeasures rxego, raw UDP and TCP between two processes on loopback and prints a markdown report.")
 		fs.PrintDefaults()
@@ -286,8 +287,25 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if *repeat < 1 {
 		*repeat = 1
 	}
-	if *dur > 0 {
-		for i := range cases {
+	var sched Sched
+	var err error
+	if sched.Server, sched.Client, err = ParsePin(*pin); err != nil {
+		fmt.Fprintln(stderr, "rxego-bench:", err)
+		return 2
+	}
+	if *nice {
+		// A test of the permission only: each peer renices all its own
+		// threads (applySched); a child inherits only the nice value of
+		// the thread that forked it.
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, 0, -20); err != nil {
+			fmt.Fprintf(stderr, "rxego-bench: nice -20 not applied (%v); figures may be noisier\n", err)
+		} else {
+			sched.Nice = -20
+		}
+	}
+	for i := range cases {
+		cases[i].Sched = sched
+		if *dur > 0 {
 			cases[i].Duration = *dur
 		}
 	}
@@ -311,14 +329,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		defer f.Close()
 		jw = f
-	}
-	if *nice {
-		// Children inherit it. Every case, rxego and yardsticks alike,
-		// runs at the same priority.
-		if err := syscall.Setpriority(syscall.PRIO_PROCESS, 0, -20); err != nil {
-			fmt.Fprintf(stderr, "rxego-bench: nice -20 not applied (%v); figures may be noisier\n", err)
-			*nice = false
-		}
 	}
 	// Rounds of the whole suite, so each case's runs are spread over the
 	// sitting and a passing disturbance spoils one run of a case, not all.
@@ -356,7 +366,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		results[i] = median(runs[i])
 		failed = failed || results[i].Err != ""
 	}
-	WriteReport(stdout, results, *nice, *repeat)
+	WriteReport(stdout, results, sched, *repeat)
 	if failed {
 		return 1
 	}
