@@ -8,7 +8,9 @@
 #
 # QUICK=1 shortens the run (a handful of cases, -quick, 0.1 s each, one
 # round) to try the script on a development machine; REPEAT, DURATION and
-# QPS override the rounds, the measured interval and the QP counts.
+# QPS override the rounds, the measured interval and the QP counts; PIN
+# is rxego-bench -pin (e.g. PIN=0-7/8-15: the server on CPUs 0-7, the
+# client on 8-15; unset: the kernel places the peers).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 
@@ -56,11 +58,12 @@ run)
 	elif [ -n "${DURATION:-}" ]; then
 		args=(-duration "$DURATION")
 	fi
+	[ -n "${PIN:-}" ] && args+=(-pin "$PIN")
 	log=$dir/sitting.log
 	stamp() { echo "$1: $(date -u +%T) load average $(cut -d' ' -f1-3 /proc/loadavg), nproc $(nproc)" | tee -a "$log"; }
 	: >"$log"
 	[ -f "$here/BUILD" ] && cat "$here/BUILD" | tee -a "$log"
-	echo "uname: $(uname -srm); rounds $repeat, QPs $qps, budget $budget" | tee -a "$log"
+	echo "uname: $(uname -srm); rounds $repeat, QPs $qps, budget $budget${PIN:+, pin $PIN}" | tee -a "$log"
 	stamp start
 	# A failed case is reported (its row reads "error") and the run goes
 	# on; the exit status says whether any failed.
@@ -75,7 +78,7 @@ run)
 	exit $rc
 	;;
 *)
-	sed -n '2,12p' "$0" >&2
+	sed -n '2,14p' "$0" >&2
 	exit 2
 	;;
 esac
