@@ -444,11 +444,7 @@ func (r *reqRun) send(q *reqQP, h bth.Header, payload []byte, ce bool) (time.Tim
 	r.w.fillICRC(pkt)
 	var tos uint8
 	if ce {
-		tos = 0x03
-		if err := r.w.setTOS(tos); err != nil {
-			return time.Time{}, err
-		}
-		defer r.w.setTOS(0)
+		tos = 0x03 // ECN CE
 	}
 	return r.w.send(r.ctx, pkt, tos)
 }

@@ -70,10 +70,21 @@ const (
 	ImpairAckTwice     = "ack-twice"     // send its ACK twice
 	ImpairCEAck        = "ce-ack"        // send its ACK marked ECN CE
 	ImpairCEData       = "ce-data"       // send the READ response to it marked ECN CE
+	// ImpairCNP starts a train of Count CNPs to the peer's QP, Every
+	// apart, when the packet arrives, and acknowledges the QP's packets
+	// coalesced so that the peer sends at its own pace (see Requester).
+	ImpairCNP = "cnp"
+)
+
+// Bounds of a CNP train (ImpairCNP): the probe's CNPs are packets like
+// any other, within the run's gap and packet budget.
+const (
+	maxCNPTrain  = 1000
+	maxCNPWindow = 2 * time.Second
 )
 
 var impairments = map[string]bool{ImpairDrop: true, ImpairWithhold: true, ImpairWithholdMany: true, ImpairRNR: true,
-	ImpairGhostAck: true, ImpairAckTwice: true, ImpairCEAck: true, ImpairCEData: true}
+	ImpairGhostAck: true, ImpairAckTwice: true, ImpairCEAck: true, ImpairCEData: true, ImpairCNP: true}
 
 // RKey choices of a Send step.
 const (
@@ -127,9 +138,13 @@ type Step struct {
 	// Requester expectations: Min and Max bound a retransmission's delay
 	// ("T" is the peer's ACK timeout, 4.096 us x 2^14 for the C tools;
 	// "rnr" the RNR timer's time; or a duration, optionally "NT");
-	// Count is a number of retries.
+	// Count is a number of retries (or of CNPs).
 	Min, Max string
 	Count    *int
+	// Every is how far apart a CNP train's CNPs are; Window how long
+	// each of the two windows is whose packet rates "expect slower"
+	// compares.
+	Every, Window time.Duration
 }
 
 // Expectation kinds and the AETH each needs.
@@ -138,7 +153,7 @@ var expectKinds = map[string]bool{
 	"read-resp": true, "read-first": true, "read-middle": true, "read-last": true, "read-only": true,
 	"atomic-ack": true, "cnp": true, "none": true,
 	// requester mode
-	"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true,
+	"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true, "slower": true,
 	// a pingpong server's answer: a message of its own, sent once it
 	// received one (proof of delivery), or none within the wait
 	"peer-send": true, "no-peer-send": true,
@@ -281,6 +296,9 @@ func (s *Scenario) Validate() error {
 		if st.Kind == StepWait && (st.Wait <= 0 || st.Wait > 10*time.Second) {
 			return fmt.Errorf("scenario %s line %d: wait %v outside (0, 10s]", s.Name, st.Line, st.Wait)
 		}
+		if err := st.checkRate(); err != nil {
+			return fmt.Errorf("scenario %s line %d: %v", s.Name, st.Line, err)
+		}
 	}
 	if sends > maxSendsPerScenario {
 		return fmt.Errorf("scenario %s: %d packets, at most %d", s.Name, sends, maxSendsPerScenario)
@@ -288,8 +306,28 @@ func (s *Scenario) Validate() error {
 	return nil
 }
 
+// checkRate checks the fields of a CNP train and of the rate it is
+// judged by: a train has a count and a spacing within bounds, a rate
+// comparison a window.
+func (st Step) checkRate() error {
+	switch {
+	case st.Kind == StepImpair && st.Impair == ImpairCNP:
+		if st.Count == nil || *st.Count < 1 || *st.Count > maxCNPTrain {
+			return fmt.Errorf("impair cnp needs count=N, 1..%d", maxCNPTrain)
+		}
+		if st.Every <= 0 || st.Every > time.Second {
+			return fmt.Errorf("impair cnp needs every=D, in (0, 1s]")
+		}
+	case st.Kind == StepExpect && st.Expect == "slower":
+		if st.Window <= 0 || st.Window > maxCNPWindow {
+			return fmt.Errorf("expect slower needs window=D, in (0, %v]", maxCNPWindow)
+		}
+	}
+	return nil
+}
+
 // requesterExpect are the expectations of requester mode.
-var requesterExpect = map[string]bool{"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true}
+var requesterExpect = map[string]bool{"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true, "slower": true}
 
 // stepWord names a step's kind as the format writes it.
 func stepWord(st Step) string {
@@ -408,6 +446,15 @@ func parseFields(st *Step, words []string) error {
 			x, err = num(16)
 			c := int(x)
 			st.Count = &c
+		case (k == "every" || k == "window") && hasV:
+			var d time.Duration
+			if d, err = time.ParseDuration(v); err == nil {
+				if k == "every" {
+					st.Every = d
+				} else {
+					st.Window = d
+				}
+			}
 		case (k == "min" || k == "max") && hasV:
 			if _, err = parseDelay(v, 0, 0); err == nil {
 				if k == "min" {

@@ -59,6 +59,11 @@ type wire struct {
 	gap        time.Duration
 	maxPackets int
 
+	// sendMu makes sending one packet, its pacing and its TOS one step:
+	// a CNP train's goroutine sends beside the run's own answers, and the
+	// gap must hold between any two of the probe's packets.
+	sendMu sync.Mutex
+
 	mu     sync.Mutex
 	sent   int
 	last   time.Time
@@ -207,8 +212,11 @@ func (w *wire) sendBadUDPChecksum(ctx context.Context, pkt []byte) (time.Time, e
 	return w.sendWith(ctx, pkt, 0, func() error { return unix.Sendto(fd, dgram, 0, to) })
 }
 
-// sendWith paces one packet, records it, and sends it with write.
+// sendWith paces one packet, records it, and sends it with write; a
+// non-zero tos is set on the socket for this packet only.
 func (w *wire) sendWith(ctx context.Context, pkt []byte, tos uint8, write func() error) (time.Time, error) {
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
 	w.mu.Lock()
 	if w.sent >= w.maxPackets {
 		w.mu.Unlock()
@@ -235,6 +243,12 @@ func (w *wire) sendWith(ctx context.Context, pkt []byte, tos uint8, write func()
 	// Stamped and recorded before it leaves: a fast peer's answer is read
 	// (stamped and recorded) before WriteTo returns, and the capture must
 	// show the cause before the effect. A failed send ends the run.
+	if tos != 0 {
+		if err := w.setTOS(tos); err != nil {
+			return time.Time{}, fmt.Errorf("probe: setting the IP TOS %#x: %w", tos, err)
+		}
+		defer w.setTOS(0)
+	}
 	now := time.Now()
 	w.record(transport.Out, now, w.local, w.peer, tos, 0, pkt)
 	if err := write(); err != nil {
