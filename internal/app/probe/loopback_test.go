@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/internal/app/perftest"
 	"github.com/rxego/rxego/internal/app/trace"
@@ -331,9 +333,64 @@ func TestRequesterRDMACMAgainstRxego(t *testing.T) {
 // requesterAgainstRxego probes rxego's perf client of test (with -R when
 // rdmacm) and checks the verdicts against want and the capture.
 func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict, rdmacm bool) {
-	scens := BuiltinRequester()
+	run := requesterRun{test: test, tool: tool, scens: BuiltinRequester(), iters: 20, rdmacm: rdmacm}
+	rep, recs := run.probe(t)
+	checkRenderings(t, rep)
+	var text bytes.Buffer
+	rep.WriteText(&text, testing.Verbose())
+	t.Logf("%s", text.String())
+	for _, res := range rep.Results {
+		w, ok := want[res.Name]
+		if !ok {
+			w = NotApplicable // another tool's scenario
+		}
+		if res.Verdict != w {
+			t.Errorf("%s: %s (%s), want %s", res.Name, res.Verdict, res.Detail, w)
+		}
+		// The peer's copies of PSN +5 on the wire.
+		var copies []trace.Record
+		for _, rec := range recs {
+			if rec.RoCE != nil && res.MyQPN != 0 && rec.DestQP == res.MyQPN && rec.Src == run.client && relPSNOf(rec, res) == 5 {
+				copies = append(copies, rec)
+			}
+		}
+		n := 0
+		for _, o := range res.Observed {
+			if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
+				n++
+			}
+		}
+		if n != len(copies) {
+			t.Errorf("%s: the report counts %d copies of psn=+5, the capture %d", res.Name, n, len(copies))
+		}
+		if strings.HasSuffix(res.Name, "go-back-n") && res.MyQPN != 0 {
+			checkGoBack(t, recs, res, run.probeAddr)
+		}
+	}
+}
+
+// requesterRun is a requester-mode run against rxego's own perf client
+// on loopback: its tool, scenarios and iterations per QP; devOpts are
+// the client's device options (nil: rxego's defaults, DCQCN on).
+type requesterRun struct {
+	test    perftest.Test
+	tool    string
+	scens   []*Scenario
+	iters   int
+	rdmacm  bool
+	devOpts *rxego.Options
+
+	probeAddr, client netip.Addr // set by probe
+}
+
+// probe runs the probe and the client and returns the report and the
+// capture's records.
+func (run *requesterRun) probe(t *testing.T) (*Report, []trace.Record) {
+	t.Helper()
+	test, tool, scens, rdmacm := run.test, run.tool, run.scens, run.rdmacm
 	qps := QPsNeeded(scens, tool, false)
 	probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
+	run.probeAddr, run.client = probeAddr, client
 	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
 	pw, err := pcaptap.Create(pcapPath)
 	if err != nil {
@@ -365,7 +422,8 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	}
 	var out bytes.Buffer
 	_, cerr := perftest.Run(context.Background(), perftest.Config{Test: test, Server: probeAddr.String(), Port: port,
-		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out, RDMACM: rdmacm})
+		Local: client, NumQPs: qps, Size: 64, Iters: run.iters, Timeout: 60 * time.Second, Out: &out, RDMACM: rdmacm,
+		DeviceOptions: run.devOpts})
 	r := <-ch
 	if err := pw.Close(); err != nil {
 		t.Error(err)
@@ -378,11 +436,6 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	if cerr != nil && !(test == perftest.ReadBW && strings.Contains(cerr.Error(), "data checks failed")) {
 		t.Errorf("rxego's client did not end cleanly: %v\n%s", cerr, out.String())
 	}
-	rep := r.r
-	checkRenderings(t, rep)
-	var text bytes.Buffer
-	rep.WriteText(&text, testing.Verbose())
-	t.Logf("%s", text.String())
 	var recs []trace.Record
 	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
 		recs = append(recs, r)
@@ -390,34 +443,7 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, res := range rep.Results {
-		w, ok := want[res.Name]
-		if !ok {
-			w = NotApplicable // another tool's scenario
-		}
-		if res.Verdict != w {
-			t.Errorf("%s: %s (%s), want %s", res.Name, res.Verdict, res.Detail, w)
-		}
-		// The peer's copies of PSN +5 on the wire.
-		var copies []trace.Record
-		for _, rec := range recs {
-			if rec.RoCE != nil && res.MyQPN != 0 && rec.DestQP == res.MyQPN && rec.Src == client && relPSNOf(rec, res) == 5 {
-				copies = append(copies, rec)
-			}
-		}
-		n := 0
-		for _, o := range res.Observed {
-			if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
-				n++
-			}
-		}
-		if n != len(copies) {
-			t.Errorf("%s: the report counts %d copies of psn=+5, the capture %d", res.Name, n, len(copies))
-		}
-		if strings.HasSuffix(res.Name, "go-back-n") && res.MyQPN != 0 {
-			checkGoBack(t, recs, res, probeAddr)
-		}
-	}
+	return r.r, recs
 }
 
 // checkGoBack checks in the capture that the probe NAKed PSN +5 and that
@@ -563,4 +589,77 @@ func TestResponderRDMACMAgainstRxego(t *testing.T) {
 		t.Errorf("the server counted %d sequence errors and %d duplicates; psn-gap-nak and duplicate-write conformed",
 			st.OutOfSeqRequest, st.DuplicateRequest)
 	}
+}
+
+// TestCNPRateAgainstRxego runs cnp-rate against rxego's own ib_write_bw
+// client, alone and with a long stream: with DCQCN on (rxego's default)
+// its reaction point slows the QP down and the scenario conforms; with
+// congestion control off the client has no reaction point, keeps its
+// pace and the scenario is not applicable. The verdicts are checked
+// against the capture: the peer's packets on the wire in the two windows
+// around the probe's CNPs.
+func TestCNPRateAgainstRxego(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts *rxego.Options
+		want Verdict
+	}{
+		{"dcqcn", nil, Conforms},
+		{"no-reaction-point", &rxego.Options{Congestion: &rxego.CongestionConfig{Off: true}}, NotApplicable},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			run := requesterRun{test: perftest.WriteBW, tool: "write_bw", scens: []*Scenario{builtinRequester(t, "cnp-rate")},
+				iters: 20000, devOpts: c.opts}
+			rep, recs := run.probe(t)
+			res, _ := rep.Result("cnp-rate")
+			t.Logf("%s: %s; %q; %v", res.Verdict, res.Detail, res.Observed, rep.Notes)
+			if res.Verdict != c.want {
+				t.Errorf("cnp-rate: %s (%s), want %s", res.Verdict, res.Detail, c.want)
+			}
+			dbgTimeline(t, rep, recs, res, run)
+		})
+	}
+}
+
+func dbgTimeline(t *testing.T, rep *Report, recs []trace.Record, res Result, run requesterRun) {
+	slices.SortStableFunc(recs, func(a, b trace.Record) int { return a.Time.Compare(b.Time) })
+	var t0 time.Time
+	seen := map[uint32]bool{}
+	type bin struct{ pk, dup, ack, nak, cnp int }
+	bins := map[int]*bin{}
+	for _, r := range recs {
+		if r.RoCE == nil {
+			continue
+		}
+		if t0.IsZero() {
+			t0 = r.Time
+		}
+		ms := int(r.Time.Sub(t0) / (5 * time.Millisecond))
+		b := bins[ms]
+		if b == nil {
+			b = &bin{}
+			bins[ms] = b
+		}
+		switch {
+		case r.Src == run.client && r.DestQP == res.MyQPN:
+			b.pk++
+			if seen[uint32(r.PSN)] {
+				b.dup++
+			}
+			seen[uint32(r.PSN)] = true
+		case r.Src == run.probeAddr && r.Opcode == bth.CNPOpcode:
+			b.cnp++
+		case r.Src == run.probeAddr && r.AETH != nil && reth.Syndrome(r.AETH.Syndrome).String() == "ACK":
+			b.ack++
+		case r.Src == run.probeAddr:
+			b.nak++
+		}
+	}
+	var sb strings.Builder
+	for i := 0; i < 80; i++ {
+		if b := bins[i]; b != nil {
+			fmt.Fprintf(&sb, "%d:%d/%d/%d/%d/%d ", i*5, b.pk, b.dup, b.ack, b.nak, b.cnp)
+		}
+	}
+	t.Logf("timeline (5ms: pk/dup/ack/nak/cnp): %s", sb.String())
 }

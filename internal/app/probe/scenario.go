@@ -71,7 +71,7 @@ const (
 	ImpairCEAck        = "ce-ack"        // send its ACK marked ECN CE
 	ImpairCEData       = "ce-data"       // send the READ response to it marked ECN CE
 	// ImpairCNP starts a train of Count CNPs to the peer's QP, Every
-	// apart, when the packet arrives, and acknowledges the QP's packets
+	// apart, After the packet arrived, and acknowledges the QP's packets
 	// coalesced so that the peer sends at its own pace (see Requester).
 	ImpairCNP = "cnp"
 )
@@ -141,10 +141,10 @@ type Step struct {
 	// Count is a number of retries (or of CNPs).
 	Min, Max string
 	Count    *int
-	// Every is how far apart a CNP train's CNPs are; Window how long
-	// each of the two windows is whose packet rates "expect slower"
-	// compares.
-	Every, Window time.Duration
+	// Every is how far apart a CNP train's CNPs are and After how long
+	// after the packet at +At it starts; Window how long each of the two
+	// windows is whose packet rates "expect slower" compares.
+	Every, After, Window time.Duration
 }
 
 // Expectation kinds and the AETH each needs.
@@ -300,6 +300,9 @@ func (s *Scenario) Validate() error {
 			return fmt.Errorf("scenario %s line %d: %v", s.Name, st.Line, err)
 		}
 	}
+	if err := s.checkTrain(); err != nil {
+		return err
+	}
 	if sends > maxSendsPerScenario {
 		return fmt.Errorf("scenario %s: %d packets, at most %d", s.Name, sends, maxSendsPerScenario)
 	}
@@ -318,10 +321,40 @@ func (st Step) checkRate() error {
 		if st.Every <= 0 || st.Every > time.Second {
 			return fmt.Errorf("impair cnp needs every=D, in (0, 1s]")
 		}
+		if st.After < 0 || st.After > maxCNPWindow {
+			return fmt.Errorf("impair cnp: after=%v outside [0, %v]", st.After, maxCNPWindow)
+		}
 	case st.Kind == StepExpect && st.Expect == "slower":
 		if st.Window <= 0 || st.Window > maxCNPWindow {
 			return fmt.Errorf("expect slower needs window=D, in (0, %v]", maxCNPWindow)
 		}
+	}
+	return nil
+}
+
+// checkTrain checks that a rate comparison has a CNP train to judge,
+// one longer than its window (the window after the CNPs ends at the
+// last one), and that the train starts a window after its packet or
+// later, so that the window before it can be full.
+func (s *Scenario) checkTrain() error {
+	var train, slower *Step
+	for i, st := range s.Steps {
+		switch {
+		case st.Kind == StepImpair && st.Impair == ImpairCNP:
+			train = &s.Steps[i]
+		case st.Kind == StepExpect && st.Expect == "slower":
+			slower = &s.Steps[i]
+		}
+	}
+	switch {
+	case slower == nil:
+		return nil
+	case train == nil:
+		return fmt.Errorf("scenario %s line %d: expect slower needs an impair cnp", s.Name, slower.Line)
+	case time.Duration(*train.Count)*train.Every <= slower.Window:
+		return fmt.Errorf("scenario %s line %d: %d CNPs %v apart last no longer than the window %v", s.Name, train.Line, *train.Count, train.Every, slower.Window)
+	case train.After < slower.Window:
+		return fmt.Errorf("scenario %s line %d: after=%v is shorter than the window %v before the CNPs", s.Name, train.Line, train.After, slower.Window)
 	}
 	return nil
 }
@@ -446,14 +479,10 @@ func parseFields(st *Step, words []string) error {
 			x, err = num(16)
 			c := int(x)
 			st.Count = &c
-		case (k == "every" || k == "window") && hasV:
+		case (k == "every" || k == "after" || k == "window") && hasV:
 			var d time.Duration
 			if d, err = time.ParseDuration(v); err == nil {
-				if k == "every" {
-					st.Every = d
-				} else {
-					st.Window = d
-				}
+				*map[string]*time.Duration{"every": &st.Every, "after": &st.After, "window": &st.Window}[k] = d
 			}
 		case (k == "min" || k == "max") && hasV:
 			if _, err = parseDelay(v, 0, 0); err == nil {
