@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -616,50 +615,8 @@ func TestCNPRateAgainstRxego(t *testing.T) {
 			if res.Verdict != c.want {
 				t.Errorf("cnp-rate: %s (%s), want %s", res.Verdict, res.Detail, c.want)
 			}
-			dbgTimeline(t, rep, recs, res, run)
+			_ = recs
 		})
 	}
 }
 
-func dbgTimeline(t *testing.T, rep *Report, recs []trace.Record, res Result, run requesterRun) {
-	slices.SortStableFunc(recs, func(a, b trace.Record) int { return a.Time.Compare(b.Time) })
-	var t0 time.Time
-	seen := map[uint32]bool{}
-	type bin struct{ pk, dup, ack, nak, cnp int }
-	bins := map[int]*bin{}
-	for _, r := range recs {
-		if r.RoCE == nil {
-			continue
-		}
-		if t0.IsZero() {
-			t0 = r.Time
-		}
-		ms := int(r.Time.Sub(t0) / (5 * time.Millisecond))
-		b := bins[ms]
-		if b == nil {
-			b = &bin{}
-			bins[ms] = b
-		}
-		switch {
-		case r.Src == run.client && r.DestQP == res.MyQPN:
-			b.pk++
-			if seen[uint32(r.PSN)] {
-				b.dup++
-			}
-			seen[uint32(r.PSN)] = true
-		case r.Src == run.probeAddr && r.Opcode == bth.CNPOpcode:
-			b.cnp++
-		case r.Src == run.probeAddr && r.AETH != nil && reth.Syndrome(r.AETH.Syndrome).String() == "ACK":
-			b.ack++
-		case r.Src == run.probeAddr:
-			b.nak++
-		}
-	}
-	var sb strings.Builder
-	for i := 0; i < 80; i++ {
-		if b := bins[i]; b != nil {
-			fmt.Fprintf(&sb, "%d:%d/%d/%d/%d/%d ", i*5, b.pk, b.dup, b.ack, b.nak, b.cnp)
-		}
-	}
-	t.Logf("timeline (5ms: pk/dup/ack/nak/cnp): %s", sb.String())
-}
