@@ -305,11 +305,11 @@ func TestRequesterAgainstRxego(t *testing.T) {
 		{perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
 			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms,
 			// rxego, like rxe, takes retry_cnt 7 as unlimited (docs/rnic.md).
-			"retry-exhaustion": Deviates}},
+			"retry-exhaustion": Deviates, "cnp-rate": Inconclusive /* runs alone: TestCNPRateAgainstRxego */}},
 		{perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms, "ce-data-cnp": Conforms}},
 		// ib_send_bw's client: the same scenarios, on SENDs.
 		{perftest.SendBW, "send_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
-			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}},
+			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates, "cnp-rate": Inconclusive}},
 	} {
 		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want, false) })
 	}
@@ -321,7 +321,8 @@ func TestRequesterAgainstRxego(t *testing.T) {
 func TestRequesterRDMACMAgainstRxego(t *testing.T) {
 	t.Run("write_bw", func(t *testing.T) {
 		requesterAgainstRxego(t, perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms,
-			"rnr-wait": Conforms, "ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}, true)
+			"rnr-wait": Conforms, "ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates,
+			"cnp-rate": Inconclusive}, true)
 	})
 	t.Run("read_bw", func(t *testing.T) {
 		requesterAgainstRxego(t, perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms,

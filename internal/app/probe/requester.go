@@ -240,6 +240,16 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 			runs = append(runs, s)
 		}
 	}
+	if len(runs) > 1 {
+		// Scenarios that run alone give way to the others.
+		runs = slices.DeleteFunc(runs, func(s *Scenario) bool {
+			if s.RunsAlone() {
+				skipped = append(skipped, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: Inconclusive,
+					Detail: fmt.Sprintf("not run: it runs alone, with a long stream (--only %s -q 1; the peer's client with -n 20000)", s.Name)})
+			}
+			return s.RunsAlone()
+		})
+	}
 	if cfg.Port == 0 {
 		cfg.Port = 18515
 	}

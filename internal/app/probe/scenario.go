@@ -332,6 +332,19 @@ func (st Step) checkRate() error {
 	return nil
 }
 
+// RunsAlone says the scenario runs only as the one scenario of its run
+// (--only NAME, -q 1): a CNP train needs a long stream from the peer,
+// much longer than the other requester scenarios' (-n 20), and would
+// load the host and the peer while their timers are measured.
+func (s *Scenario) RunsAlone() bool {
+	for _, st := range s.Steps {
+		if st.Kind == StepImpair && st.Impair == ImpairCNP {
+			return true
+		}
+	}
+	return false
+}
+
 // checkTrain checks that a rate comparison has a CNP train to judge,
 // one longer than its window (the window after the CNPs ends at the
 // last one), and that the train starts a window after its packet or
