@@ -51,8 +51,12 @@ func (c rateComparison) String() string {
 
 // rates compares q's packet rates in the window before its CNP train and
 // in the window that ends at the train's last CNP; why says what kept it
-// from being judged.
-func (q *reqQP) rates(window time.Duration) (rateComparison, string) {
+// from being judged. A resend from the window before to settle after the
+// last CNP (4T, T the peer's ACK timeout) means a packet was lost or an
+// ACK timer ran out: a requester that waits for its timer, or restarts
+// slowly after it, is slow for reasons of its own, so the rates are not
+// compared.
+func (q *reqQP) rates(window, settle time.Duration) (rateComparison, string) {
 	more := "run the peer's client with more iterations (perftest's -n), and this scenario alone (--only, -q 1)"
 	if q.train == nil {
 		return rateComparison{}, fmt.Sprintf("the peer's stream ended before the CNPs were due (%v after psn=+%d): %s", q.impair.After, q.impair.At, more)
@@ -71,12 +75,26 @@ func (q *reqQP) rates(window time.Duration) (rateComparison, string) {
 	case !q.events[len(q.events)-1].at.After(last):
 		return rateComparison{}, "the peer sent nothing after the last CNP (its stream may have ended inside the window): " + more
 	}
+	if n := q.resentIn(first.Add(-window), last.Add(settle)); n > 0 {
+		return rateComparison{}, fmt.Sprintf("the peer resent %d packets between the window before the CNPs and %v after the last (a loss or an ACK timeout): its rate is not judged", n, settle)
+	}
 	c := rateComparison{before: q.sentIn(first.Add(-window), first), after: q.sentIn(last.Add(-window), last),
 		cnps: len(sent), train: last.Sub(first)}
 	if c.before.packets < minRatePackets {
 		return rateComparison{}, fmt.Sprintf("too few packets to judge: %d in the %v before the first CNP (at least %d)", c.before.packets, window, minRatePackets)
 	}
 	return c, ""
+}
+
+// resentIn counts the packets the peer sent again from from until to.
+func (q *reqQP) resentIn(from, to time.Time) int {
+	n := 0
+	for _, e := range q.events {
+		if e.copy > 1 && !e.at.Before(from) && e.at.Before(to) {
+			n++
+		}
+	}
+	return n
 }
 
 // sentIn is what the peer sent on q from from until to.

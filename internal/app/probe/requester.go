@@ -976,7 +976,7 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 			}
 			obs = append(obs, fmt.Sprintf("%d CNP(s)", len(q.cnps)))
 		case "slower":
-			rates, why := q.rates(st.Window)
+			rates, why := q.rates(st.Window, 4*r.timeoutT)
 			if why != "" {
 				return Inconclusive, why, obs
 			}
