@@ -493,9 +493,17 @@ func parseFields(st *Step, words []string) error {
 			c := int(x)
 			st.Count = &c
 		case (k == "every" || k == "after" || k == "window") && hasV:
-			var d time.Duration
-			if d, err = time.ParseDuration(v); err == nil {
-				*map[string]*time.Duration{"every": &st.Every, "after": &st.After, "window": &st.Window}[k] = d
+			d, perr := time.ParseDuration(v)
+			if perr != nil {
+				return fmt.Errorf("%s=%q: want a duration", k, v)
+			}
+			switch k {
+			case "every":
+				st.Every = d
+			case "after":
+				st.After = d
+			default:
+				st.Window = d
 			}
 		case (k == "min" || k == "max") && hasV:
 			if _, err = parseDelay(v, 0, 0); err == nil {
