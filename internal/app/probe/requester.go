@@ -110,9 +110,10 @@ type reqQP struct {
 	coalesce bool
 	unacked  int
 	flushAt  time.Time
-	// trainDue is when the CNP train is to start (After the packet at
-	// +At came); it starts with the peer's first packet from then on,
-	// so a stream that has ended draws no CNPs.
+	// trainDue is when the CNP train is to start: its first CNP is due
+	// After the packet at +At came, its quiet window (startTrain) a
+	// window before that; it starts with the peer's first packet from
+	// then on, so a stream that has ended draws no CNPs.
 	trainDue time.Time
 	train    *cnpTrain
 }
@@ -142,7 +143,7 @@ type cnpTrain struct {
 
 // startTrain sends q's peer QP count CNPs (BECN set, as a notification
 // point sends them), every apart, until count or until ctx ends.
-func (r *reqRun) startTrain(ctx context.Context, q *reqQP, count int, every time.Duration) *cnpTrain {
+func (r *reqRun) startTrain(ctx context.Context, q *reqQP, count int, every, quiet time.Duration) *cnpTrain {
 	t := &cnpTrain{want: count, done: make(chan struct{})}
 	r.trains = append(r.trains, t)
 	go func() {
@@ -152,10 +153,20 @@ func (r *reqRun) startTrain(ctx context.Context, q *reqQP, count int, every time
 		// late, a thread sleeping in the kernel was measured 50 to 200
 		// us late on a loaded VM, and a reaction point takes a gap of a
 		// few hundred microseconds as the end of congestion (see
-		// scenarios/requester.txt). The schedule is kept: a CNP that
-		// left late (behind an ACK, the probe's gap) does not delay
-		// the rest.
-		next := time.Now()
+		// scenarios/requester.txt). A spinning sender takes a CPU from
+		// a peer on the same host (loopback, the lab's emulated guests)
+		// and slows it by itself, so it spins for quiet (the window
+		// before the first CNP) first: both windows see the same load.
+		// The schedule is kept: a CNP that left late (behind an ACK, the
+		// probe's gap) does not delay the rest.
+		next := time.Now().Add(quiet)
+		wait := sleepUntil
+		if every <= spinBelow {
+			wait = spinUntil
+		}
+		if err := wait(ctx, next); err != nil {
+			return
+		}
 		for range count {
 			if err := sleepUntil(ctx, next); err != nil {
 				return
@@ -659,7 +670,7 @@ func (r *reqRun) handle(a arrival) error {
 	q.seen[rel]++
 	q.events = append(q.events, reqEvent{at: a.at, rel: rel, copy: q.seen[rel], size: len(a.pkt)})
 	if q.train == nil && !q.trainDue.IsZero() && !a.at.Before(q.trainDue) {
-		q.train = r.startTrain(r.trainCtx, q, *q.impair.Count, q.impair.Every)
+		q.train = r.startTrain(r.trainCtx, q, *q.impair.Count, q.impair.Every, q.s.rateWindow())
 	}
 	syn := reth.ACKSyndrome(reth.CreditsInvalid)
 	ce := false
@@ -730,7 +741,7 @@ func (r *reqRun) handle(a arrival) error {
 			ce = q.seen[rel] == 1
 		case ImpairCNP:
 			if q.seen[rel] == 1 && q.trainDue.IsZero() {
-				q.trainDue = a.at.Add(im.After)
+				q.trainDue = a.at.Add(im.After - q.s.rateWindow()) // the train's quiet window first
 			}
 		}
 	}

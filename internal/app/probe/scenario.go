@@ -372,6 +372,16 @@ func (s *Scenario) checkTrain() error {
 	return nil
 }
 
+// rateWindow is the window of the scenario's "expect slower", 0 without.
+func (s *Scenario) rateWindow() time.Duration {
+	for _, st := range s.Steps {
+		if st.Kind == StepExpect && st.Expect == "slower" {
+			return st.Window
+		}
+	}
+	return 0
+}
+
 // requesterExpect are the expectations of requester mode.
 var requesterExpect = map[string]bool{"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true, "slower": true}
 

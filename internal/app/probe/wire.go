@@ -239,9 +239,19 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 		// A timer this short wakes the goroutine late on a busy host
 		// (about 1 ms per ACK was measured under load, late enough for
 		// the peer's ACK timer to run out): yield until the time comes.
-		for time.Now().Before(t) {
-			runtime.Gosched()
+		return spinUntil(ctx, t)
+	}
+	return nil
+}
+
+// spinUntil returns at t, or with ctx's error if it ends first, keeping
+// its CPU busy (yielding to the process's other goroutines) meanwhile.
+func spinUntil(ctx context.Context, t time.Time) error {
+	for time.Now().Before(t) {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
+		runtime.Gosched()
 	}
 	return nil
 }
