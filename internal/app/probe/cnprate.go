@@ -25,7 +25,9 @@ type windowRate struct {
 }
 
 // perMs is the window's packets per millisecond.
-func (w windowRate) perMs() float64 { return float64(w.packets) / (float64(w.span) / float64(time.Millisecond)) }
+func (w windowRate) perMs() float64 {
+	return float64(w.packets) / (float64(w.span) / float64(time.Millisecond))
+}
 
 // String gives the rate in packets/ms and Mbit/s (the bytes from BTH to
 // ICRC).
