@@ -183,6 +183,8 @@ var sendOps = map[string]bth.Opcode{
 //	     [icrc=bad] [udpcsum=bad] [ce] [add=N] [cmp=N] [opcode=N] [tver=N] [pkey=N]
 //	expect KIND [psn=+N[..+M]] [timer=N] [save=NAME] [orig=NAME[+N]] [pre] [coalesce]
 //	wait DURATION
+//	impair KIND at=N [timer=N] [count=N] [after=D] [every=D]   (requester mode)
+//	expect slower window=D                                     (requester mode)
 //	end
 //
 // '#' starts a comment. Every error names its line.
