@@ -90,13 +90,14 @@ Annex A17 reaction point does?) runs alone, with a long stream:
   here$ rxego probe --mode requester --only cnp-rate -q 1 -x LOCAL PEER
   peer$ ib_write_bw -d rxe0 -x 1 -q 1 -s 64 -n 20000 LOCAL
 
-The probe acknowledges that QP's packets one ACK per 32 (or 1 ms after
-the oldest), so the peer runs at its own pace, and 100 ms after PSN +5
+The probe acknowledges that QP's packets one ACK per 32 (or once the
+peer paused for 1 ms), so the peer runs at its own pace; 100 ms after +5 it
 sends its QP 1000 CNPs, 50 us apart (they fill the gaps between the
 ACKs), then compares the peer's packet rate in the 20 ms before the first
-CNP with the 20 ms up to the last. Between CNPs the probe's sender spins
-on a CPU (50 to 70 ms): on a host shared with the peer that alone can
-slow the peer; run the probe on another host.
+CNP with the 20 ms up to the last. The probe's sender spins on a CPU
+through both (70 to 90 ms, sending nothing in the first window): on a
+host shared with the peer the spinning and the CNPs can slow the peer by
+themselves; run the probe on another host where you can.
 
 With -R the CM's MADs and the exchange's SENDs run on an rxego device
 that shares the probe's port 4791; the scenarios run on the QPs the CM

@@ -103,10 +103,12 @@ type reqQP struct {
 	msgLen int
 
 	// A CNP train's QP (impair cnp) is acknowledged coalesced: once
-	// per coalesceEvery packets, or coalesceWait after the oldest
-	// unacknowledged one came, so that the peer sends at its own pace
-	// and not at that of the probe's ACKs; unacked counts the packets
-	// since the last ACK, flushAt is when they must be acknowledged.
+	// per coalesceEvery packets, or once the peer has sent nothing for
+	// coalesceWait (it waits for an ACK, or its stream ended), so that
+	// the peer sends at its own pace and not at that of the probe's
+	// ACKs, and a slow stream costs no more ACKs than a fast one;
+	// unacked counts the packets since the last ACK, flushAt is when
+	// they must be acknowledged if no packet comes first.
 	coalesce bool
 	unacked  int
 	flushAt  time.Time
@@ -120,9 +122,10 @@ type reqQP struct {
 
 // Coalesced acknowledgement of a CNP train's QP: one ACK per
 // coalesceEvery packets keeps the window of a perftest client (its tx
-// depth, 128 by default) open with a fraction of the probe's own packet
-// rate, and coalesceWait bounds how long the last packets of a stream
-// wait, far below any ACK timeout (67 ms for the C tools).
+// depth, 128 by default, a completion asked for every 100) open with a
+// fraction of the probe's own packet rate, and coalesceWait bounds how
+// long a peer that waits for an ACK waits, far below any ACK timeout
+// (67 ms for the C tools).
 const (
 	coalesceEvery = 32
 	coalesceWait  = time.Millisecond
@@ -785,9 +788,7 @@ func (r *reqRun) handle(a arrival) error {
 func (r *reqRun) coalescedAck(q *reqQP, at time.Time) error {
 	q.unacked++
 	if q.unacked < coalesceEvery {
-		if q.flushAt.IsZero() {
-			q.flushAt = at.Add(coalesceWait)
-		}
+		q.flushAt = at.Add(coalesceWait)
 		return nil
 	}
 	return r.ackCoalesced(q)
@@ -799,8 +800,8 @@ func (r *reqRun) ackCoalesced(q *reqQP) error {
 	return r.ack(q, q.epsn-1, reth.ACKSyndrome(reth.CreditsInvalid), false)
 }
 
-// flushAcks acknowledges the packets that have waited coalesceWait on
-// a coalescing QP.
+// flushAcks acknowledges what a coalescing QP took when the peer has
+// sent nothing on it for coalesceWait.
 func (r *reqRun) flushAcks(now time.Time) error {
 	for _, q := range r.qps {
 		if q.unacked > 0 && !now.Before(q.flushAt) {
