@@ -279,7 +279,7 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h := p.startRxego(t, ctx, "probe", "--mode", "requester", "--only", "cnp-rate", "-q", "1", "-x", p.HostIP,
+		h := p.startRxego(t, ctx, "probe", "--mode", "requester", "--only", "cnp-rate", "-q", "1", "--max-packets", "4000", "-x", p.HostIP,
 			"-p", strconv.Itoa(p.Port), "--wait", requesterWait, "--json", p.Guest.IP())
 		if err := h.waitListen(ctx, p.Port); err != nil {
 			t.Fatalf("%v\n%s", err, h.output())

@@ -87,7 +87,7 @@ peer reacts:
 cnp-rate (the peer's rate after CNPs: does its requester slow down, as an
 Annex A17 reaction point does?) runs alone, with a long stream:
 
-  here$ rxego probe --mode requester --only cnp-rate -q 1 -x LOCAL PEER
+  here$ rxego probe --mode requester --only cnp-rate -q 1 --max-packets 4000 -x LOCAL PEER
   peer$ ib_write_bw -d rxe0 -x 1 -q 1 -s 64 -n 20000 LOCAL
 
 The probe acknowledges that QP's packets one ACK per 32 (or once the
@@ -108,7 +108,8 @@ Safe by construction: the probe sends only to PEER (it refuses a
 handshake whose QPs are elsewhere), only on the QPs the handshake gave
 it, from its own UDP port 4791 on the local address, at most
 --max-packets packets in the whole run, at least --gap apart (cnp-rate's
-1000 CNPs and its ACKs included: -n 20000 needs about 1650). Scenarios
+1000 CNPs and its ACKs included: -n 20000 needs about 1650, more when the
+peer sends in bursts). Scenarios
 that put a QP in the error state use a QP of their own; the peer's tool
 ends normally afterwards (its bandwidth report shows zeros); ib_send_bw's
 server ends at the failed receive of the send-too-long scenario.
