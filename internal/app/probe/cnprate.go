@@ -78,7 +78,14 @@ func (q *reqQP) rates(window, settle time.Duration) (rateComparison, string) {
 		return rateComparison{}, "the peer sent nothing after the last CNP (its stream may have ended inside the window): " + more
 	}
 	if n := q.resentIn(first.Add(-window), last.Add(settle)); n > 0 {
-		return rateComparison{}, fmt.Sprintf("the peer resent %d packets between the window before the CNPs and %v after the last (a loss or an ACK timeout): its rate is not judged", n, settle.Round(time.Millisecond))
+		naks := 0
+		for _, e := range q.naks {
+			if !e.at.Before(first.Add(-window)) && e.at.Before(last.Add(settle)) {
+				naks++
+			}
+		}
+		return rateComparison{}, fmt.Sprintf("the peer resent %d packets between the window before the CNPs and %v after the last (a loss or an ACK timeout; the probe NAKed %d sequence errors meanwhile): its rate is not judged",
+			n, settle.Round(time.Millisecond), naks)
 	}
 	c := rateComparison{before: q.sentIn(first.Add(-window), first), after: q.sentIn(last.Add(-window), last),
 		cnps: len(sent), train: last.Sub(first)}
