@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -237,6 +238,7 @@ var rxeRequesterVerdicts = map[string]probe.Verdict{
 	"ghost-ack":        probe.Deviates,      // rxe completes everything up to a ghost ACK's PSN
 	"ce-ack-cnp":       probe.NotApplicable, // rxe has no RoCEv2 congestion control
 	"ce-data-cnp":      probe.NotApplicable,
+	"cnp-rate":         probe.NotApplicable, // no reaction point: its rate stays
 }
 
 // requesterWait is the lab's --wait in requester mode: how long the
@@ -256,6 +258,70 @@ func TestProbeRequester(t *testing.T) {
 		for _, tool := range []string{"write_bw", "read_bw", "send_bw"} {
 			p.probeRequester(t, tool, false)
 		}
+		p.probeRequesterCNPRate(t)
+	})
+}
+
+// probeRequesterCNPRate runs cnp-rate, alone, against rxe's ib_write_bw
+// client with a long stream: the probe sends the client's QP 1000 CNPs
+// and compares its packet rate before them and at their end. rxe has no
+// reaction point, so its rate stays and the verdict is not applicable;
+// the capture must hold the CNPs the report counts, and the log shows
+// both rates.
+func (p *Peer) probeRequesterCNPRate(t *testing.T) {
+	c := Case{Name: "probe requester cnp-rate", Role: "rxego probe", Tail: true,
+		Expect: []string{"retransmits", "rcvd_seq_err", "duplicate_request", "out_of_seq_request"}}
+	p.Case(t, c, func(t *testing.T) Outcome {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		capPath := filepath.Join(t.TempDir(), "bridge.pcap")
+		capt, err := p.Lab.Capture(capPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := p.startRxego(t, ctx, "probe", "--mode", "requester", "--only", "cnp-rate", "-q", "1", "--max-packets", "4000", "-x", p.HostIP,
+			"-p", strconv.Itoa(p.Port), "--wait", requesterWait, "--json", p.Guest.IP())
+		if err := h.waitListen(ctx, p.Port); err != nil {
+			t.Fatalf("%v\n%s", err, h.output())
+		}
+		proc, err := p.Guest.Start("ib_write_bw", "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", "1", "-s", "64", "-n", "20000", p.HostIP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer proc.Kill()
+		herr := h.wait(ctx)
+		capt.Stop()
+		res, perr := proc.Wait(ctx)
+		if herr != nil {
+			t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
+		}
+		if perr != nil && !bytes.Contains(res.Stderr, []byte("Can't produce a report")) {
+			t.Errorf("the peer's ib_write_bw did not end cleanly: %v\n%s\n%s", perr, res.Stdout, res.Stderr)
+		}
+		var rep probe.Report
+		if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
+			t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
+		}
+		if len(rep.Results) != 1 {
+			t.Fatalf("%d results, want cnp-rate's", len(rep.Results))
+		}
+		r := rep.Results[0]
+		note := checkVerdict(t, r, rxeRequesterVerdicts)
+		cnps := 0
+		if err := trace.ReadFile(capPath, func(rec trace.Record) error {
+			if rec.RoCE != nil && rec.Dst.String() == p.Guest.IP() && rec.DestQP == r.PeerQPN && rec.Opcode == bth.CNPOpcode {
+				cnps++
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if r.Verdict != probe.Inconclusive && !slices.ContainsFunc(r.Observed, func(o string) bool {
+			return strings.HasPrefix(o, strconv.Itoa(cnps)+" CNPs over")
+		}) {
+			t.Errorf("the bridge saw %d CNPs to the client's QP; the report says %q", cnps, r.Observed)
+		}
+		return Outcome{Note: rep.Summary + " (" + note + "; " + strings.Join(r.Observed, "; ") + ")"}
 	})
 }
 

@@ -84,6 +84,21 @@ peer reacts:
   here$ rxego probe --mode requester -R -x LOCAL -q 7 PEER
   peer$ ib_write_bw -d rxe0 -R -q 7 -s 64 -n 20 LOCAL
 
+cnp-rate (the peer's rate after CNPs: does its requester slow down, as an
+Annex A17 reaction point does?) runs alone, with a long stream:
+
+  here$ rxego probe --mode requester --only cnp-rate -q 1 --max-packets 4000 -x LOCAL PEER
+  peer$ ib_write_bw -d rxe0 -x 1 -q 1 -s 64 -n 20000 LOCAL
+
+The probe acknowledges that QP's packets one ACK per 32 (or once the
+peer paused for 1 ms), so the peer runs at its own pace; 100 ms after +5 it
+sends its QP 1000 CNPs, 50 us apart (they fill the gaps between the
+ACKs), then compares the peer's packet rate in the 20 ms before the first
+CNP with the 20 ms up to the last. The probe's sender spins on a CPU
+through both (70 to 90 ms, sending nothing in the first window): on a
+host shared with the peer the spinning and the CNPs can slow the peer by
+themselves; run the probe on another host where you can.
+
 With -R the CM's MADs and the exchange's SENDs run on an rxego device
 that shares the probe's port 4791; the scenarios run on the QPs the CM
 connected, with the PSNs it agreed (scenarios that need their own start
@@ -92,7 +107,9 @@ PSN are not run).
 Safe by construction: the probe sends only to PEER (it refuses a
 handshake whose QPs are elsewhere), only on the QPs the handshake gave
 it, from its own UDP port 4791 on the local address, at most
---max-packets packets in the whole run, at least --gap apart. Scenarios
+--max-packets packets in the whole run, at least --gap apart (cnp-rate's
+1000 CNPs and its ACKs included: -n 20000 needs about 1650, more when the
+peer sends in bursts). Scenarios
 that put a QP in the error state use a QP of their own; the peer's tool
 ends normally afterwards (its bandwidth report shows zeros); ib_send_bw's
 server ends at the failed receive of the send-too-long scenario.
@@ -290,6 +307,11 @@ func listScenarios(out io.Writer, scens []*probe.Scenario) error {
 		fmt.Fprintln(w)
 		for _, tool := range []string{"write_bw", "send_bw", "read_bw"} {
 			fmt.Fprintf(w, "ib_%s client: -q %d -s 64 -n 20\n", tool, probe.QPsNeeded(scens, tool, false))
+		}
+		for _, s := range scens {
+			if s.RunsAlone() {
+				fmt.Fprintf(w, "%s runs alone: --only %s -q 1, the ib_write_bw or ib_send_bw client with -q 1 -s 64 -n 20000\n", s.Name, s.Name)
+			}
 		}
 		return w.Flush()
 	}

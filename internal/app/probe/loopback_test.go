@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rxego/rxego"
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/e2e/dcqcn"
 	"github.com/rxego/rxego/internal/app/perftest"
 	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/internal/testenv/testaddr"
@@ -304,11 +306,11 @@ func TestRequesterAgainstRxego(t *testing.T) {
 		{perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
 			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms,
 			// rxego, like rxe, takes retry_cnt 7 as unlimited (docs/rnic.md).
-			"retry-exhaustion": Deviates}},
+			"retry-exhaustion": Deviates, "cnp-rate": Inconclusive /* runs alone: TestCNPRateAgainstRxego */}},
 		{perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms, "ce-data-cnp": Conforms}},
 		// ib_send_bw's client: the same scenarios, on SENDs.
 		{perftest.SendBW, "send_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms, "rnr-wait": Conforms,
-			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}},
+			"ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates, "cnp-rate": Inconclusive}},
 	} {
 		t.Run(c.tool, func(t *testing.T) { requesterAgainstRxego(t, c.test, c.tool, c.want, false) })
 	}
@@ -320,7 +322,8 @@ func TestRequesterAgainstRxego(t *testing.T) {
 func TestRequesterRDMACMAgainstRxego(t *testing.T) {
 	t.Run("write_bw", func(t *testing.T) {
 		requesterAgainstRxego(t, perftest.WriteBW, "write_bw", map[string]Verdict{"go-back-n": Conforms, "ack-timeout": Conforms,
-			"rnr-wait": Conforms, "ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates}, true)
+			"rnr-wait": Conforms, "ghost-ack": Conforms, "duplicate-ack": Conforms, "ce-ack-cnp": Conforms, "retry-exhaustion": Deviates,
+			"cnp-rate": Inconclusive}, true)
 	})
 	t.Run("read_bw", func(t *testing.T) {
 		requesterAgainstRxego(t, perftest.ReadBW, "read_bw", map[string]Verdict{"read-go-back-n": Conforms, "read-timeout": Conforms,
@@ -331,9 +334,69 @@ func TestRequesterRDMACMAgainstRxego(t *testing.T) {
 // requesterAgainstRxego probes rxego's perf client of test (with -R when
 // rdmacm) and checks the verdicts against want and the capture.
 func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want map[string]Verdict, rdmacm bool) {
-	scens := BuiltinRequester()
+	run := requesterRun{test: test, tool: tool, scens: BuiltinRequester(), iters: 20, rdmacm: rdmacm}
+	rep, recs := run.probe(t)
+	checkRenderings(t, rep)
+	var text bytes.Buffer
+	rep.WriteText(&text, testing.Verbose())
+	t.Logf("%s", text.String())
+	for _, res := range rep.Results {
+		w, ok := want[res.Name]
+		if !ok {
+			w = NotApplicable // another tool's scenario
+		}
+		if res.Verdict != w {
+			t.Errorf("%s: %s (%s), want %s", res.Name, res.Verdict, res.Detail, w)
+		}
+		// The peer's copies of PSN +5 on the wire.
+		var copies []trace.Record
+		for _, rec := range recs {
+			if rec.RoCE != nil && res.MyQPN != 0 && rec.DestQP == res.MyQPN && rec.Src == run.client && relPSNOf(rec, res) == 5 {
+				copies = append(copies, rec)
+			}
+		}
+		n := 0
+		for _, o := range res.Observed {
+			if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
+				n++
+			}
+		}
+		if n != len(copies) {
+			t.Errorf("%s: the report counts %d copies of psn=+5, the capture %d", res.Name, n, len(copies))
+		}
+		if strings.HasSuffix(res.Name, "go-back-n") && res.MyQPN != 0 {
+			checkGoBack(t, recs, res, run.probeAddr)
+		}
+	}
+}
+
+// requesterRun is a requester-mode run against rxego's own perf client
+// on loopback: its tool, scenarios and iterations per QP; dev, when
+// set, is the client's device, open on client.
+type requesterRun struct {
+	test   perftest.Test
+	tool   string
+	scens  []*Scenario
+	iters  int
+	rdmacm bool
+	dev    *rxego.Device
+	// maxPackets is the probe's budget (0: DefaultMaxPackets).
+	maxPackets int
+
+	probeAddr, client netip.Addr // client: set by probe unless dev is
+}
+
+// probe runs the probe and the client and returns the report and the
+// capture's records.
+func (run *requesterRun) probe(t *testing.T) (*Report, []trace.Record) {
+	t.Helper()
+	test, tool, scens, rdmacm := run.test, run.tool, run.scens, run.rdmacm
 	qps := QPsNeeded(scens, tool, false)
-	probeAddr, client := testaddr.Loopback(), testaddr.Loopback()
+	probeAddr, client := testaddr.Loopback(), run.client
+	if run.dev == nil {
+		client = testaddr.Loopback()
+	}
+	run.probeAddr, run.client = probeAddr, client
 	pcapPath := filepath.Join(t.TempDir(), "probe.pcapng")
 	pw, err := pcaptap.Create(pcapPath)
 	if err != nil {
@@ -347,7 +410,7 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	ch := make(chan ret, 1)
 	go func() {
 		r, err := Requester(context.Background(), RequesterConfig{Tool: tool, Peer: client, Local: probeAddr, NumQPs: qps,
-			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, Timeout: 60 * time.Second, RDMACM: rdmacm,
+			Scenarios: scens, Pcap: pw, Wait: 2 * time.Second, MaxPackets: run.maxPackets, Timeout: 60 * time.Second, RDMACM: rdmacm,
 			Listening: func(a net.Addr) {
 				if rdmacm {
 					listening <- 18515 // rdma_cm's port: the default
@@ -365,7 +428,8 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	}
 	var out bytes.Buffer
 	_, cerr := perftest.Run(context.Background(), perftest.Config{Test: test, Server: probeAddr.String(), Port: port,
-		Local: client, NumQPs: qps, Size: 64, Iters: 20, Timeout: 60 * time.Second, Out: &out, RDMACM: rdmacm})
+		Local: client, NumQPs: qps, Size: 64, Iters: run.iters, Timeout: 60 * time.Second, Out: &out, RDMACM: rdmacm,
+		Device: run.dev})
 	r := <-ch
 	if err := pw.Close(); err != nil {
 		t.Error(err)
@@ -378,11 +442,6 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	if cerr != nil && !(test == perftest.ReadBW && strings.Contains(cerr.Error(), "data checks failed")) {
 		t.Errorf("rxego's client did not end cleanly: %v\n%s", cerr, out.String())
 	}
-	rep := r.r
-	checkRenderings(t, rep)
-	var text bytes.Buffer
-	rep.WriteText(&text, testing.Verbose())
-	t.Logf("%s", text.String())
 	var recs []trace.Record
 	if err := trace.ReadFile(pcapPath, func(r trace.Record) error {
 		recs = append(recs, r)
@@ -390,34 +449,7 @@ func requesterAgainstRxego(t *testing.T, test perftest.Test, tool string, want m
 	}); err != nil {
 		t.Fatal(err)
 	}
-	for _, res := range rep.Results {
-		w, ok := want[res.Name]
-		if !ok {
-			w = NotApplicable // another tool's scenario
-		}
-		if res.Verdict != w {
-			t.Errorf("%s: %s (%s), want %s", res.Name, res.Verdict, res.Detail, w)
-		}
-		// The peer's copies of PSN +5 on the wire.
-		var copies []trace.Record
-		for _, rec := range recs {
-			if rec.RoCE != nil && res.MyQPN != 0 && rec.DestQP == res.MyQPN && rec.Src == client && relPSNOf(rec, res) == 5 {
-				copies = append(copies, rec)
-			}
-		}
-		n := 0
-		for _, o := range res.Observed {
-			if strings.HasPrefix(o, "psn=+5 sent") || strings.HasPrefix(o, "resent after") {
-				n++
-			}
-		}
-		if n != len(copies) {
-			t.Errorf("%s: the report counts %d copies of psn=+5, the capture %d", res.Name, n, len(copies))
-		}
-		if strings.HasSuffix(res.Name, "go-back-n") && res.MyQPN != 0 {
-			checkGoBack(t, recs, res, probeAddr)
-		}
-	}
+	return r.r, recs
 }
 
 // checkGoBack checks in the capture that the probe NAKed PSN +5 and that
@@ -564,3 +596,114 @@ func TestResponderRDMACMAgainstRxego(t *testing.T) {
 			st.OutOfSeqRequest, st.DuplicateRequest)
 	}
 }
+
+// TestCNPRateAgainstRxego runs cnp-rate against rxego's own ib_write_bw
+// client, alone and with a long stream. With DCQCN on, with the
+// parameters of rxego's end-to-end DCQCN runs (e2e/dcqcn.MarkerParams,
+// its clocks stretched to a software loop), its reaction point cuts the
+// QP's rate at every CNP and the scenario conforms; with congestion
+// control off the client has no reaction point, keeps its pace and the
+// scenario is not applicable. The CNPs come 1 ms apart (100 of them; a
+// 20 ms window): a Go timer's pace, so that the probe's sender sleeps
+// between them instead of spinning on a CPU the client needs (the
+// built-in's 50 us train does, see scenarios/requester.txt). Each
+// verdict is checked against the capture: the CNPs the probe sent and the
+// client's device received, and the client's packets in the two windows.
+func TestCNPRateAgainstRxego(t *testing.T) {
+	dcqcnOn := dcqcn.MarkerParams(dcqcn.LineRate)
+	for _, c := range []struct {
+		name string
+		cc   *rxego.CongestionConfig
+		want Verdict
+	}{
+		{"dcqcn", &dcqcnOn, Conforms},
+		{"no-reaction-point", &rxego.CongestionConfig{Off: true}, NotApplicable},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := builtinRequester(t, "cnp-rate")
+			const cnps, every, window = 150, time.Millisecond, 50 * time.Millisecond
+			for i := range s.Steps {
+				switch st := &s.Steps[i]; {
+				case st.Kind == StepImpair:
+					*st.Count, st.Every = cnps, every
+				case st.Kind == StepExpect:
+					st.Window = window
+				}
+			}
+			if err := s.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			// An inconclusive run (a loaded host stalled the client in a
+			// window, or lost its packets) measured nothing: run again.
+			for try := 1; ; try++ {
+				client := testaddr.Loopback()
+				dev, err := rxego.Open(netip.AddrPortFrom(client, rxego.DefaultPort).String(), &rxego.Options{Congestion: c.cc})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// 40000 messages outlast the train even at rxego's full
+				// pace on loopback; a coalesced ACK per 32 of them, more
+				// for a paced client's bursts, and the CNPs need more than
+				// the default budget.
+				run := requesterRun{test: perftest.WriteBW, tool: "write_bw", scens: []*Scenario{s}, iters: 40000, dev: dev, client: client,
+					maxPackets: 6000}
+				rep, recs := run.probe(t)
+				res, _ := rep.Result("cnp-rate")
+				received := dev.Stats().CNPsReceived
+				dev.Close()
+				t.Logf("try %d: %s (%s): %q %v", try, res.Verdict, res.Detail, res.Observed, rep.Notes)
+				if res.Verdict == Inconclusive && try < 3 {
+					continue
+				}
+				if res.Verdict != c.want {
+					t.Errorf("cnp-rate: %s (%s), want %s", res.Verdict, res.Detail, c.want)
+				}
+				checkCNPRate(t, recs, res, run, cnps, window, received)
+				return
+			}
+		})
+	}
+}
+
+// checkCNPRate checks a cnp-rate verdict against the capture: the probe
+// sent cnps CNPs to the peer's QP and the peer's device received them,
+// and the peer's packets in the window before the first CNP and in the
+// one up to the last show the slow-down the verdict says (or its absence).
+func checkCNPRate(t *testing.T, recs []trace.Record, res Result, run requesterRun, cnps int, window time.Duration, received uint64) {
+	t.Helper()
+	var sent []time.Time
+	for _, r := range recs {
+		if r.RoCE != nil && r.Src == run.probeAddr && r.DestQP == res.PeerQPN && r.Opcode == bth.CNPOpcode {
+			sent = append(sent, r.Time)
+		}
+	}
+	if len(sent) != cnps || received != uint64(cnps) {
+		t.Fatalf("the capture holds %d CNPs to the peer's QP, its device received %d; want %d", len(sent), received, cnps)
+	}
+	slices.SortFunc(sent, time.Time.Compare)
+	count := func(from, to time.Time) int {
+		n := 0
+		for _, r := range recs {
+			if r.RoCE != nil && r.Src == run.client && r.DestQP == res.MyQPN && !r.Time.Before(from) && r.Time.Before(to) {
+				n++
+			}
+		}
+		return n
+	}
+	first, last := sent[0], sent[len(sent)-1]
+	before, after := count(first.Add(-window), first), count(last.Add(-window), last)
+	t.Logf("the capture: %d packets in the %v before the first CNP, %d in the %v up to the last", before, window, after, window)
+	// The capture's stamps are the ones the probe judged by (to the
+	// microsecond in the file): the counts agree but for a packet or two
+	// at a window's edge.
+	if before < minRatePackets {
+		t.Fatalf("the capture shows %d packets before the first CNP: too few to judge", before)
+	}
+	slowed := after*slowdownFactor <= before
+	if near := abs(after*slowdownFactor-before) <= 2*slowdownFactor; !near && slowed != (res.Verdict == Conforms) {
+		t.Errorf("the capture shows %d packets before the CNPs and %d at their end, but the verdict is %s", before, after, res.Verdict)
+	}
+}
+
+// abs is |x|.
+func abs(x int) int { return max(x, -x) }

@@ -7,7 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/rxego/rxego/bth"
@@ -69,6 +71,7 @@ type reqEvent struct {
 	at   time.Time
 	rel  int // PSN relative to the peer's start PSN
 	copy int // 1 for the first copy of this PSN, 2 for the first resend, ...
+	size int // bytes, BTH to ICRC
 }
 
 // reqQP is the probe's responder for one scenario's QP.
@@ -98,6 +101,119 @@ type reqQP struct {
 	reply  bool
 	myPSN  uint32
 	msgLen int
+
+	// A CNP train's QP (impair cnp) is acknowledged coalesced: once
+	// per coalesceEvery packets, or once the peer has sent nothing for
+	// coalesceWait (it waits for an ACK, or its stream ended), so that
+	// the peer sends at its own pace and not at that of the probe's
+	// ACKs, and a slow stream costs no more ACKs than a fast one;
+	// unacked counts the packets since the last ACK, flushAt is when
+	// they must be acknowledged if no packet comes first.
+	coalesce bool
+	unacked  int
+	flushAt  time.Time
+	// trainDue is when the CNP train is to start: its first CNP is due
+	// After the packet at +At came, its quiet window (startTrain) a
+	// window before that; it starts with the peer's first packet from
+	// then on, so a stream that has ended draws no CNPs.
+	trainDue time.Time
+	train    *cnpTrain
+}
+
+// Coalesced acknowledgement of a CNP train's QP: one ACK per
+// coalesceEvery packets keeps the window of a perftest client (its tx
+// depth, 128 by default, a completion asked for every 100) open with a
+// fraction of the probe's own packet rate, and coalesceWait bounds how
+// long a peer that waits for an ACK waits, far below any ACK timeout
+// (67 ms for the C tools).
+const (
+	coalesceEvery = 32
+	coalesceWait  = time.Millisecond
+)
+
+// cnpTrain is a train of CNPs to one of the peer's QPs, sent by a
+// goroutine of its own: they are due every so often whether or not the
+// peer's packets come (a reaction point raises its rate again on its
+// own timers once CNPs stop), which the run's loop, woken by the peer's
+// packets, cannot promise.
+type cnpTrain struct {
+	want int
+	done chan struct{}
+	mu   sync.Mutex
+	sent []time.Time
+	err  error
+}
+
+// startTrain sends q's peer QP count CNPs (BECN set, as a notification
+// point sends them), every apart, until count or until ctx ends.
+func (r *reqRun) startTrain(ctx context.Context, q *reqQP, count int, every, quiet time.Duration) *cnpTrain {
+	t := &cnpTrain{want: count, done: make(chan struct{})}
+	r.trains = append(r.trains, t)
+	go func() {
+		defer close(t.done)
+		// CNPs less than a millisecond apart need a sender that spins
+		// between them (sleepUntil): a Go timer wakes a millisecond
+		// late, a thread sleeping in the kernel was measured 50 to 200
+		// us late on a loaded VM, and a reaction point takes a gap of a
+		// few hundred microseconds as the end of congestion (see
+		// scenarios/requester.txt). A spinning sender takes a CPU from
+		// a peer on the same host (loopback, the lab's emulated guests)
+		// and slows it by itself, so it spins for quiet (the window
+		// before the first CNP) first: both windows see the same load.
+		// The schedule is kept: a CNP that left late (behind an ACK, the
+		// probe's gap) does not delay the rest.
+		next := time.Now().Add(quiet)
+		wait := sleepUntil
+		if every <= spinBelow {
+			wait = spinUntil
+		}
+		if err := wait(ctx, next); err != nil {
+			return
+		}
+		for range count {
+			if err := sleepUntil(ctx, next); err != nil {
+				return
+			}
+			at, err := r.sendCNP(ctx, q)
+			t.mu.Lock()
+			if err != nil {
+				if ctx.Err() == nil {
+					t.err = err
+				}
+				t.mu.Unlock()
+				return
+			}
+			t.sent = append(t.sent, at)
+			t.mu.Unlock()
+			next = next.Add(every)
+		}
+	}()
+	return t
+}
+
+// sendCNP sends a CNP to q's peer QP, giving way to the run's other
+// packets (wire.sendYielding).
+func (r *reqRun) sendCNP(ctx context.Context, q *reqQP) (time.Time, error) {
+	pkt, err := r.packet(q, bth.Header{Opcode: bth.CNPOpcode, BECN: true}, nil)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return r.w.sendYielding(ctx, pkt)
+}
+
+// stopTrains ends every CNP train still running and waits for them.
+func (r *reqRun) stopTrains() {
+	r.stop()
+	for _, t := range r.trains {
+		<-t.done
+	}
+}
+
+// times returns when the train's CNPs left, and why it stopped short.
+func (t *cnpTrain) times() ([]time.Time, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.sent), t.err
 }
 
 // Requester runs requester-mode scenarios against an ib_write_bw,
@@ -137,6 +253,16 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 		default:
 			runs = append(runs, s)
 		}
+	}
+	if len(runs) > 1 {
+		// Scenarios that run alone give way to the others.
+		runs = slices.DeleteFunc(runs, func(s *Scenario) bool {
+			if s.RunsAlone() {
+				skipped = append(skipped, Result{Name: s.Name, Rule: s.Rule, Requires: s.Requires, Verdict: Inconclusive,
+					Detail: fmt.Sprintf("not run: it runs alone, with a long stream (--only %s -q 1; the peer's client with -n 20000)", s.Name)})
+			}
+			return s.RunsAlone()
+		})
 	}
 	if cfg.Port == 0 {
 		cfg.Port = 18515
@@ -282,6 +408,7 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 						q.impair = &q.s.Steps[j]
 					}
 				}
+				q.coalesce = q.impair != nil && q.impair.Impair == ImpairCNP
 			}
 			qps[q.myQPN] = q
 			order = append(order, q)
@@ -328,13 +455,27 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 	}()
 	r := &reqRun{w: w, ctx: ctx, qps: qps, timeoutT: T, retryCnt: cfg.RetryCnt, slack: cfg.TimerSlack, mtu: rep.MTU,
 		hold: min(max(maxHold, 9*T), maxHoldLong)}
+	r.trainCtx, r.stop = context.WithCancel(ctx)
+	defer r.stopTrains()
 	var finalErr error
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	// Coalesced ACKs (a CNP train's QP) are flushed on a short tick.
+	var flush <-chan time.Time
+	if slices.ContainsFunc(order, func(q *reqQP) bool { return q.coalesce }) {
+		ft := time.NewTicker(coalesceWait)
+		defer ft.Stop()
+		flush = ft.C
+	}
 	last := time.Now()
 loop:
 	for {
 		select {
+		case now := <-flush:
+			if err := r.flushAcks(now); err != nil {
+				rep.Notes = append(rep.Notes, err.Error())
+				break loop
+			}
 		case a, ok := <-w.in:
 			if !ok {
 				break loop
@@ -362,6 +503,7 @@ loop:
 			break loop
 		}
 	}
+	r.stopTrains()
 	if final == nil && finalErr == nil && cfg.Tool != "send_bw" && !pp {
 		if _, err := ex.Reports(perftest.Report{}); err == nil {
 			err = ex.Close(my[0], nil)
@@ -429,28 +571,37 @@ type reqRun struct {
 	slack    time.Duration
 	mtu      int
 	hold     time.Duration // how long ACKs are withheld at most
+
+	trainCtx context.Context // the CNP trains': ends with the run's loop
+	stop     context.CancelFunc
+	trains   []*cnpTrain
 }
 
 // send builds h (addressed to q's peer QP), sends it and returns when it
 // left.
 func (r *reqRun) send(q *reqQP, h bth.Header, payload []byte, ce bool) (time.Time, error) {
+	pkt, err := r.packet(q, h, payload)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var tos uint8
+	if ce {
+		tos = 0x03 // ECN CE
+	}
+	return r.w.send(r.ctx, pkt, tos)
+}
+
+// packet builds h, addressed to q's peer QP, with its ICRC.
+func (r *reqRun) packet(q *reqQP, h bth.Header, payload []byte) ([]byte, error) {
 	h.DestQP, h.PKey = q.peerQPN, bth.DefaultPKey
 	buf := make([]byte, bth.PacketLen(h.Opcode, len(payload)))
 	n, err := h.Encode(buf, payload)
 	if err != nil {
-		return time.Time{}, err
+		return nil, err
 	}
 	pkt := buf[:n]
 	r.w.fillICRC(pkt)
-	var tos uint8
-	if ce {
-		tos = 0x03
-		if err := r.w.setTOS(tos); err != nil {
-			return time.Time{}, err
-		}
-		defer r.w.setTOS(0)
-	}
-	return r.w.send(r.ctx, pkt, tos)
+	return pkt, nil
 }
 
 // ack sends an ACK (or NAK) for PSN psn.
@@ -520,7 +671,10 @@ func (r *reqRun) handle(a arrival) error {
 	}
 	rel := int((uint32(h.PSN) - q.start) & bth.PSNMask)
 	q.seen[rel]++
-	q.events = append(q.events, reqEvent{at: a.at, rel: rel, copy: q.seen[rel]})
+	q.events = append(q.events, reqEvent{at: a.at, rel: rel, copy: q.seen[rel], size: len(a.pkt)})
+	if q.train == nil && !q.trainDue.IsZero() && !a.at.Before(q.trainDue) {
+		q.train = r.startTrain(r.trainCtx, q, *q.impair.Count, q.impair.Every, q.s.rateWindow())
+	}
 	syn := reth.ACKSyndrome(reth.CreditsInvalid)
 	ce := false
 	if im := q.impair; im != nil && q.holding {
@@ -588,6 +742,10 @@ func (r *reqRun) handle(a arrival) error {
 			}
 		case ImpairCEAck, ImpairCEData:
 			ce = q.seen[rel] == 1
+		case ImpairCNP:
+			if q.seen[rel] == 1 && q.trainDue.IsZero() {
+				q.trainDue = a.at.Add(im.After - q.s.rateWindow()) // the train's quiet window first
+			}
 		}
 	}
 	d := int32((uint32(h.PSN)-q.epsn)<<8) >> 8
@@ -599,12 +757,19 @@ func (r *reqRun) handle(a arrival) error {
 		if read {
 			return r.readResponse(q, h, ce)
 		}
+		if q.coalesce && !ce {
+			return r.coalescedAck(q, a.at)
+		}
 		if h.AckReq || ce {
 			return r.ack(q, uint32(h.PSN), syn, ce)
 		}
 	case d < 0: // a duplicate: acknowledge again what was received, or read again
 		if read {
 			return r.readResponse(q, h, false)
+		}
+		if q.coalesce {
+			// A go-back-N resends up to a window: one ACK for it.
+			return r.coalescedAck(q, a.at)
 		}
 		return r.ack(q, q.epsn-1, syn, false)
 	default:
@@ -613,6 +778,36 @@ func (r *reqRun) handle(a arrival) error {
 			at, err := r.ackAt(q, q.epsn, reth.NAKSyndrome(reth.NAKPSNSeqError), false)
 			q.naks = append(q.naks, reqEvent{at: at, rel: int((q.epsn - q.start) & bth.PSNMask)})
 			return err
+		}
+	}
+	return nil
+}
+
+// coalescedAck counts a packet taken on a coalescing QP, arrived at
+// at, and acknowledges the newest PSN once coalesceEvery have come.
+func (r *reqRun) coalescedAck(q *reqQP, at time.Time) error {
+	q.unacked++
+	if q.unacked < coalesceEvery {
+		q.flushAt = at.Add(coalesceWait)
+		return nil
+	}
+	return r.ackCoalesced(q)
+}
+
+// ackCoalesced acknowledges everything q took so far.
+func (r *reqRun) ackCoalesced(q *reqQP) error {
+	q.unacked, q.flushAt = 0, time.Time{}
+	return r.ack(q, q.epsn-1, reth.ACKSyndrome(reth.CreditsInvalid), false)
+}
+
+// flushAcks acknowledges what a coalescing QP took when the peer has
+// sent nothing on it for coalesceWait.
+func (r *reqRun) flushAcks(now time.Time) error {
+	for _, q := range r.qps {
+		if q.unacked > 0 && !now.Before(q.flushAt) {
+			if err := r.ackCoalesced(q); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -792,6 +987,15 @@ func (r *reqRun) judge(q *reqQP) (Verdict, string, []string) {
 				return fail("no CNP for the CE-marked packet")
 			}
 			obs = append(obs, fmt.Sprintf("%d CNP(s)", len(q.cnps)))
+		case "slower":
+			rates, why := q.rates(st.Window, 4*r.timeoutT)
+			if why != "" {
+				return Inconclusive, why, obs
+			}
+			obs = append(obs, rates.String())
+			if !rates.slowed() {
+				return fail("no slow-down: %s before the CNPs, %s while they came (no reaction point)", rates.before, rates.after)
+			}
 		}
 	}
 	return Conforms, "", obs

@@ -1,6 +1,7 @@
 package probe
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -111,4 +112,71 @@ func judgeQP(s *Scenario, events []judgeEvent, ms func(float64) time.Time) *reqQ
 		q.events = append(q.events, reqEvent{at: ms(e.at), rel: e.rel, copy: q.seen[e.rel]})
 	}
 	return q
+}
+
+// TestJudgeCNPRate: cnp-rate compares the peer's packet rate in the window
+// before the first CNP with the window up to the last, from forged traces:
+// a peer that keeps its pace has no reaction point (not applicable, with
+// both rates), one that falls to a fifth conforms, and a trace that
+// cannot show it (the train cut short, the stream ended or began inside
+// a window, too few packets, a resend) is inconclusive.
+func TestJudgeCNPRate(t *testing.T) {
+	s := builtinRequester(t, "cnp-rate")
+	r := &reqRun{timeoutT: qpTimeout(14), slack: DefaultTimerSlack}
+	t0 := time.Now()
+	ms := func(f float64) time.Time { return t0.Add(time.Duration(f * float64(time.Millisecond))) }
+	const first = 120.0 // ms: the first CNP; 1000 of them 50 us apart
+	train := func(n int) []time.Time {
+		var out []time.Time
+		for i := range n {
+			out = append(out, ms(first+float64(i)*0.05))
+		}
+		return out
+	}
+	last := first + 999*0.05
+	// stream is a packet every 1/perMs ms from start to end, perMs2 from
+	// slowAt on.
+	stream := func(start, end float64, perMs, slowAt, perMs2 float64) []judgeEvent {
+		var out []judgeEvent
+		rel := 0
+		for at := start; at < end; rel++ {
+			out = append(out, judgeEvent{rel, at})
+			if at >= slowAt {
+				at += 1 / perMs2
+			} else {
+				at += 1 / perMs
+			}
+		}
+		return out
+	}
+	never := 1e9
+	for _, c := range []struct {
+		name   string
+		events []judgeEvent
+		sent   []time.Time
+		want   Verdict
+		says   string
+	}{
+		{"no reaction", stream(0, last+5, 100, never, 0), train(1000), NotApplicable, "100.0 packets/ms"},
+		{"a fifth the rate", stream(0, last+5, 100, first+2, 20), train(1000), Conforms, "20.0 packets/ms"},
+		{"just above half", stream(0, last+5, 100, first+2, 55), train(1000), NotApplicable, "55.0 packets/ms"},
+		{"the train cut short", stream(0, last+5, 100, first+2, 20), train(600), Inconclusive, "600 of the 1000"},
+		{"no train", stream(0, 50, 100, never, 0), nil, Inconclusive, "ended before the CNPs were due"},
+		{"the stream ended in the window", stream(0, last-5, 100, never, 0), train(1000), Inconclusive, "nothing after the last CNP"},
+		{"the stream began in the window", stream(first-10, last+5, 100, never, 0), train(1000), Inconclusive, "began less than"},
+		{"too few packets", stream(0, last+5, 0.5, never, 0), train(1000), Inconclusive, "too few packets"},
+		{"a resend", append(stream(0, last+5, 100, first+2, 20), judgeEvent{7000, last + 1}), train(1000), Inconclusive, "resent 1 packets"},
+	} {
+		q := judgeQP(s, c.events, ms)
+		if c.name == "a resend" {
+			q.events[len(q.events)-1].copy = 2 // PSN +7000 came twice
+		}
+		if c.sent != nil {
+			q.train = &cnpTrain{want: *q.impair.Count, done: make(chan struct{}), sent: c.sent}
+		}
+		v, detail, obs := r.judge(q)
+		if v != c.want || !strings.Contains(detail+strings.Join(obs, "; "), c.says) {
+			t.Errorf("%s: %s (%s; %q), want %s saying %q", c.name, v, detail, obs, c.want, c.says)
+		}
+	}
 }

@@ -434,9 +434,13 @@ func notServed(what Needs, tool string, has Needs) string {
 // scenarios, client) of tool must have for the scenarios it can serve
 // (with allAccess, every scenario but those that need receives posted).
 func QPsNeeded(scens []*Scenario, tool string, allAccess bool) int {
-	n := 0
+	n, alone := 0, 0
 	for _, s := range scens {
 		switch {
+		case s.Requester && s.RunsAlone():
+			if requesterToolNeeds[tool] == s.Needs {
+				alone = 1 // one of them, and only when nothing else runs
+			}
 		case s.Requester:
 			if requesterToolNeeds[tool] == s.Needs {
 				n++
@@ -444,6 +448,9 @@ func QPsNeeded(scens []*Scenario, tool string, allAccess bool) int {
 		case toolNeeds[tool] == s.Needs, allAccess && !receivesOnly(s.Needs) && !receivesOnly(toolNeeds[tool]):
 			n++
 		}
+	}
+	if n == 0 {
+		return alone
 	}
 	return n
 }

@@ -162,11 +162,7 @@ func (q *qpRun) send(st *Step) error {
 	}
 	var tos uint8
 	if st.CE {
-		tos = 0x03
-		if err := q.w.setTOS(tos); err != nil {
-			return fmt.Errorf("probe: marking CE: %w", err)
-		}
-		defer q.w.setTOS(0)
+		tos = 0x03 // ECN CE
 	}
 	send := q.w.send
 	if st.BadUDP {

@@ -70,10 +70,21 @@ const (
 	ImpairAckTwice     = "ack-twice"     // send its ACK twice
 	ImpairCEAck        = "ce-ack"        // send its ACK marked ECN CE
 	ImpairCEData       = "ce-data"       // send the READ response to it marked ECN CE
+	// ImpairCNP starts a train of Count CNPs to the peer's QP, Every
+	// apart, After the packet arrived, and acknowledges the QP's packets
+	// coalesced so that the peer sends at its own pace (see Requester).
+	ImpairCNP = "cnp"
+)
+
+// Bounds of a CNP train (ImpairCNP): the probe's CNPs are packets like
+// any other, within the run's gap and packet budget.
+const (
+	maxCNPTrain  = 1000
+	maxCNPWindow = 2 * time.Second
 )
 
 var impairments = map[string]bool{ImpairDrop: true, ImpairWithhold: true, ImpairWithholdMany: true, ImpairRNR: true,
-	ImpairGhostAck: true, ImpairAckTwice: true, ImpairCEAck: true, ImpairCEData: true}
+	ImpairGhostAck: true, ImpairAckTwice: true, ImpairCEAck: true, ImpairCEData: true, ImpairCNP: true}
 
 // RKey choices of a Send step.
 const (
@@ -127,9 +138,13 @@ type Step struct {
 	// Requester expectations: Min and Max bound a retransmission's delay
 	// ("T" is the peer's ACK timeout, 4.096 us x 2^14 for the C tools;
 	// "rnr" the RNR timer's time; or a duration, optionally "NT");
-	// Count is a number of retries.
+	// Count is a number of retries (or of CNPs).
 	Min, Max string
 	Count    *int
+	// Every is how far apart a CNP train's CNPs are and After how long
+	// after the packet at +At it starts; Window how long each of the two
+	// windows is whose packet rates "expect slower" compares.
+	Every, After, Window time.Duration
 }
 
 // Expectation kinds and the AETH each needs.
@@ -138,7 +153,7 @@ var expectKinds = map[string]bool{
 	"read-resp": true, "read-first": true, "read-middle": true, "read-last": true, "read-only": true,
 	"atomic-ack": true, "cnp": true, "none": true,
 	// requester mode
-	"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true,
+	"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true, "slower": true,
 	// a pingpong server's answer: a message of its own, sent once it
 	// received one (proof of delivery), or none within the wait
 	"peer-send": true, "no-peer-send": true,
@@ -168,6 +183,8 @@ var sendOps = map[string]bth.Opcode{
 //	     [icrc=bad] [udpcsum=bad] [ce] [add=N] [cmp=N] [opcode=N] [tver=N] [pkey=N]
 //	expect KIND [psn=+N[..+M]] [timer=N] [save=NAME] [orig=NAME[+N]] [pre] [coalesce]
 //	wait DURATION
+//	impair KIND at=N [timer=N] [count=N] [after=D] [every=D]   (requester mode)
+//	expect slower window=D                                     (requester mode)
 //	end
 //
 // '#' starts a comment. Every error names its line.
@@ -281,6 +298,12 @@ func (s *Scenario) Validate() error {
 		if st.Kind == StepWait && (st.Wait <= 0 || st.Wait > 10*time.Second) {
 			return fmt.Errorf("scenario %s line %d: wait %v outside (0, 10s]", s.Name, st.Line, st.Wait)
 		}
+		if err := st.checkRate(); err != nil {
+			return fmt.Errorf("scenario %s line %d: %v", s.Name, st.Line, err)
+		}
+	}
+	if err := s.checkTrain(); err != nil {
+		return err
 	}
 	if sends > maxSendsPerScenario {
 		return fmt.Errorf("scenario %s: %d packets, at most %d", s.Name, sends, maxSendsPerScenario)
@@ -288,8 +311,81 @@ func (s *Scenario) Validate() error {
 	return nil
 }
 
+// checkRate checks the fields of a CNP train and of the rate it is
+// judged by: a train has a count and a spacing within bounds, a rate
+// comparison a window.
+func (st Step) checkRate() error {
+	switch {
+	case st.Kind == StepImpair && st.Impair == ImpairCNP:
+		if st.Count == nil || *st.Count < 1 || *st.Count > maxCNPTrain {
+			return fmt.Errorf("impair cnp needs count=N, 1..%d", maxCNPTrain)
+		}
+		if st.Every <= 0 || st.Every > time.Second {
+			return fmt.Errorf("impair cnp needs every=D, in (0, 1s]")
+		}
+		if st.After < 0 || st.After > maxCNPWindow {
+			return fmt.Errorf("impair cnp: after=%v outside [0, %v]", st.After, maxCNPWindow)
+		}
+	case st.Kind == StepExpect && st.Expect == "slower":
+		if st.Window <= 0 || st.Window > maxCNPWindow {
+			return fmt.Errorf("expect slower needs window=D, in (0, %v]", maxCNPWindow)
+		}
+	}
+	return nil
+}
+
+// RunsAlone says the scenario runs only as the one scenario of its run
+// (--only NAME, -q 1): a CNP train needs a long stream from the peer,
+// much longer than the other requester scenarios' (-n 20), and would
+// load the host and the peer while their timers are measured.
+func (s *Scenario) RunsAlone() bool {
+	for _, st := range s.Steps {
+		if st.Kind == StepImpair && st.Impair == ImpairCNP {
+			return true
+		}
+	}
+	return false
+}
+
+// checkTrain checks that a rate comparison has a CNP train to judge,
+// one longer than its window (the window after the CNPs ends at the
+// last one), and that the train starts a window after its packet or
+// later, so that the window before it can be full.
+func (s *Scenario) checkTrain() error {
+	var train, slower *Step
+	for i, st := range s.Steps {
+		switch {
+		case st.Kind == StepImpair && st.Impair == ImpairCNP:
+			train = &s.Steps[i]
+		case st.Kind == StepExpect && st.Expect == "slower":
+			slower = &s.Steps[i]
+		}
+	}
+	switch {
+	case slower == nil:
+		return nil
+	case train == nil:
+		return fmt.Errorf("scenario %s line %d: expect slower needs an impair cnp", s.Name, slower.Line)
+	case time.Duration(*train.Count)*train.Every <= slower.Window:
+		return fmt.Errorf("scenario %s line %d: %d CNPs %v apart last no longer than the window %v", s.Name, train.Line, *train.Count, train.Every, slower.Window)
+	case train.After < slower.Window:
+		return fmt.Errorf("scenario %s line %d: after=%v is shorter than the window %v before the CNPs", s.Name, train.Line, train.After, slower.Window)
+	}
+	return nil
+}
+
+// rateWindow is the window of the scenario's "expect slower", 0 without.
+func (s *Scenario) rateWindow() time.Duration {
+	for _, st := range s.Steps {
+		if st.Kind == StepExpect && st.Expect == "slower" {
+			return st.Window
+		}
+	}
+	return 0
+}
+
 // requesterExpect are the expectations of requester mode.
-var requesterExpect = map[string]bool{"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true}
+var requesterExpect = map[string]bool{"go-back": true, "retransmit": true, "retries": true, "no-retransmit": true, "slower": true}
 
 // stepWord names a step's kind as the format writes it.
 func stepWord(st Step) string {
@@ -408,6 +504,19 @@ func parseFields(st *Step, words []string) error {
 			x, err = num(16)
 			c := int(x)
 			st.Count = &c
+		case (k == "every" || k == "after" || k == "window") && hasV:
+			d, perr := time.ParseDuration(v)
+			if perr != nil {
+				return fmt.Errorf("%s=%q: want a duration", k, v)
+			}
+			switch k {
+			case "every":
+				st.Every = d
+			case "after":
+				st.After = d
+			default:
+				st.Window = d
+			}
 		case (k == "min" || k == "max") && hasV:
 			if _, err = parseDelay(v, 0, 0); err == nil {
 				if k == "min" {

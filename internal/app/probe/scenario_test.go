@@ -57,6 +57,14 @@ func TestParseErrors(t *testing.T) {
 		{"scenario a\nrule r\nrequires q\nneeds ud\nsend uc-send-only\nend", "needs \"ud\": want write, read, atomic, send or uc"},
 		{"scenario a\nmode requester\nrule r\nrequires q\nimpair drop at=5\nexpect peer-send\nend", "does not belong in a requester-mode scenario"},
 		{"scenario a\nrule r\nrequires q\n" + strings.Repeat("send write-only\n", 65) + "end", "at most 64"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair cnp at=5 every=50us\nend", "impair cnp needs count=N, 1..1000"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair cnp at=5 count=1001 every=50us\nend", "1..1000"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair cnp at=5 count=10\nend", "impair cnp needs every=D"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair drop at=5\nexpect slower window=10ms\nend", "expect slower needs an impair cnp"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair cnp at=5 after=1s count=10 every=1ms\nexpect slower\nend", "expect slower needs window=D"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair cnp at=5 after=1s count=10 every=1ms\nexpect slower window=10ms\nend", "last no longer than the window"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair cnp at=5 after=5ms count=100 every=1ms\nexpect slower window=10ms\nend", "shorter than the window"},
+		{"scenario a\nmode requester\nrule r\nrequires q\nimpair cnp at=5 every=soon count=1\nend", "every=\"soon\""},
 	} {
 		_, err := ParseScenarios(strings.NewReader(c.text))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

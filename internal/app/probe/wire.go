@@ -59,6 +59,10 @@ type wire struct {
 	gap        time.Duration
 	maxPackets int
 
+	// sendMu makes setting a packet's TOS and sending it one step: a
+	// CNP train's goroutine sends beside the run's own answers.
+	sendMu sync.Mutex
+
 	mu     sync.Mutex
 	sent   int
 	last   time.Time
@@ -170,10 +174,24 @@ const spinBelow = 500 * time.Microsecond
 // send paces and sends one packet (BTH..ICRC, ICRC already as wanted) to
 // the peer; tos is the IP TOS it carried, for the record.
 func (w *wire) send(ctx context.Context, pkt []byte, tos uint8) (time.Time, error) {
-	return w.sendWith(ctx, pkt, tos, func() error {
+	return w.sendWith(ctx, pkt, tos, false, w.writer(pkt))
+}
+
+// sendYielding is send for a packet that gives way to every other: it
+// waits for a moment when a packet may leave at once and no other is
+// waiting for its slot (a CNP train fills the gaps between the run's
+// ACKs, which it would otherwise delay more and more as both queue for
+// slots).
+func (w *wire) sendYielding(ctx context.Context, pkt []byte) (time.Time, error) {
+	return w.sendWith(ctx, pkt, 0, true, w.writer(pkt))
+}
+
+// writer sends pkt to the peer on the UDP socket.
+func (w *wire) writer(pkt []byte) func() error {
+	return func() error {
 		_, err := w.conn.WriteToUDPAddrPort(pkt, w.peer)
 		return err
-	})
+	}
 }
 
 // sendBadUDPChecksum is send with the UDP checksum wrong: the datagram
@@ -204,46 +222,107 @@ func (w *wire) sendBadUDPChecksum(ctx context.Context, pkt []byte) (time.Time, e
 	}
 	defer unix.Close(fd)
 	to := &unix.SockaddrInet4{Addr: w.peer.Addr().As4()}
-	return w.sendWith(ctx, pkt, 0, func() error { return unix.Sendto(fd, dgram, 0, to) })
+	return w.sendWith(ctx, pkt, 0, false, func() error { return unix.Sendto(fd, dgram, 0, to) })
 }
 
-// sendWith paces one packet, records it, and sends it with write.
-func (w *wire) sendWith(ctx context.Context, pkt []byte, tos uint8, write func() error) (time.Time, error) {
-	w.mu.Lock()
-	if w.sent >= w.maxPackets {
-		w.mu.Unlock()
-		return time.Time{}, ErrBudget
-	}
-	wait := time.Until(w.last.Add(w.gap))
-	w.sent++
-	w.mu.Unlock()
+// sleepUntil returns at t, or with ctx's error if it ends first.
+func sleepUntil(ctx context.Context, t time.Time) error {
+	wait := time.Until(t)
 	switch {
 	case wait > spinBelow:
 		select {
 		case <-ctx.Done():
-			return time.Time{}, ctx.Err()
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 	case wait > 0:
 		// A timer this short wakes the goroutine late on a busy host
 		// (about 1 ms per ACK was measured under load, late enough for
-		// the peer's ACK timer to run out): yield until the gap is over.
-		for end := time.Now().Add(wait); time.Now().Before(end); {
-			runtime.Gosched()
-		}
+		// the peer's ACK timer to run out): yield until the time comes.
+		return spinUntil(ctx, t)
 	}
+	return nil
+}
+
+// spinUntil returns at t, or with ctx's error if it ends first, keeping
+// its CPU busy (yielding to the process's other goroutines) meanwhile.
+func spinUntil(ctx context.Context, t time.Time) error {
+	for time.Now().Before(t) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		runtime.Gosched()
+	}
+	return nil
+}
+
+// sendWith paces one packet, records it, and sends it with write; a
+// non-zero tos is set on the socket for this packet only; yield: see
+// sendYielding.
+func (w *wire) sendWith(ctx context.Context, pkt []byte, tos uint8, yield bool, write func() error) (time.Time, error) {
+	// Each packet takes the next slot, a gap after the last one taken,
+	// and waits for it holding no lock.
+	slot, err := w.takeSlot(ctx, yield)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if err := sleepUntil(ctx, slot); err != nil {
+		return time.Time{}, err
+	}
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
 	// Stamped and recorded before it leaves: a fast peer's answer is read
 	// (stamped and recorded) before WriteTo returns, and the capture must
 	// show the cause before the effect. A failed send ends the run.
+	if tos != 0 {
+		if err := w.setTOS(tos); err != nil {
+			return time.Time{}, fmt.Errorf("probe: setting the IP TOS %#x: %w", tos, err)
+		}
+		defer w.setTOS(0)
+	}
 	now := time.Now()
 	w.record(transport.Out, now, w.local, w.peer, tos, 0, pkt)
 	if err := write(); err != nil {
 		return time.Time{}, fmt.Errorf("probe: sending to %v: %w", w.peer, err)
 	}
 	w.mu.Lock()
-	w.last = now
+	w.last = latest(w.last, now) // a packet that left late pushes the next slot on
 	w.mu.Unlock()
 	return now, nil
+}
+
+// takeSlot returns when the next packet may leave, a gap after the
+// slot taken last, and counts it against the budget; yield waits
+// (spinning, as sleepUntil) until that is now.
+func (w *wire) takeSlot(ctx context.Context, yield bool) (time.Time, error) {
+	for {
+		w.mu.Lock()
+		if w.sent >= w.maxPackets {
+			w.mu.Unlock()
+			return time.Time{}, ErrBudget
+		}
+		now := time.Now()
+		slot := w.last.Add(w.gap)
+		if !yield || !slot.After(now) {
+			slot = latest(slot, now)
+			w.last = slot
+			w.sent++
+			w.mu.Unlock()
+			return slot, nil
+		}
+		w.mu.Unlock()
+		if err := sleepUntil(ctx, slot); err != nil {
+			return time.Time{}, err
+		}
+	}
+}
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // record writes pkt to the pcap and keeps its trace record.
