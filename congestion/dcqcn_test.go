@@ -454,3 +454,29 @@ func TestNone(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// TestNVIDIACNPTrainReachesMinRate: with ConnectX's defaults, a train of
+// CNPs 50 µs apart (what `rxego probe`'s cnp-rate scenario sends), each
+// taken at its own arrival time, drives the rate down to MinRate: alpha
+// decays every microsecond between them, but every CNP is a cut. (The
+// probe found rxego's engine far slower to react: it takes the CNPs of a
+// receive batch at one time, so most fall in one rate-reduce monitor
+// period; docs/probe.md, "Where each deviates".)
+func TestNVIDIACNPTrainReachesMinRate(t *testing.T) {
+	p := NVIDIAParams(100 * Gbps)
+	c, err := NewDCQCN(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lowest := c.Rate()
+	for i := range 1000 {
+		c.OnCNP(time.Duration(i) * 50 * time.Microsecond)
+		lowest = min(lowest, c.Rate())
+	}
+	if st := c.Stats(); st.Cuts != 1000 {
+		t.Errorf("%d cuts for 1000 CNPs 50 µs apart, want one each", st.Cuts)
+	}
+	if lowest != p.MinRate {
+		t.Errorf("lowest rate %d bit/s during the train, want MinRate %d", lowest, p.MinRate)
+	}
+}
