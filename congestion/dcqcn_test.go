@@ -459,9 +459,9 @@ func TestNone(t *testing.T) {
 // CNPs 50 µs apart (what `rxego probe`'s cnp-rate scenario sends), each
 // taken at its own arrival time, drives the rate down to MinRate: alpha
 // decays every microsecond between them, but every CNP is a cut. (The
-// probe found rxego's engine far slower to react: it takes the CNPs of a
-// receive batch at one time, so most fall in one rate-reduce monitor
-// period; docs/probe.md, "Where each deviates".)
+// probe found rxego's engine far slower to react when it took a receive
+// batch's CNPs at one time, most of them in one rate-reduce monitor
+// period; qp's TestCNPsOfABatchEachCut covers the fix.)
 func TestNVIDIACNPTrainReachesMinRate(t *testing.T) {
 	p := NVIDIAParams(100 * Gbps)
 	c, err := NewDCQCN(p)

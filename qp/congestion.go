@@ -177,12 +177,13 @@ func (e *Engine) ccTimer(q *QP, now time.Duration) {
 	}
 }
 
-// ccCNP handles a CNP addressed to q.
-func (e *Engine) ccCNP(q *QP, now time.Duration) {
+// ccCNP handles a CNP addressed to q that arrived at about at (arrival),
+// taken in at now.
+func (e *Engine) ccCNP(q *QP, at, now time.Duration) {
 	e.Stats.CNPsReceived.Add(1)
 	if c := q.cc; c != nil {
 		c.rcvd++
-		c.ctrl.OnCNP(now)
+		c.ctrl.OnCNP(at)
 		e.ccRate(q, now)
 	}
 }

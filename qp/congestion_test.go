@@ -232,3 +232,42 @@ func TestPacingWhileTheRateChanges(t *testing.T) {
 		t.Fatalf("256 KiB took %v at %d b/s or more: the pacer fell behind its rate", el, st.Rate)
 	}
 }
+
+// TestCNPsOfABatchEachCut takes in, as one batch, 20 CNPs that queued
+// over the millisecond since the engine last took any in (a train 50 µs
+// apart, as `rxego probe`'s cnp-rate sends): each is a rate cut, as at a
+// reaction point that takes each CNP when it arrives. Stamped with the
+// batch's one time, they fell in one rate-reduce monitor period and
+// counted as one cut (two with the one that period defers).
+func TestCNPsOfABatchEachCut(t *testing.T) {
+	f, a, b := ccPair(t, congestion.NVIDIAParams(DefaultLineRate))
+	buf := make([]byte, 64)
+	h := bth.Header{Opcode: bth.CNPOpcode, PKey: bth.DefaultPKey, DestQP: a.qp.Num(), BECN: true}
+	n, err := h.Encode(buf, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkt, err := bth.Parse(buf[:n])
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := netip.AddrPortFrom(b.n.addr.Addr(), 0xC000)
+	a.n.e.Input(nil) // the previous batch
+	f.clock.now += time.Millisecond
+	const cnps = 20
+	batch := make([]InPacket, cnps)
+	for i := range batch {
+		batch[i] = InPacket{Pkt: pkt, Src: src, Dest: a.n.addr.Addr()}
+	}
+	a.n.e.Input(batch)
+	st, ok := a.qp.CongestionStats()
+	if !ok || st.CNPsRcvd != cnps {
+		t.Fatalf("reaction point %+v, want %d CNPs", st, cnps)
+	}
+	if st.RateCuts != cnps {
+		t.Errorf("%d rate cuts for %d CNPs that arrived 50 µs apart, want one each (%+v)", st.RateCuts, cnps, st)
+	}
+	if st.Rate >= DefaultLineRate/2 {
+		t.Errorf("rate %d after %d cuts, want well under half the line rate %d", st.Rate, cnps, DefaultLineRate)
+	}
+}

@@ -204,9 +204,14 @@ type Engine struct {
 	scatters bool         // cfg.Out is a ScatterOutput that Scatters
 	batching atomic.Int32 // Batch calls running: PostSend leaves its packets queued
 	woke     bool         // a completion of this Input woke a goroutine waiting on a CQ
-	pushed   bool         // this Input made a completion
-	held     atomic.Bool  // ACKs are pending after InputPolled
-	closed   bool         // Close was called
+	// The batch being taken in (input): its packets arrived between
+	// batchFrom and batchAt, and batchPos is the one in hand, of batchLen
+	// (see arrival). lastInput is when the previous batch was taken in.
+	batchFrom, batchAt, lastInput time.Duration
+	batchPos, batchLen            int
+	pushed                        bool        // this Input made a completion
+	held                          atomic.Bool // ACKs are pending after InputPolled
+	closed                        bool        // Close was called
 
 	cc       CongestionConfig
 	timers   timerHeap
@@ -380,11 +385,34 @@ func (e *Engine) InputWoke(pkts []InPacket) (woke bool) {
 func (e *Engine) input(pkts []InPacket) {
 	now := e.cfg.Clock.Now()
 	e.woke, e.pushed = false, false
+	e.batchFrom, e.batchAt, e.batchLen = max(e.lastInput, now-maxBatchSpan), now, len(pkts)
+	e.lastInput = now
 	e.holdTurns()
 	for i := range pkts {
+		e.batchPos = i
 		e.receive(&pkts[i], now)
 	}
+	e.batchLen = 0
 	e.releaseTurns() // the QPs the batch's ACKs let send, each in turn
+}
+
+// maxBatchSpan bounds how far back arrival places a packet: a batch
+// holds what queued while the engine was busy, not since it last ran
+// after an idle second.
+const maxBatchSpan = time.Millisecond
+
+// arrival estimates when the packet in hand arrived: the engine takes a
+// batch at one time, now, but its packets queued one after another since
+// the previous batch, so the k-th of n is placed k/n of the way from
+// then to now (the last at now; a packet taken in alone, at now). A
+// reaction point needs it: CNPs that arrived 50 µs apart are each a cut,
+// while the same CNPs stamped with one time fall in one rate-reduce
+// monitor period and count as one (TestCNPsOfABatchEachCut).
+func (e *Engine) arrival(now time.Duration) time.Duration {
+	if e.batchLen <= 1 || now != e.batchAt {
+		return now
+	}
+	return e.batchFrom + (now-e.batchFrom)*time.Duration(e.batchPos+1)/time.Duration(e.batchLen)
 }
 
 // InputPolled is Input for a goroutine that polls a CQ and takes in

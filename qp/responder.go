@@ -118,7 +118,7 @@ func (e *Engine) receive(in *InPacket, now time.Duration) {
 		return
 	}
 	if p.Info.Class == bth.CNP {
-		e.ccCNP(q, now)
+		e.ccCNP(q, e.arrival(now), now)
 		return
 	}
 	if p.Info.Class != q.typ.class() {
