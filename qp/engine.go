@@ -204,14 +204,15 @@ type Engine struct {
 	scatters bool         // cfg.Out is a ScatterOutput that Scatters
 	batching atomic.Int32 // Batch calls running: PostSend leaves its packets queued
 	woke     bool         // a completion of this Input woke a goroutine waiting on a CQ
+	pushed   bool         // this Input made a completion
+	held     atomic.Bool  // ACKs are pending after InputPolled
+	closed   bool         // Close was called
+
 	// The batch being taken in (input): its packets arrived between
 	// batchFrom and batchAt, and batchPos is the one in hand, of batchLen
 	// (see arrival). lastInput is when the previous batch was taken in.
 	batchFrom, batchAt, lastInput time.Duration
 	batchPos, batchLen            int
-	pushed                        bool        // this Input made a completion
-	held                          atomic.Bool // ACKs are pending after InputPolled
-	closed                        bool        // Close was called
 
 	cc       CongestionConfig
 	timers   timerHeap
