@@ -238,7 +238,7 @@ var rxeRequesterVerdicts = map[string]probe.Verdict{
 	"ghost-ack":        probe.Deviates,      // rxe completes everything up to a ghost ACK's PSN
 	"ce-ack-cnp":       probe.NotApplicable, // rxe has no RoCEv2 congestion control
 	"ce-data-cnp":      probe.NotApplicable,
-	"cnp-rate":         probe.NotApplicable, // no reaction point: its rate stays
+	"cnp-rate":         probe.NotApplicable, // no reaction point: its rate stays (when fast enough to judge)
 }
 
 // requesterWait is the lab's --wait in requester mode: how long the
@@ -261,6 +261,9 @@ func TestProbeRequester(t *testing.T) {
 		p.probeRequesterCNPRate(t)
 	})
 }
+
+// cnpRateTrain is the built-in cnp-rate scenario's count of CNPs.
+const cnpRateTrain = 1000
 
 // probeRequesterCNPRate runs cnp-rate, alone, against rxe's ib_write_bw
 // client with a long stream: the probe sends the client's QP 1000 CNPs
@@ -306,7 +309,19 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 			t.Fatalf("%d results, want cnp-rate's", len(rep.Results))
 		}
 		r := rep.Results[0]
-		note := checkVerdict(t, r, rxeRequesterVerdicts)
+		// The lab's rxe, emulated, sends fewer packets than the train's
+		// 20 CNPs a millisecond; the probe then does not judge its rate
+		// (taking the CNPs in slowed it by itself in ci28, 4.8 to 1.4
+		// packets/ms): inconclusive, saying so. A faster rxe is judged:
+		// not applicable.
+		slow := r.Verdict == probe.Inconclusive && strings.HasPrefix(r.Detail, probe.TooSlowToJudge)
+		var note string
+		if slow {
+			logResult(t, r)
+			note = r.Name + " inconclusive (" + r.Detail + ")"
+		} else {
+			note = checkVerdict(t, r, rxeRequesterVerdicts)
+		}
 		cnps := 0
 		if err := trace.ReadFile(capPath, func(rec trace.Record) error {
 			if rec.RoCE != nil && rec.Dst.String() == p.Guest.IP() && rec.DestQP == r.PeerQPN && rec.Opcode == bth.CNPOpcode {
@@ -315,6 +330,9 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 			return nil
 		}); err != nil {
 			t.Fatal(err)
+		}
+		if slow && cnps != cnpRateTrain {
+			t.Errorf("the bridge saw %d CNPs to the client's QP, want the train's %d", cnps, cnpRateTrain)
 		}
 		if r.Verdict != probe.Inconclusive && !slices.ContainsFunc(r.Observed, func(o string) bool {
 			return strings.HasPrefix(o, strconv.Itoa(cnps)+" CNPs over")

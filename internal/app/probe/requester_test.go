@@ -165,6 +165,10 @@ func TestJudgeCNPRate(t *testing.T) {
 		{"the stream ended in the window", stream(0, last-5, 100, never, 0), train(1000), Inconclusive, "nothing after the last CNP"},
 		{"the stream began in the window", stream(first-10, last+5, 100, never, 0), train(1000), Inconclusive, "began less than"},
 		{"too few packets", stream(0, last+5, 0.5, never, 0), train(1000), Inconclusive, "too few packets"},
+		// 4.8 packets/ms against 20 CNPs/ms: rxe in ci28, which fell to
+		// 1.4 with no reaction point.
+		{"slower than the CNPs", stream(0, last+5, 4.8, first+2, 1.4), train(1000), Inconclusive, TooSlowToJudge},
+		{"just faster than the CNPs", stream(0, last+5, 21, first+2, 4), train(1000), Conforms, "4.0 packets/ms"},
 		{"a resend", append(stream(0, last+5, 100, first+2, 20), judgeEvent{7000, last + 1}), train(1000), Inconclusive, "resent 1 packets"},
 	} {
 		q := judgeQP(s, c.events, ms)
