@@ -309,19 +309,23 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 			t.Fatalf("%d results, want cnp-rate's", len(rep.Results))
 		}
 		r := rep.Results[0]
-		// The lab's rxe, emulated, sends fewer packets than the train's
-		// 20 CNPs a millisecond; the probe then does not judge its rate
-		// (taking the CNPs in slowed it by itself in ci28, 4.8 to 1.4
-		// packets/ms): inconclusive, saying so. A faster rxe is judged:
-		// not applicable.
-		slow := r.Verdict == probe.Inconclusive && strings.HasPrefix(r.Detail, probe.TooSlowToJudge)
+		// rxe has no reaction point: the probe must never find one
+		// (conforms), nor a deviation. The lab's rxe is emulated and
+		// sends a few packets a millisecond, fewer than the train's CNPs
+		// or too few to count, under load fewer still, so the probe
+		// usually cannot judge its rate and says why (inconclusive); a
+		// faster rxe is judged not applicable. ci28: before "too slow to
+		// judge" existed, rxe 6.1 fell from 4.8 to 1.4 packets/ms under
+		// the train and was judged conforms.
 		var note string
-		if slow {
+		switch r.Verdict {
+		case probe.Inconclusive:
 			logResult(t, r)
 			note = r.Name + " inconclusive (" + r.Detail + ")"
-		} else {
+		default:
 			note = checkVerdict(t, r, rxeRequesterVerdicts)
 		}
+		slow := strings.HasPrefix(r.Detail, probe.TooSlowToJudge)
 		cnps := 0
 		if err := trace.ReadFile(capPath, func(rec trace.Record) error {
 			if rec.RoCE != nil && rec.Dst.String() == p.Guest.IP() && rec.DestQP == r.PeerQPN && rec.Opcode == bth.CNPOpcode {
