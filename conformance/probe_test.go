@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/conformance/lab"
 	"github.com/rxego/rxego/internal/app/probe"
 	"github.com/rxego/rxego/internal/app/trace"
 	"github.com/rxego/rxego/reth"
@@ -287,20 +288,7 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 		if err := h.waitListen(ctx, p.Port); err != nil {
 			t.Fatalf("%v\n%s", err, h.output())
 		}
-		proc, err := p.Guest.Start("ib_write_bw", "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", "1", "-s", "64", "-n", "20000", p.HostIP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer proc.Kill()
-		herr := h.wait(ctx)
-		capt.Stop()
-		res, perr := proc.Wait(ctx)
-		if herr != nil {
-			t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
-		}
-		if perr != nil && !bytes.Contains(res.Stderr, []byte("Can't produce a report")) {
-			t.Errorf("the peer's ib_write_bw did not end cleanly: %v\n%s\n%s", perr, res.Stdout, res.Stderr)
-		}
+		p.runRequesterClient(t, ctx, h, capt, "ib_write_bw", "-d", "rxe0", "-x", "1", "-p", strconv.Itoa(p.Port), "-q", "1", "-s", "64", "-n", "20000", p.HostIP)
 		var rep probe.Report
 		if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
 			t.Fatalf("the report is not JSON: %v\n%s", err, h.output())
@@ -347,6 +335,28 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 	})
 }
 
+// runRequesterClient runs the peer's perftest client (argv) against the
+// probe h, waits for both and stops the bridge capture: the probe must
+// end cleanly, the client too, or with perftest's "Can't produce a
+// report" (a scenario made its run fail).
+func (p *Peer) runRequesterClient(t *testing.T, ctx context.Context, h *hostProc, capt *lab.Capture, argv ...string) {
+	t.Helper()
+	proc, err := p.Guest.Start(argv...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proc.Kill()
+	herr := h.wait(ctx)
+	capt.Stop()
+	res, perr := proc.Wait(ctx)
+	if herr != nil {
+		t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
+	}
+	if perr != nil && !bytes.Contains(res.Stderr, []byte("Can't produce a report")) {
+		t.Errorf("the peer's %s did not end cleanly: %v\n%s\n%s", argv[0], perr, res.Stdout, res.Stderr)
+	}
+}
+
 // probeRequester is one TestProbeRequester case: the peer runs tool's
 // client (with -R when rdmacm).
 func (p *Peer) probeRequester(t *testing.T, tool string, rdmacm bool) {
@@ -384,20 +394,7 @@ func (p *Peer) probeRequester(t *testing.T, tool string, rdmacm bool) {
 		if err := listening(ctx, p.Port); err != nil {
 			t.Fatalf("%v\n%s", err, h.output())
 		}
-		proc, err := p.Guest.Start(append(argv, p.HostIP)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer proc.Kill()
-		herr := h.wait(ctx)
-		capt.Stop()
-		res, perr := proc.Wait(ctx)
-		if herr != nil {
-			t.Fatalf("rxego probe: %v\n%s\nperftest: %v\n%s\n%s", herr, h.output(), perr, res.Stdout, res.Stderr)
-		}
-		if perr != nil && !bytes.Contains(res.Stderr, []byte("Can't produce a report")) {
-			t.Errorf("the peer's ib_%s did not end cleanly: %v\n%s\n%s", tool, perr, res.Stdout, res.Stderr)
-		}
+		p.runRequesterClient(t, ctx, h, capt, append(argv, p.HostIP)...)
 		var rep probe.Report
 		if err := json.Unmarshal(h.stdout.Bytes(), &rep); err != nil {
 			t.Fatalf("the report is not JSON: %v\n%s", err, h.output())

@@ -76,38 +76,29 @@ func schedChild() {
 		os.Exit(1)
 	}
 	nice, _ := strconv.Atoi(os.Getenv("RXEGO_TEST_SCHED_NICE"))
-	// Threads that exist before: locked goroutines each hold one.
+	// Locked goroutines each hold a thread until stop.
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
-	started := make(chan struct{})
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			started <- struct{}{}
-			<-stop
-		}()
+	threads := func(n int) {
+		started := make(chan struct{})
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runtime.LockOSThread()
+				started <- struct{}{}
+				<-stop
+			}()
+		}
+		for range n {
+			<-started
+		}
 	}
-	for range 4 {
-		<-started
-	}
+	threads(4) // before
 	if err := applySched(Sched{Nice: nice, Server: "0", Client: "0"}, true); err != nil {
 		fail("applySched: %v", err)
 	}
-	// Threads that come after.
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			runtime.LockOSThread()
-			started <- struct{}{}
-			<-stop
-		}()
-	}
-	for range 4 {
-		<-started
-	}
+	threads(4) // after
 	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil {
 		fail("%v", err)
