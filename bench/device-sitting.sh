@@ -18,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # and rxego's rows that issue 29's targets name, with the -multi rows (N
 # TCP streams, N UDP GSO flows, WRITE/READ/SEND 64 KiB at MTU 4096 and
 # 1024 over N QPs) for every N in $QPS.
-RE='^(TCP stream|TCP 64 B ping-pong|TCP stream, [0-9]+ streams|rsocket stream \(rxego\)|rsocket 64 B ping-pong \(rxego\)|UDP gso (1|4) KiB|UDP gso 4 KiB, [0-9]+ flows|UDP 64 B ping-pong, (blocking|busy-poll)|rxego (write|read|send) 64 KiB mtu (4096|1024)(, [0-9]+ QPs)?|rxego (send|write|read|atomic) 64 B latency, (blocking|busy-poll)|rxego WRITE 64 B rate, depth 128, 32 per post, (blocking|busy-poll)(, 8 QPs)?)$'
+RE='^(TCP stream|TCP 64 B ping-pong|TCP stream, [0-9]+ streams|rsocket stream \(rxego\)|rsocket 64 B ping-pong \(rxego\)|UDP gso (1|4) KiB|UDP gso-runs 4 KiB|UDP gso 4 KiB, [0-9]+ flows|UDP 64 B ping-pong, (blocking|busy-poll)|rxego (write|read|send) 64 KiB mtu (4096|1024)(, [0-9]+ QPs)?|rxego (send|write|read|atomic) 64 B latency, (blocking|busy-poll)|rxego WRITE 64 B rate, depth 128, 32 per post, (blocking|busy-poll)(, 8 QPs)?)$'
 
 case "${1:-}" in
 build)

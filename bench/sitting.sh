@@ -20,7 +20,7 @@
 # averages.
 set -u
 force=0 rounds=3 pin=()
-re='^(TCP stream|TCP 64 B ping-pong|TCP stream, (8|16) streams|UDP gso (1|4) KiB|UDP gso 4 KiB, (8|16) flows|UDP 64 B ping-pong, (blocking|busy-poll)|rxego (write|read|send) 64 KiB mtu (4096|1024)(, (8|16) QPs)?|rxego (send|write|read|atomic) 64 B latency, (blocking|busy-poll)|rxego WRITE 64 B rate, depth 128, 32 per post, (blocking|busy-poll)(, 8 QPs)?)$'
+re='^(TCP stream|TCP 64 B ping-pong|TCP stream, (8|16) streams|UDP gso (1|4) KiB|UDP gso-runs 4 KiB|UDP gso 4 KiB, (8|16) flows|UDP 64 B ping-pong, (blocking|busy-poll)|rxego (write|read|send) 64 KiB mtu (4096|1024)(, (8|16) QPs)?|rxego (send|write|read|atomic) 64 B latency, (blocking|busy-poll)|rxego WRITE 64 B rate, depth 128, 32 per post, (blocking|busy-poll)(, 8 QPs)?)$'
 while getopts fn:r:p: o; do
 	case $o in
 	f) force=1 ;;

@@ -43,7 +43,17 @@ const (
 	UDPSingle = "single" // one datagram per sendto/recvfrom
 	UDPMmsg   = "mmsg"   // sendmmsg/recvmmsg, 64 datagrams per call
 	UDPGSO    = "gso"    // GSO sends of 64 KiB, GRO receive
+	// UDPGSORuns is gso with the datagrams cut as rxego's 64 KiB WRITEs
+	// at MTU 4096 must be: per 16 segments, one alone (the WRITE First,
+	// whose RETH makes it longer than the rest, and GSO cuts a datagram
+	// into equal segments) and one of 15 (Middle and Last). A diagnostic
+	// yardstick: how much of the gap to gso the packet format forces
+	// (docs/performance.md, "Why a WRITE costs more than a UDP GSO send").
+	UDPGSORuns = "gso-runs"
 )
+
+// gso reports whether the UDP mode sends with GSO and receives with GRO.
+func (c Case) gso() bool { return c.Mode == UDPGSO || c.Mode == UDPGSORuns }
 
 // Case is one measurement.
 type Case struct {

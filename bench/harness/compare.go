@@ -355,4 +355,69 @@ func writeTargets(w io.Writer, trees []tree) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Targets no tree measured are left out. Per-CPU efficiency is Gbit/s per busy CPU of both processes, from each case's median run.")
+	writeDiagnostics(w, trees, rss)
+}
+
+// diagnostic is a ratio the report shows beside issue 29's targets, with
+// no bound: it says where a target's gap comes from.
+type diagnostic struct {
+	name  string
+	value func(rs results) (float64, bool)
+}
+
+func diagnostics() []diagnostic {
+	return []diagnostic{{
+		name: "WRITE 64 KiB MTU 4096, 1 QP: per CPU / UDP GSO in a WRITE's runs (gso-runs 4 KiB) per CPU",
+		value: func(rs results) (float64, bool) {
+			rx, rok := perCPU(rs.rxBW("write", 64<<10, 4096))
+			u, uok := perCPU(rs.udpBW(UDPGSORuns, 4096))
+			return quotient(rx, rok, u, uok)
+		},
+	}, {
+		name: "UDP GSO in a WRITE's runs / UDP GSO, per CPU (4 KiB)",
+		value: func(rs results) (float64, bool) {
+			r, rok := perCPU(rs.udpBW(UDPGSORuns, 4096))
+			u, uok := perCPU(rs.udpBW(UDPGSO, 4096))
+			return quotient(r, rok, u, uok)
+		},
+	}}
+}
+
+// writeDiagnostics prints the diagnostics some tree measured.
+func writeDiagnostics(w io.Writer, trees []tree, rss []results) {
+	var rows []string
+	for _, d := range diagnostics() {
+		row := fmt.Sprintf("| %s |", d.name)
+		any := false
+		for _, rs := range rss {
+			v, ok := d.value(rs)
+			if !ok {
+				row += " – |"
+				continue
+			}
+			any = true
+			row += fmt.Sprintf(" %.2f |", v)
+		}
+		if any {
+			rows = append(rows, row)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "## Diagnostics")
+	fmt.Fprintln(w)
+	head, rule := "| ratio |", "|---|"
+	for _, t := range trees {
+		head += " " + t.name + " |"
+		rule += "---:|"
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, rule)
+	for _, r := range rows {
+		fmt.Fprintln(w, r)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "No bounds: where the per-CPU target's gap comes from (docs/performance.md, \"Why a WRITE costs more than a UDP GSO send\").")
 }

@@ -42,6 +42,7 @@ func Suite(quick bool, multiQPs []int) []Case {
 			add(Case{Kind: UDPBW, Mode: mode, Size: size})
 		}
 	}
+	add(Case{Kind: UDPBW, Mode: UDPGSORuns, Size: 4096})
 	add(Case{Kind: UDPBW, Mode: UDPMmsg, Size: 64})
 	add(Case{Kind: UDPPing})
 	add(Case{Kind: UDPPing, Busy: true})

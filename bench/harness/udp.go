@@ -162,9 +162,9 @@ func udpSendLoop(c Case, s *udpSock, dst netip.AddrPort, stopped func() bool) er
 				return err
 			}
 		}
-	case UDPMmsg, UDPGSO:
+	case UDPMmsg, UDPGSO, UDPGSORuns:
 		per, k := 1, udpBatch
-		if c.Mode == UDPGSO {
+		if c.gso() {
 			per, k = gsoMax/c.Size, 8
 		}
 		dgram := per * c.Size
@@ -172,7 +172,7 @@ func udpSendLoop(c Case, s *udpSock, dst netip.AddrPort, stopped func() bool) er
 		hdrs := make([]mmsghdr, k)
 		iovs := make([]unix.Iovec, k)
 		var oob []byte
-		if c.Mode == UDPGSO {
+		if c.gso() {
 			oob = make([]byte, unix.CmsgSpace(2))
 			h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 			h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
@@ -182,6 +182,14 @@ func udpSendLoop(c Case, s *udpSock, dst netip.AddrPort, stopped func() bool) er
 		for i := range hdrs {
 			iovs[i].Base = &bufs[i*dgram]
 			iovs[i].SetLen(dgram)
+			if c.Mode == UDPGSORuns {
+				// A message of 16: one segment, then 15 (per is 15
+				// for 4 KiB).
+				iovs[i].SetLen(c.Size)
+				if i%2 == 1 {
+					iovs[i].SetLen(min(15, per) * c.Size)
+				}
+			}
 			m := &hdrs[i].hdr
 			m.Name = (*byte)(unsafe.Pointer(&sa))
 			m.Namelen = unix.SizeofSockaddrInet4
@@ -193,8 +201,13 @@ func udpSendLoop(c Case, s *udpSock, dst netip.AddrPort, stopped func() bool) er
 			}
 		}
 		for !stopped() {
-			for off := 0; off < len(bufs); off += c.Size {
-				putCRC(bufs[off : off+c.Size])
+			for i := range iovs {
+				// What each datagram sends (gso-runs sends less than
+				// its slot).
+				d := bufs[i*dgram : i*dgram+int(iovs[i].Len)]
+				for off := 0; off < len(d); off += c.Size {
+					putCRC(d[off : off+c.Size])
+				}
 			}
 			if _, err := s.mmsg(unix.SYS_SENDMMSG, hdrs, true); err != nil && !stopped() {
 				if errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.EAGAIN) {
@@ -244,7 +257,7 @@ func udpReceive(p *peer, s *udpSock) (Result, error) {
 				return finish()
 			}
 		}
-	case UDPMmsg, UDPGSO:
+	case UDPMmsg, UDPGSO, UDPGSORuns:
 		err := udpRecvLoop(c, s, count, func() bool {
 			if _, done := w.tick(time.Now()); done {
 				res.Elapsed = w.elapsed(time.Now())
@@ -266,7 +279,7 @@ func udpReceive(p *peer, s *udpSock) (Result, error) {
 // recvmmsg, reports true.
 func udpRecvLoop(c Case, s *udpSock, count func([]byte), done func() bool) error {
 	slot, k := c.Size, udpBatch
-	if c.Mode == UDPGSO {
+	if c.gso() {
 		slot, k = 65536, 16
 		var gerr error
 		if err := s.rc.Control(func(fd uintptr) {
