@@ -93,19 +93,25 @@ func (q *reqQP) rates(window, settle time.Duration) (rateComparison, string) {
 		return rateComparison{}, fmt.Sprintf("too few packets to judge: %d in the %v before the first CNP (at least %d)", c.before.packets, window, minRatePackets)
 	}
 	if c.train > 0 {
-		// A peer that sends fewer packets than it is sent CNPs spends
-		// more on taking the CNPs in than on its stream, and may slow
-		// down without any reaction point: rxe in the lab's emulated
-		// guest, with none, fell from 4.8 to 1.4 packets/ms under the
-		// built-in train (ci28). Its rate says nothing either way.
+		// A peer that sends not many more packets than it is sent CNPs
+		// spends as much on taking the CNPs in as on its stream, and may
+		// slow down or stop without any reaction point: rxe in the lab's
+		// emulated guest, with none, fell from 4.8 to 1.4 packets/ms
+		// under the built-in train (ci28), and from 11.2 to 0 against
+		// 10.4 CNPs/ms (ci31). Its rate says nothing either way. An RNIC
+		// sends thousands of times more packets than a train's CNPs.
 		cnpsPerMs := float64(len(sent)-1) / (float64(c.train) / float64(time.Millisecond))
-		if c.before.perMs() < cnpsPerMs {
-			return rateComparison{}, fmt.Sprintf("%s: the peer sent %s before the CNPs, fewer than the train's %.1f CNPs/ms; taking them in may slow it by itself, so its rate is not judged",
-				TooSlowToJudge, c.before, cnpsPerMs)
+		if c.before.perMs() < cnpRateMargin*cnpsPerMs {
+			return rateComparison{}, fmt.Sprintf("%s: the peer sent %s before the CNPs, fewer than %d times the train's %.1f CNPs/ms; taking them in may slow it by itself, so its rate is not judged",
+				TooSlowToJudge, c.before, cnpRateMargin, cnpsPerMs)
 		}
 	}
 	return c, ""
 }
+
+// cnpRateMargin is how many times the train's CNP rate a peer's packet
+// rate must be, before the CNPs, for cnp-rate to judge it.
+const cnpRateMargin = 4
 
 // TooSlowToJudge begins the reason a cnp-rate result is inconclusive when
 // the peer sends more slowly than the CNPs come (an emulated rxe does).

@@ -168,7 +168,11 @@ func TestJudgeCNPRate(t *testing.T) {
 		// 4.8 packets/ms against 20 CNPs/ms: rxe in ci28, which fell to
 		// 1.4 with no reaction point.
 		{"slower than the CNPs", stream(0, last+5, 4.8, first+2, 1.4), train(1000), Inconclusive, TooSlowToJudge},
-		{"just faster than the CNPs", stream(0, last+5, 21, first+2, 4), train(1000), Conforms, "4.0 packets/ms"},
+		// 11.2 packets/ms against about 10 CNPs/ms: rxe 6.12 in ci31,
+		// which stopped under the train with no reaction point.
+		{"just faster than the CNPs", stream(0, last+5, 21, first+2, 0.5), train(1000), Inconclusive, TooSlowToJudge},
+		{"under four times the CNPs", stream(0, last+5, 79, first+2, 4), train(1000), Inconclusive, "fewer than 4 times"},
+		{"four times the CNPs", stream(0, last+5, 85, first+2, 4), train(1000), Conforms, "4.0 packets/ms"},
 		{"a resend", append(stream(0, last+5, 100, first+2, 20), judgeEvent{7000, last + 1}), train(1000), Inconclusive, "resent 1 packets"},
 	} {
 		q := judgeQP(s, c.events, ms)
