@@ -318,13 +318,7 @@ func issue29Targets() []target {
 func writeTargets(w io.Writer, trees []tree) {
 	fmt.Fprintln(w, "## Issue 29's targets")
 	fmt.Fprintln(w)
-	head, rule := "| target | want |", "|---|---:|"
-	for _, t := range trees {
-		head += " " + t.name + " |"
-		rule += "---:|"
-	}
-	fmt.Fprintln(w, head)
-	fmt.Fprintln(w, rule)
+	writeTableHead(w, "| target | want |", "|---|---:|", trees)
 	rss := make([]results, len(trees))
 	for i, t := range trees {
 		rss[i] = t.results()
@@ -334,28 +328,45 @@ func writeTargets(w io.Writer, trees []tree) {
 		if tg.atMost {
 			bound = "<="
 		}
-		row := fmt.Sprintf("| %s | %s %.2f |", tg.name, bound, tg.want)
-		any := false
-		for _, rs := range rss {
-			v, ok := tg.value(rs)
-			if !ok {
-				row += " – |"
-				continue
-			}
-			any = true
-			met := ""
+		cells, any := ratioCells(rss, tg.value, func(v float64) string {
 			if (tg.atMost && v > tg.want) || (!tg.atMost && v < tg.want) {
-				met = " **no**"
+				return fmt.Sprintf("%.2f **no**", v)
 			}
-			row += fmt.Sprintf(" %.2f%s |", v, met)
-		}
+			return fmt.Sprintf("%.2f", v)
+		})
 		if any {
-			fmt.Fprintln(w, row)
+			fmt.Fprintf(w, "| %s | %s %.2f |%s\n", tg.name, bound, tg.want, cells)
 		}
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Targets no tree measured are left out. Per-CPU efficiency is Gbit/s per busy CPU of both processes, from each case's median run.")
 	writeDiagnostics(w, trees, rss)
+}
+
+// writeTableHead prints a table's header: head and rule (its leading
+// columns), then a column per tree.
+func writeTableHead(w io.Writer, head, rule string, trees []tree) {
+	for _, t := range trees {
+		head += " " + t.name + " |"
+		rule += "---:|"
+	}
+	fmt.Fprintln(w, head)
+	fmt.Fprintln(w, rule)
+}
+
+// ratioCells is a row's cells, one per tree: cell of the tree's value,
+// or – where the tree lacks it. any reports whether some tree has it.
+func ratioCells(rss []results, value func(results) (float64, bool), cell func(float64) string) (cells string, any bool) {
+	for _, rs := range rss {
+		v, ok := value(rs)
+		if !ok {
+			cells += " – |"
+			continue
+		}
+		any = true
+		cells += " " + cell(v) + " |"
+	}
+	return cells, any
 }
 
 // diagnostic is a ratio the report shows beside issue 29's targets, with
@@ -387,19 +398,8 @@ func diagnostics() []diagnostic {
 func writeDiagnostics(w io.Writer, trees []tree, rss []results) {
 	var rows []string
 	for _, d := range diagnostics() {
-		row := fmt.Sprintf("| %s |", d.name)
-		any := false
-		for _, rs := range rss {
-			v, ok := d.value(rs)
-			if !ok {
-				row += " – |"
-				continue
-			}
-			any = true
-			row += fmt.Sprintf(" %.2f |", v)
-		}
-		if any {
-			rows = append(rows, row)
+		if cells, any := ratioCells(rss, d.value, func(v float64) string { return fmt.Sprintf("%.2f", v) }); any {
+			rows = append(rows, "| "+d.name+" |"+cells)
 		}
 	}
 	if len(rows) == 0 {
@@ -408,13 +408,7 @@ func writeDiagnostics(w io.Writer, trees []tree, rss []results) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "## Diagnostics")
 	fmt.Fprintln(w)
-	head, rule := "| ratio |", "|---|"
-	for _, t := range trees {
-		head += " " + t.name + " |"
-		rule += "---:|"
-	}
-	fmt.Fprintln(w, head)
-	fmt.Fprintln(w, rule)
+	writeTableHead(w, "| ratio |", "|---|", trees)
 	for _, r := range rows {
 		fmt.Fprintln(w, r)
 	}
