@@ -203,6 +203,7 @@ type Engine struct {
 	slabOff  int          // first free byte of slab
 	scatters bool         // cfg.Out is a ScatterOutput that Scatters
 	batching atomic.Int32 // Batch calls running: PostSend leaves its packets queued
+	posted   atomic.Bool  // a post of a batch left its QP's turn to RunBatch
 	woke     bool         // a completion of this Input woke a goroutine waiting on a CQ
 	pushed   bool         // this Input made a completion
 	held     atomic.Bool  // ACKs are pending after InputPolled
@@ -346,14 +347,40 @@ func (e *Engine) Sync() {
 // for other reasons (ACKs, timers) take the queued ones along. Posts
 // other goroutines make while fn runs are held too, until it returns.
 func (e *Engine) Batch(fn func()) {
-	e.batching.Add(1)
+	e.BeginBatch()
 	defer func() {
-		e.batching.Add(-1)
-		e.mu.Lock()
-		e.flush()
-		e.mu.Unlock()
+		e.EndBatch()
+		e.RunBatch()
 	}()
 	fn()
+}
+
+// BeginBatch and EndBatch are Batch in halves, for a caller that posts to
+// several engines in one batch and then lets each engine send on a
+// goroutine of its own (internal/device): posts made between them leave
+// their packets to RunBatch, which EndBatch says whether to call.
+func (e *Engine) BeginBatch() { e.batching.Add(1) }
+
+// EndBatch ends a BeginBatch and reports whether a post made meanwhile
+// left work for RunBatch. A post reads the batch count after marking its
+// work, and EndBatch looks after lowering the count, so a post either sees
+// the batch over and sends itself or is seen here.
+func (e *Engine) EndBatch() bool {
+	e.batching.Add(-1)
+	return e.posted.Swap(false)
+}
+
+// RunBatch builds and sends what the posts of a batch left: the ACKs
+// they held back, ahead of the requests as PostSend sends them, then the
+// turns of their QPs, then every queued packet.
+func (e *Engine) RunBatch() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.releaseAcks()
+	if e.turnsHeld == 0 {
+		e.runTurns()
+	}
+	e.flush()
 }
 
 // Input processes a batch of received packets.

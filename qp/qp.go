@@ -444,9 +444,9 @@ func (q *QP) PostSend(wrs ...SendWR) error {
 	if q.state == Err {
 		q.flushSQ()
 	} else {
-		e.kick(q)
+		e.kickPosted(q)
 	}
-	if e.batching.Load() == 0 {
+	if !e.leaveToBatch() {
 		e.flushAll()
 	}
 	return nil

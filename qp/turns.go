@@ -57,6 +57,34 @@ func (e *Engine) kick(q *QP) {
 	}
 }
 
+// kickPosted is kick for PostSend: inside a batch (Engine.Batch) the
+// QP's turn waits for RunBatch, so the packets are built where the batch
+// ends, on the goroutine that sends them (a device's shard sender), not
+// on the poster's.
+func (e *Engine) kickPosted(q *QP) {
+	if e.turnsHeld == 0 && e.leaveToBatch() {
+		if !q.turnQueued {
+			q.turnQueued = true
+			e.ready = append(e.ready, q)
+		}
+		return
+	}
+	e.kick(q)
+}
+
+// leaveToBatch reports whether a batch is open that will send what the
+// caller leaves (RunBatch). It marks the work before it looks at the batch
+// count a second time, and EndBatch looks at the mark after lowering the
+// count, so either the batch's end sees the work or the caller sees the
+// batch over and sends itself.
+func (e *Engine) leaveToBatch() bool {
+	if e.batching.Load() == 0 {
+		return false
+	}
+	e.posted.Store(true)
+	return e.batching.Load() > 0
+}
+
 // holdTurns defers kicks until the matching releaseTurns, which runs
 // them.
 func (e *Engine) holdTurns() { e.turnsHeld++ }

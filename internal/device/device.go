@@ -13,7 +13,9 @@ package device
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/netip"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -86,6 +88,9 @@ type Device struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 	closed atomic.Bool
+	// parallel: Batch sends each shard's posts on the shard's sender
+	// (parallelSend).
+	parallel bool
 
 	qpnMu   sync.Mutex
 	nextQPN uint32 // the QP number CreateQP tries next
@@ -245,7 +250,28 @@ func Open(c Config) (*Device, error) {
 		d.wg.Add(1)
 		go func() { defer d.wg.Done(); s.eng.RunTimers(d.stop) }()
 	}
+	if d.parallel = parallelSend(n, len(conns)); d.parallel {
+		for _, s := range d.shards {
+			s.work, s.sent = make(chan struct{}), make(chan struct{}, 1)
+			d.wg.Add(1)
+			go func() { defer d.wg.Done(); s.runSender() }()
+		}
+	}
 	return d, nil
+}
+
+// parallelProcs is the least GOMAXPROCS at which a device sends a batch's
+// shards in parallel (Device.Batch). Below it the peer, the receive loops
+// and the application already keep the CPUs busy, and a hand-off would
+// add wake-ups and no CPU.
+const parallelProcs = 4
+
+// parallelSend reports whether a device of shards shards over sockets
+// sockets sends a batch's shards in parallel: only where each shard has a
+// socket of its own (a shared Conn sends one batch at a time anyway) and
+// there are CPUs to do it on.
+func parallelSend(shards, sockets int) bool {
+	return shards > 1 && sockets == shards && runtime.GOMAXPROCS(0) >= parallelProcs
 }
 
 // firstQPN is the first QP number CreateQP hands out: 0 and 1 are the
@@ -385,6 +411,10 @@ func (d *Device) HandedOn(i int) uint64 {
 	return d.demux[i].handedOn.Load()
 }
 
+// SenderRuns returns how many batches shard i's sender built and sent
+// for Batch (0 on a device that does not send in parallel).
+func (d *Device) SenderRuns(i int) uint64 { return d.shards[i].senderRuns.Load() }
+
 // QPs returns the device's QPs, in no particular order.
 func (d *Device) QPs() []*qp.QP {
 	var out []*qp.QP
@@ -396,14 +426,57 @@ func (d *Device) QPs() []*qp.QP {
 
 // Batch runs fn and sends the packets the posts inside it make together
 // when it returns (qp.Engine.Batch), on every shard.
-func (d *Device) Batch(fn func()) { d.batch(0, fn) }
+//
+// On a device that sends in parallel (parallelSend), each shard a post
+// went to builds and sends its packets on its own sender goroutine, the
+// last one on the caller's, and Batch returns when all have sent: one
+// goroutine posting to QPs of many shards then uses a CPU per shard, as
+// an RNIC's send engines work in parallel behind one doorbell, where it
+// built every shard's packets (copy, ICRC, sendmmsg) itself.
+func (d *Device) Batch(fn func()) {
+	if !d.parallel {
+		d.batch(0, fn)
+		return
+	}
+	for _, s := range d.shards {
+		s.eng.BeginBatch()
+	}
+	defer d.endBatch()
+	fn()
+}
 
+// batch runs fn inside the batches of shards i and on (qp.Engine.Batch),
+// each sending its packets on the caller's goroutine.
 func (d *Device) batch(i int, fn func()) {
 	if i == len(d.shards) {
 		fn()
 		return
 	}
 	d.shards[i].eng.Batch(func() { d.batch(i+1, fn) })
+}
+
+// endBatch ends every shard's batch and runs those with work: each on its
+// sender but the last, which the caller runs, then waits for the senders.
+func (d *Device) endBatch() {
+	var last *shard
+	var handed uint64 // shards on their senders, by index (MaxGroup is 64)
+	for _, s := range d.shards {
+		if !s.eng.EndBatch() {
+			continue
+		}
+		if last != nil && last.handOff() {
+			handed |= 1 << last.idx
+		}
+		last = s
+	}
+	if last != nil {
+		last.eng.RunBatch()
+	}
+	for handed != 0 {
+		i := bits.TrailingZeros64(handed)
+		handed &^= 1 << i
+		d.shards[i].waitSent()
+	}
 }
 
 // Sync waits until the engines have finished what they were doing

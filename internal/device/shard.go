@@ -27,9 +27,44 @@ type shard struct {
 	// (Config.ZeroCopy), where every Conn of the shard can send them so.
 	zeroCopy bool
 	sendMu   *sync.Mutex // the shard's own, or the device's for a shared Conn
-	msgs     []transport.Message
-	gmsgs    [][]transport.Message // per further GID, with several
+	// work hands the sender (runSender) a batch to send, and sent says
+	// it has; both are nil on a device that does not send in parallel.
+	work, sent chan struct{}
+	senderRuns atomic.Uint64 // batches the sender sent
+	msgs       []transport.Message
+	gmsgs      [][]transport.Message // per further GID, with several
 }
+
+// runSender is the shard's sender on a device that sends in parallel
+// (Device.Batch): it builds and sends what a batch's posts left on the
+// shard's engine, until the device stops.
+func (s *shard) runSender() {
+	for {
+		select {
+		case <-s.work:
+			s.eng.RunBatch()
+			s.senderRuns.Add(1)
+			s.sent <- struct{}{}
+		case <-s.d.stop:
+			return
+		}
+	}
+}
+
+// handOff gives the shard's batch to its sender and reports whether it
+// did; on a stopped device the caller runs it.
+func (s *shard) handOff() bool {
+	select {
+	case s.work <- struct{}{}:
+		return true
+	case <-s.d.stop:
+		s.eng.RunBatch()
+		return false
+	}
+}
+
+// waitSent waits for the sender to finish the batch handOff gave it.
+func (s *shard) waitSent() { <-s.sent }
 
 // shardOut adapts a shard's Conn to the engine's Output.
 type shardOut shard
