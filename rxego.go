@@ -394,7 +394,11 @@ func (d *Device) QPs() []*QP {
 
 // Batch runs fn and sends the packets the PostSend calls inside it make
 // together when it returns, on every shard: posts to
-// many QPs leave in a few system calls and GSO runs.
+// many QPs leave in a few system calls and GSO runs. Where GOMAXPROCS is
+// 4 or more, each shard a post went to builds and sends its packets on a
+// goroutine of its own, as an RNIC's send engines work behind one
+// doorbell, so one goroutine posting to QPs of many shards uses as many
+// CPUs; Batch returns once every shard has sent.
 func (d *Device) Batch(fn func()) {
 	if d.dev == nil {
 		fn()
