@@ -50,18 +50,7 @@ func TestSteering(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		for got := 0; got < nqp; {
-			n, err := cqs[0].PollWait(ctx, wcs)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, wc := range wcs[:n] {
-				if wc.Status != qp.WCSuccess {
-					t.Fatalf("%+v", wc)
-				}
-			}
-			got += n
-		}
+		waitSuccesses(ctx, t, cqs[0], wcs)
 	}
 	for s, d := range devs {
 		for i := range d.Shards() {
@@ -148,21 +137,26 @@ func TestBatchSendsOnShardSenders(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	wcs := make([]WC, nqp)
-	for got := 0; got < nqp; {
-		n, err := cqs[0].PollWait(ctx, wcs)
+	waitSuccesses(ctx, t, cqs[0], make([]WC, nqp))
+	devs[1].Sync()
+	if !bytes.Equal(src, dst) {
+		t.Error("the WRITEs' bytes differ at the target")
+	}
+}
+
+// waitSuccesses waits for len(wcs) completions on cq, each a success.
+func waitSuccesses(ctx context.Context, t *testing.T, cq *CQ, wcs []WC) {
+	t.Helper()
+	for got := 0; got < len(wcs); {
+		n, err := cq.PollWait(ctx, wcs[got:])
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, wc := range wcs[:n] {
+		for _, wc := range wcs[got : got+n] {
 			if wc.Status != qp.WCSuccess {
 				t.Fatalf("%+v", wc)
 			}
 		}
 		got += n
-	}
-	devs[1].Sync()
-	if !bytes.Equal(src, dst) {
-		t.Error("the WRITEs' bytes differ at the target")
 	}
 }
