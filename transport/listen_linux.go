@@ -233,6 +233,7 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 		slot += 60 + 8 // room for the IP header (with options) and UDP header
 	}
 	c.s.init(max(opts.BatchSize, MaxSegments))
+	c.s.sockTOS = opts.TOS // openUDP set it
 	if role != sockSend {
 		c.r.init(opts.BatchSize, slot)
 	}
