@@ -62,7 +62,7 @@ func (c *CQ) attach(d *Device, s int) {
 // (verbs raises IBV_EVENT_CQ_ERR); on a closed, empty CQ, 0 and
 // ErrClosed. An empty, healthy CQ gives 0 and nil.
 func (c *CQ) Poll(wcs []WC) (int, error) {
-	if n := c.cq.Poll(wcs); n > 0 {
+	if n := c.cq.Poll(wcs); n > 0 || !c.cq.Down() {
 		return n, nil
 	}
 	if err := c.cq.Err(); err != nil {

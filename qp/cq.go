@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -47,6 +48,7 @@ type CQ struct {
 	spin    time.Duration // see SetPoller
 	waiter  Waiter        // see SetWaiter
 	watched bool          // a goroutine in waiter.WaitCQ asked to be woken (Watch)
+	down    atomic.Bool   // overrun or closed (Down), set under mu
 }
 
 // Waiter waits for a CQ's completions in PollWait in place of the CQ's
@@ -144,6 +146,7 @@ func (c *CQ) pushWoke(wc WC) (ok, woke bool) {
 	if c.n == len(c.ring) {
 		first := !c.overrun
 		c.overrun = true
+		c.down.Store(true)
 		c.lost++
 		if !slices.Contains(c.hit, wc.QPN) && len(c.hit) < maxOverrunQPs {
 			c.hit = append(c.hit, wc.QPN)
@@ -334,6 +337,11 @@ func (c *CQ) isClosed() bool {
 	return c.closed
 }
 
+// Down reports whether the CQ has overrun or closed, with one atomic
+// load and no lock: a poll loop's check after each empty Poll, before it
+// asks Err or Closed which.
+func (c *CQ) Down() bool { return c.down.Load() }
+
 // Closed reports whether the CQ has been closed.
 func (c *CQ) Closed() bool { return c.isClosed() }
 
@@ -410,6 +418,7 @@ func (c *CQ) Close() error {
 		return fmt.Errorf("%w: CQ in use by %d QP(s)", ErrBusy, c.users)
 	}
 	c.closed = true
+	c.down.Store(true)
 	close(c.done)
 	if c.notify != nil {
 		close(c.notify)

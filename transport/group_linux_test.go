@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // listenGroupAny opens a group of n Conns on addr at a random free port.
@@ -236,4 +238,55 @@ func TestRegroupOrderVaries(t *testing.T) {
 	if a := testing.AllocsPerRun(100, func() { p.regroup(two) }); a != 0 {
 		t.Errorf("regroup: %v allocations", a)
 	}
+}
+
+// TestListenGroupForkDuringCheck: a fork (os/exec in another goroutine)
+// while ListenGroup's check socket is bound must not make the group's
+// bind, right after the check, fail with EADDRINUSE. The hook stands in
+// for such a fork at that moment, deterministically: it takes ForkLock
+// for writing, as syscall.forkExec does, and if it gets it copies the
+// socket, as the child's descriptor table would, keeping the copy past
+// the group's binds (as a child not yet at its exec does). Before
+// checkFree held ForkLock, the copy kept the port bound: this is how an
+// rxego device opened next to an exec.Command (cmd/rxego's probe tests)
+// failed to open.
+func TestListenGroupForkDuringCheck(t *testing.T) {
+	var copies []int
+	testHookFreeChecked = func(fd int) {
+		if !syscall.ForkLock.TryLock() {
+			return // no fork can start now
+		}
+		defer syscall.ForkLock.Unlock()
+		d, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		copies = append(copies, d)
+	}
+	t.Cleanup(func() {
+		testHookFreeChecked = nil
+		for _, d := range copies {
+			unix.Close(d)
+		}
+	})
+	a := netip.MustParseAddr("127.0.0.5")
+	for range 50 {
+		at := netip.AddrPortFrom(a, uint16(20000+rand.IntN(40000)))
+		forked := len(copies)
+		cs, err := ListenGroup(at, Options{}, 2)
+		if len(copies) > forked {
+			t.Fatalf("a fork could start while the check socket on %v was bound (the group's bind then: %v)", at, err)
+		}
+		if err == nil {
+			for _, c := range cs {
+				c.Close()
+			}
+			return
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("no free port")
 }

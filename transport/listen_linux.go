@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"syscall"
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -73,14 +74,9 @@ func ListenGroup(local netip.AddrPort, opts Options, n int) ([]Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// A socket without SO_REUSEPORT binds only where nobody is: it makes
-	// an address in use fail here as Listen fails, and it makes a group
-	// already there (another device's) refuse to be joined.
-	fd, err := openUDP(local, scope, &Options{NoGSO: true, NoGRO: true}, sockAlone)
-	if err != nil {
+	if err := checkFree(local, scope); err != nil {
 		return nil, err
 	}
-	unix.Close(fd)
 	conns := make([]Conn, 0, n)
 	closeAll := func() {
 		for _, c := range conns {
@@ -117,6 +113,36 @@ func ListenGroup(local netip.AddrPort, opts Options, n int) ([]Conn, error) {
 	}
 	return conns, nil
 }
+
+// checkFree binds a socket without SO_REUSEPORT on local and closes it:
+// it binds only where nobody is, so an address in use fails here as
+// Listen fails, and a group already there (another device's) refuses to
+// be joined.
+//
+// It holds syscall.ForkLock for reading from the socket's creation to
+// its close, which keeps out every fork of this process (syscall.forkExec
+// holds it for writing while it clones): a child forked meanwhile (an
+// os/exec in another goroutine) gets a copy of the socket that keeps the
+// port bound until the child's exec closes it, and the group's first
+// bind, right after, fails with EADDRINUSE though nobody holds the
+// address.
+func checkFree(local netip.AddrPort, scope uint32) error {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
+	fd, err := openUDP(local, scope, &Options{NoGSO: true, NoGRO: true}, sockAlone)
+	if err != nil {
+		return err
+	}
+	if testHookFreeChecked != nil {
+		testHookFreeChecked(fd)
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// testHookFreeChecked, when set (by a test), is called with checkFree's
+// socket while it is bound, where a fork would copy it.
+var testHookFreeChecked func(fd int)
 
 // steerProgram picks the socket of a reuseport group of n: the kernel
 // runs it with the packet's data starting at the UDP payload, the BTH,
@@ -233,6 +259,7 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 		slot += 60 + 8 // room for the IP header (with options) and UDP header
 	}
 	c.s.init(max(opts.BatchSize, MaxSegments))
+	c.s.sockTOS = opts.TOS // openUDP set it
 	if role != sockSend {
 		c.r.init(opts.BatchSize, slot)
 	}

@@ -117,7 +117,21 @@ type sendState struct {
 	n     int
 	errno unix.Errno
 	fn    func(fd uintptr) bool // made once: a closure per call would allocate
+	// sockTOS is the socket's IP_TOS (IPV6_TCLASS) now: a datagram that
+	// wants another carries a control message, which costs the kernel a
+	// parse per datagram. When tosRun datagrams in a row want the same
+	// other TOS, tosRunVal, the socket adopts it (adoptTOS): an engine
+	// sends nearly all its packets with one TOS (its DataTOS), usually not
+	// the Conn's default.
+	sockTOS   uint8
+	tosRunVal uint8
+	tosRun    int
 }
+
+// tosAdopt is how many datagrams in a row must want one TOS other than
+// the socket's before the socket adopts it: a setsockopt, then no
+// control message for each of them.
+const tosAdopt = 64
 
 func (s *sendState) init(slots int) {
 	s.hdrs = make([]mmsghdr, slots)
@@ -188,6 +202,9 @@ func (c *udpConn) sendMsgs(msgs []Message, fill bool) (int, error) {
 // after the kernel made us turn it off (for the Tap to know the IDs).
 func (c *udpConn) send(msgs []Message, fill bool) (sent int, gso bool, fallbackAt int, err error) {
 	s := &c.s
+	if s.tosRun >= tosAdopt {
+		c.adoptTOS(s.tosRunVal)
+	}
 	gso = c.gso.Load()
 	useGSO := gso
 	fallbackAt = len(msgs)
@@ -328,7 +345,7 @@ func (c *udpConn) placeIovecs(slot int, msg int32, pkts int, iovs []unix.Iovec, 
 }
 
 // place fills one slot: address, data, and control messages for the TOS
-// (when not the socket default) and the GSO segment size.
+// (when not the socket's) and the GSO segment size.
 func (c *udpConn) place(slot int, msg int32, pkts int, buf []byte, peer netip.AddrPort, tos uint8, gsoSize int) {
 	s := &c.s
 	h := &s.hdrs[slot].hdr
@@ -346,7 +363,17 @@ func (c *udpConn) placeHeader(slot int, msg int32, pkts int, peer netip.AddrPort
 	h.Namelen = putSockaddr(&s.names[slot], peer, c.scope)
 	ctrl := s.ctrl[slot*sendCtrlSpace : (slot+1)*sendCtrlSpace]
 	n := 0
-	if tos != 0 {
+	if tos == 0 {
+		tos = c.tos
+	}
+	if tos == s.sockTOS {
+		s.tosRun = 0
+	} else {
+		if tos == s.tosRunVal {
+			s.tosRun++
+		} else {
+			s.tosRunVal, s.tosRun = tos, 1
+		}
 		if c.ep.v6 {
 			n += putCmsg(ctrl[n:], unix.IPPROTO_IPV6, unix.IPV6_TCLASS, uint32(tos), 4)
 		} else {
@@ -363,6 +390,25 @@ func (c *udpConn) placeHeader(slot int, msg int32, pkts int, peer netip.AddrPort
 	}
 	h.SetControllen(n)
 	s.msg[slot], s.pkts[slot] = msg, int32(pkts)
+}
+
+// adoptTOS makes tos the socket's IP_TOS (IPV6_TCLASS), so that
+// datagrams wanting it need no control message. On failure the socket
+// keeps its TOS and datagrams their control messages. c.smu is held.
+func (c *udpConn) adoptTOS(tos uint8) {
+	s := &c.s
+	s.tosRun = 0
+	var err error
+	cerr := c.rc.Control(func(fd uintptr) {
+		if c.ep.v6 {
+			err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_TCLASS, int(tos))
+		} else {
+			err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TOS, int(tos))
+		}
+	})
+	if cerr == nil && err == nil {
+		s.sockTOS = tos
+	}
 }
 
 // flush sends slots [0, slots) and returns the index of the first slot not
@@ -470,6 +516,12 @@ type recvState struct {
 	slot  int
 	n     int // datagrams read by the last call
 	dirty int // headers the kernel may have written since readBatch reset them
+	// vlen is how many datagrams the next call may read: all of hdrs, or
+	// one for a TryRecv right after one that found nothing (a poller's
+	// next datagram most often comes alone, and a recvmmsg that may read
+	// more tries the queue once more after it, in vain).
+	vlen  int
+	empty bool // the last TryRecv found nothing queued
 	errno unix.Errno
 	fn    func(fd uintptr) bool
 	try   func(fd uintptr) // fn once, without waiting (TryRecv)
@@ -499,6 +551,7 @@ func (r *recvState) init(batch, slot int) {
 	r.ctrl = make([]byte, batch*recvCtrlSpace)
 	r.buf = make([]byte, batch*slot)
 	r.slot = slot
+	r.vlen = batch
 	r.dirty = batch // none set up yet
 	r.drops = make([]dropRec, 0, maxDropRecs)
 	for i := range r.hdrs {
@@ -512,7 +565,7 @@ func (r *recvState) init(batch, slot int) {
 	}
 	r.fn = func(fd uintptr) bool {
 		for range maxEINTR {
-			n, e := mmsgSyscall(unix.SYS_RECVMMSG, fd, r.hdrs)
+			n, e := mmsgSyscall(unix.SYS_RECVMMSG, fd, r.hdrs[:r.vlen])
 			switch {
 			case e == unix.EINTR:
 				continue
@@ -751,6 +804,10 @@ func (c *udpConn) readBatch(how recvHow) error {
 	}
 	r.dirty = 0
 	r.n, r.next = 0, 0
+	r.vlen = len(r.hdrs)
+	if how == recvTry && r.empty {
+		r.vlen = 1
+	}
 	rc := c.rc
 	if c.raw != nil {
 		rc = c.rrc
@@ -770,6 +827,7 @@ func (c *udpConn) readBatch(how recvHow) error {
 		if err := rc.Control(r.try); err != nil {
 			return c.mapClosed(err)
 		}
+		r.empty = !r.got
 		if !r.got {
 			return errNothing
 		}

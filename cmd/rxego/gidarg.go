@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/rxego/rxego"
 )
@@ -137,8 +138,13 @@ func (s gidSel) open(log io.Writer, who string, opts rxego.Options) (*rxego.Devi
 	return dev, mine, nil
 }
 
-// probeBind tells whether a device can bind a's port 4791 now.
+// probeBind tells whether a device can bind a's port 4791 now. It holds
+// syscall.ForkLock (for reading) while its socket is open: a child forked
+// meanwhile would keep a copy bound until its exec, and the device's bind
+// right after could fail (see transport's checkFree).
 func probeBind(a netip.Addr) error {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
 	c, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(a, rxego.DefaultPort)))
 	if err != nil {
 		if oe, ok := err.(*net.OpError); ok {

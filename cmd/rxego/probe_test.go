@@ -121,6 +121,11 @@ func probePingpongServer(t *testing.T, kind pingpong.Kind, server, local netip.A
 	go func() {
 		_, err := pingpong.Run(context.Background(), pingpong.Config{Kind: kind, Local: server, Listener: ln,
 			TCPPort: port, Size: 2048, Iters: iters, Timeout: 30 * time.Second, Out: io.Discard})
+		// A server that failed before accepting leaves the probe's
+		// connection in the listener's queue, where the probe would wait
+		// for the server's record until its own timeout: closing the
+		// listener resets it, so the run ends now and says why.
+		ln.Close()
 		srv <- err
 	}()
 	pcap := filepath.Join(t.TempDir(), "probe.pcapng")
@@ -129,7 +134,7 @@ func probePingpongServer(t *testing.T, kind pingpong.Kind, server, local netip.A
 	out, errOut, code := rxegoCmd(t, "probe", "--tool", string(kind)+"_pingpong", "-p", strconv.Itoa(port), "-x", local.String(),
 		"--wait", "1s", "--json", "--pcap", pcap, server.String())
 	if code != 0 {
-		t.Fatalf("code %d\n%s\n%s", code, out, errOut)
+		t.Fatalf("code %d (the server: %v)\n%s\n%s", code, <-srv, out, errOut)
 	}
 	var rep probe.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
