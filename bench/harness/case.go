@@ -149,6 +149,9 @@ type Result struct {
 	// ClientCPU is the client's share of CPU in a merged result: in the
 	// UDP, TCP, WRITE and SEND bandwidth cases, the sender's.
 	ClientCPU time.Duration `json:",omitempty"`
+	// CPUs is how many CPUs the machine had (runtime.NumCPU) when the
+	// case ran; 0 in runs written before it was recorded.
+	CPUs int `json:",omitempty"`
 	// MemPerQP is heap bytes per idle connected QP; MemTotal for all.
 	MemPerQP float64 `json:",omitempty"`
 	MemTotal uint64  `json:",omitempty"`

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -114,5 +115,41 @@ func TestCompareDiagnostics(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "Diagnostics") {
 		t.Errorf("diagnostics without the gso-runs case:\n%s", out.String())
+	}
+}
+
+// TestCompare16CPUTargets checks that the 16-CPU targets count only runs
+// recorded on 16 CPUs or more (or on a number not recorded): the same
+// runs give the rows on 16 CPUs, and neither row nor value on 2.
+func TestCompare16CPUTargets(t *testing.T) {
+	dir := t.TempDir()
+	runs := func(cpus int) string {
+		return fmt.Sprintf(`{"Case":{"Kind":"tcp-bw","QPs":8},"Role":"client","Elapsed":1000000000,"Bytes":20000000000,"CPU":8000000000,"CPUs":%[1]d}
+{"Case":{"Kind":"udp-bw","Mode":"gso","Size":4096,"QPs":8},"Role":"client","Elapsed":1000000000,"Bytes":16000000000,"CPU":8000000000,"CPUs":%[1]d}
+{"Case":{"Kind":"rxego-bw","Op":"write","Size":65536,"MTU":4096,"Depth":8,"QPs":8},"Role":"client","Elapsed":1000000000,"Bytes":8000000000,"CPU":8000000000,"CPUs":%[1]d}
+{"Case":{"Kind":"rxego-bw","Op":"write","Size":65536,"MTU":4096,"Depth":4,"QPs":16},"Role":"client","Elapsed":1000000000,"Bytes":10000000000,"CPU":8000000000,"CPUs":%[1]d}
+`, cpus)
+	}
+	for _, c := range []struct {
+		cpus int
+		want bool
+	}{{16, true}, {0, true}, {2, false}} {
+		run := filepath.Join(dir, fmt.Sprintf("cpus%d-1.json", c.cpus))
+		if err := os.WriteFile(run, []byte(runs(c.cpus)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errs bytes.Buffer
+		if code := Compare([]string{"one=" + run}, &out, &errs); code != 0 {
+			t.Fatalf("exit %d: %s", code, errs.String())
+		}
+		for _, row := range []string{
+			"| WRITE 64 KiB MTU 4096, 8 QPs / 8 TCP streams (16 CPUs) | >= 1.00 | 0.40 **no** |",
+			"| WRITE 64 KiB MTU 4096, 8 QPs / 8 UDP GSO 4 KiB flows (16 CPUs) | >= 0.70 | 0.50 **no** |",
+			"| WRITE 64 KiB MTU 4096, 16 QPs / 8 QPs (16 CPUs) | >= 1.00 | 1.25 |",
+		} {
+			if got := strings.Contains(out.String(), row); got != c.want {
+				t.Errorf("runs on %d CPUs: row %q present %v, want %v:\n%s", c.cpus, row, got, c.want, out.String())
+			}
+		}
 	}
 }

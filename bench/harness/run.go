@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -146,7 +147,7 @@ func RunCase(exe string, c Case) (Result, error) {
 	cr, cerr := cli.result()
 	sr, serr := srv.result()
 	r := merge(cr, sr)
-	r.Case = c
+	r.Case, r.CPUs = c, runtime.NumCPU()
 	if cerr != nil || serr != nil {
 		return r, fmt.Errorf("%v%s / %v%s", cerr, cli.stderr(), serr, srv.stderr())
 	}
