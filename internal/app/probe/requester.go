@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -347,23 +346,9 @@ func Requester(ctx context.Context, cfg RequesterConfig) (*Report, error) {
 			rep.MTU = cfg.MTU // ibv_rc_pingpong's -m: not exchanged
 		}
 	} else {
-		if cms != nil {
-			ex = cms.cl.Exchange()
-		} else {
-			ex = perftest.NewExchange(conn, false, deadline)
-		}
-		if err := ex.Versions(); err != nil {
+		if ex, rep.PeerVersion, rep.MTU, err = perftestOpening(cms, conn, false, deadline, mtuCode); err != nil {
 			return nil, err
 		}
-		rep.PeerVersion = ex.PeerVersion
-		if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
-			return nil, err
-		}
-		code, err := ex.MTU(mtuCode)
-		if err != nil {
-			return nil, err
-		}
-		rep.MTU = 1 << (7 + code)
 	}
 	my := make([]perftest.Dest, cfg.NumQPs)
 	for i := range my {

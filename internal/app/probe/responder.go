@@ -292,23 +292,9 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 			return nil, err
 		}
 	} else {
-		if cms != nil {
-			ex = cms.cl.Exchange()
-		} else {
-			ex = perftest.NewExchange(conn, true, deadline)
-		}
-		if err := ex.Versions(); err != nil {
+		if ex, rep.PeerVersion, mtu, err = perftestOpening(cms, conn, true, deadline, mtuCode); err != nil {
 			return nil, err
 		}
-		rep.PeerVersion = ex.PeerVersion
-		if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
-			return nil, err
-		}
-		code, err := ex.MTU(mtuCode)
-		if err != nil {
-			return nil, err
-		}
-		mtu = 1 << (7 + code)
 		keys := rem
 		if cms != nil {
 			// The CM picks the numbers and PSNs; the records that
@@ -395,6 +381,31 @@ func Responder(ctx context.Context, cfg ResponderConfig) (*Report, error) {
 	}
 	rep.finish(w)
 	return rep, nil
+}
+
+// perftestOpening runs perftest's opening exchange, over conn or, with
+// rdma_cm, over the CM's private data (cms): versions, system data, and
+// the path MTU both sides settle on. It returns the exchange for the QP
+// records that follow, the peer's perftest version and the MTU in bytes.
+// client is perftest's role (the side that connects).
+func perftestOpening(cms *cmSide, conn net.Conn, client bool, deadline time.Time, mtuCode int) (*perftest.Exchange, string, int, error) {
+	var ex *perftest.Exchange
+	if cms != nil {
+		ex = cms.cl.Exchange()
+	} else {
+		ex = perftest.NewExchange(conn, client, deadline)
+	}
+	if err := ex.Versions(); err != nil {
+		return nil, "", 0, err
+	}
+	if _, _, err := ex.SysData(os.Getpagesize(), 64); err != nil {
+		return nil, "", 0, err
+	}
+	code, err := ex.MTU(mtuCode)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	return ex, ex.PeerVersion, 1 << (7 + code), nil
 }
 
 // mtuCodeOf is perftest's MTU code (ibv_mtu: 1 for 256 ... 5 for 4096)
