@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/rxego/rxego"
 )
@@ -69,15 +68,7 @@ func (c *Conn) IOMap(buf []byte, offset int64) (int64, error) {
 	}
 	m := &iomapping{buf: buf, mr: mr, offset: uint64(offset), index: index}
 	// rs_send_iomaps: the entry goes as soon as a message may.
-	err = c.waitLocked(func() bool { return c.closed || c.canSendLocked() || c.state&stWritable == 0 }, &c.wdl)
-	switch {
-	case err != nil:
-	case c.closed:
-		err = net.ErrClosed
-	case c.state&stWritable == 0:
-		err = c.writeErrLocked()
-	}
-	if err != nil {
+	if err = c.waitSendableLocked(); err != nil {
 		mr.Deregister()
 		return 0, c.opError("iomap", err)
 	}
@@ -158,15 +149,7 @@ func (c *Conn) IOWrite(b []byte, offset int64) (int, error) {
 		if !ok {
 			return total, c.opError("iowrite", fmt.Errorf("%w covers offset %d", ErrNoMapping, at))
 		}
-		err := c.waitLocked(func() bool { return c.closed || c.canSendLocked() || c.state&stWritable == 0 }, &c.wdl)
-		switch {
-		case err != nil:
-		case c.closed:
-			err = net.ErrClosed
-		case c.state&stWritable == 0:
-			err = c.writeErrLocked()
-		}
-		if err != nil {
+		if err := c.waitSendableLocked(); err != nil {
 			return total, c.opError("iowrite", err)
 		}
 		size := min(len(b)-total, maxTransfer, c.sbufAvail, len(c.sbuf)-c.sbufHead, int(e.sge.length-uint32(at-e.offset)))

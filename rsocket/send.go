@@ -54,6 +54,23 @@ func (c *Conn) ReadFrom(r io.Reader) (int64, error) {
 // DATA messages, each filled into the send buffer by fill (given the
 // stream offset so far), which runs without c.mu. With src given, messages that fit inline are posted from
 // it directly.
+// waitSendableLocked waits, with c.mu held, until a message may be sent
+// (credits and a send slot: canSendLocked), within the write deadline; it
+// returns net.ErrClosed on a closed Conn and the write error once the
+// connection can no longer send.
+func (c *Conn) waitSendableLocked() error {
+	if err := c.waitLocked(func() bool { return c.closed || c.canSendLocked() || c.state&stWritable == 0 }, &c.wdl); err != nil {
+		return err
+	}
+	if c.closed {
+		return net.ErrClosed
+	}
+	if c.state&stWritable == 0 {
+		return c.writeErrLocked()
+	}
+	return nil
+}
+
 func (c *Conn) writeChunks(limit int, src []byte, fill func(dst []byte, off int) (int, error)) (int, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
@@ -61,14 +78,8 @@ func (c *Conn) writeChunks(limit int, src []byte, fill func(dst []byte, off int)
 	defer c.mu.Unlock()
 	total := 0
 	for limit < 0 || total < limit {
-		if err := c.waitLocked(func() bool { return c.closed || c.canSendLocked() || c.state&stWritable == 0 }, &c.wdl); err != nil {
+		if err := c.waitSendableLocked(); err != nil {
 			return total, err
-		}
-		if c.closed {
-			return total, net.ErrClosed
-		}
-		if c.state&stWritable == 0 {
-			return total, c.writeErrLocked()
 		}
 		size := min(maxTransfer, c.sbufAvail, int(c.tsgl[c.tsge].length))
 		if limit >= 0 {
