@@ -320,6 +320,10 @@ func (g *Guest) Close() error {
 	return ipCmd("-n", g.lab.name, "link", "del", g.tap)
 }
 
+// Kill stops QEMU (a guest that hangs without exiting), keeping its tap
+// and console log; Exited reports true afterwards.
+func (g *Guest) Kill() { g.kill() }
+
 // kill stops QEMU and waits (bounded) for it to go.
 func (g *Guest) kill() {
 	if g.cmd == nil || g.cmd.Process == nil {
