@@ -339,13 +339,14 @@ func (e *Engine) Sync() {
 	e.mu.Unlock()
 }
 
-// Batch runs fn, which posts work requests, and sends the packets those
-// posts produce together when fn returns, instead of at the end of each
-// PostSend: posts to many QPs (one work request each, say) then leave in
-// a few system calls and GSO runs rather than one per post. The engine
-// still sends whenever its queue fills, and packets it makes meanwhile
-// for other reasons (ACKs, timers) take the queued ones along. Posts
-// other goroutines make while fn runs are held too, until it returns.
+// Batch runs fn, which posts work requests, and builds and sends the
+// packets of those posts when fn returns, instead of in each PostSend:
+// the posted QPs then take their turns together (runTurns), and posts to
+// many QPs (one work request each, say) leave in a few system calls and
+// GSO runs rather than one per post. Packets the engine makes meanwhile
+// for other reasons (ACKs, timers) go as usual, and a received batch
+// runs the turns of QPs posted to before it. Posts other goroutines make
+// while fn runs are held too, until it returns.
 func (e *Engine) Batch(fn func()) {
 	e.BeginBatch()
 	defer func() {

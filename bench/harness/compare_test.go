@@ -92,14 +92,7 @@ func TestCompareDiagnostics(t *testing.T) {
 {"Case":{"Kind":"udp-bw","Mode":"gso-runs","Size":4096},"Role":"client","Elapsed":1000000000,"Bytes":4200000000,"CPU":1600000000}
 {"Case":{"Kind":"rxego-bw","Op":"write","Size":65536,"MTU":4096,"Depth":64},"Role":"client","Elapsed":1000000000,"Bytes":3500000000,"CPU":1750000000}
 `
-	run := filepath.Join(dir, "run-1.json")
-	if err := os.WriteFile(run, []byte(lines), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var out, errs bytes.Buffer
-	if code := Compare([]string{"one=" + run}, &out, &errs); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs.String())
-	}
+	out := compareOne(t, filepath.Join(dir, "run-1.json"), lines)
 	for _, want := range []string{
 		"## Diagnostics",
 		"| WRITE 64 KiB MTU 4096, 1 QP: per CPU / UDP GSO in a WRITE's runs (gso-runs 4 KiB) per CPU | 0.76 |",
@@ -110,7 +103,8 @@ func TestCompareDiagnostics(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if code := Compare([]string{"testdata/before-1.json"}, &out, &errs); code != 0 {
+	var errs bytes.Buffer
+	if code := Compare([]string{"testdata/before-1.json"}, out, &errs); code != 0 {
 		t.Fatalf("exit %d: %s", code, errs.String())
 	}
 	if strings.Contains(out.String(), "Diagnostics") {
@@ -134,14 +128,7 @@ func TestCompare16CPUTargets(t *testing.T) {
 		cpus int
 		want bool
 	}{{16, true}, {0, true}, {2, false}} {
-		run := filepath.Join(dir, fmt.Sprintf("cpus%d-1.json", c.cpus))
-		if err := os.WriteFile(run, []byte(runs(c.cpus)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		var out, errs bytes.Buffer
-		if code := Compare([]string{"one=" + run}, &out, &errs); code != 0 {
-			t.Fatalf("exit %d: %s", code, errs.String())
-		}
+		out := compareOne(t, filepath.Join(dir, fmt.Sprintf("cpus%d-1.json", c.cpus)), runs(c.cpus))
 		for _, row := range []string{
 			"| WRITE 64 KiB MTU 4096, 8 QPs / 8 TCP streams (16 CPUs) | >= 1.00 | 0.40 **no** |",
 			"| WRITE 64 KiB MTU 4096, 8 QPs / 8 UDP GSO 4 KiB flows (16 CPUs) | >= 0.70 | 0.50 **no** |",
@@ -152,4 +139,18 @@ func TestCompare16CPUTargets(t *testing.T) {
 			}
 		}
 	}
+}
+
+// compareOne writes lines (a sitting's JSON runs) to path and returns
+// what Compare prints for them as one tree.
+func compareOne(t *testing.T, path, lines string) *bytes.Buffer {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	if code := Compare([]string{"one=" + path}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	return &out
 }
