@@ -79,13 +79,41 @@ func tail(b []byte, n int) string {
 	return strings.TrimSpace(string(b))
 }
 
+// ErrGuestExited is wrapped by the error of every call to a guest whose
+// QEMU has ended: its kernel panicked (the lab boots with panic=-1 and
+// -no-reboot) or powered off.
+var ErrGuestExited = errors.New("the guest's QEMU has exited (did its kernel die?)")
+
 // call sends one request over a fresh connection made inside the lab
-// namespace and reads the answer; ctx bounds the whole exchange.
+// namespace and reads the answer; ctx bounds the whole exchange, and so
+// does QEMU's exit: a dead guest neither answers nor resets the
+// connection, so without that the call would wait minutes for TCP to give
+// up.
 func (g *Guest) call(ctx context.Context, req *agentproto.Request) (*agentproto.Response, error) {
 	addr := net.JoinHostPort(g.ip.String(), strconv.Itoa(agentproto.DefaultPort))
+	if g.Exited() {
+		return nil, fmt.Errorf("agent %s: %s: %w", addr, req.Op, ErrGuestExited)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-g.exited:
+			cancel(ErrGuestExited)
+		case <-ctx.Done():
+		}
+	}()
+	// failed names the call; once ctx has ended, by QEMU's exit or the
+	// caller, that is the reason rather than the socket's error.
+	failed := func(err error) error {
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
+		}
+		return fmt.Errorf("agent %s: %s: %w", addr, req.Op, err)
+	}
 	conn, err := g.lab.Dial(ctx, "tcp4", addr)
 	if err != nil {
-		return nil, fmt.Errorf("agent %s: %w", addr, err)
+		return nil, failed(err)
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
@@ -94,14 +122,11 @@ func (g *Guest) call(ctx context.Context, req *agentproto.Request) (*agentproto.
 		conn.SetDeadline(dl)
 	}
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return nil, fmt.Errorf("agent %s: %w", addr, err)
+		return nil, failed(err)
 	}
 	var resp agentproto.Response
 	if err := json.NewDecoder(bufio.NewReader(conn)).Decode(&resp); err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
-		return nil, fmt.Errorf("agent %s: %s: %w", addr, req.Op, err)
+		return nil, failed(err)
 	}
 	if resp.Error != "" {
 		return &resp, fmt.Errorf("guest %s: %s: %s", g.ip, req.Op, resp.Error)
