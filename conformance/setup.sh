@@ -61,7 +61,7 @@ programs=(
 	rping ucmatose udaddy mckey rstream rcopy riostream      # rdmacm-utils
 	chromium                                                 # chromium
 	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer, rspoll
-	sh bash dd cat echo true rm sha256sum stdbuf             # base system, stdbuf from coreutils
+	sh bash dd cat echo true sleep rm sha256sum stdbuf             # base system, stdbuf from coreutils
 	git                                                      # git: the conformance report names the commit it tested
 	curl                                                     # curl: under librspreload (librdmacm1) against rxego's HTTP over rsocket
 )
