@@ -38,7 +38,7 @@ func openTest(t *testing.T, opts *Options) *Device {
 // BPF program put each on its QP's socket.
 func TestSteering(t *testing.T) {
 	const shards, nqp, size = 4, 8, 64 << 10
-	devs, qps, mrs, cqs, _ := shardedPair(t, &Options{Shards: shards}, nqp, size)
+	devs, qps, mrs, cqs, _ := shardedPair(t, [2]*Options{{Shards: shards}, {Shards: shards}}, nqp, size)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	wcs := make([]WC, nqp)
@@ -68,9 +68,9 @@ func TestSteering(t *testing.T) {
 // between them at MTU 4096, each pair on size bytes of its own in both
 // sides' MR (an MR of nqp*size bytes per device, its bytes in bufs; one
 // CQ per device).
-func shardedPair(t *testing.T, opts *Options, nqp, size int) (devs [2]*Device, qps [2][]*QP, mrs [2]*MR, cqs [2]*CQ, bufs [2][]byte) {
+func shardedPair(t *testing.T, opts [2]*Options, nqp, size int) (devs [2]*Device, qps [2][]*QP, mrs [2]*MR, cqs [2]*CQ, bufs [2][]byte) {
 	t.Helper()
-	devs = [2]*Device{openTest(t, opts), openTest(t, opts)}
+	devs = [2]*Device{openTest(t, opts[0]), openTest(t, opts[1])}
 	for s, d := range devs {
 		pd, _ := d.AllocPD()
 		cqs[s], _ = d.CreateCQ(4 * nqp)
@@ -104,7 +104,7 @@ func shardedPair(t *testing.T, opts *Options, nqp, size int) (devs [2]*Device, q
 func TestBatchSendsOnShardSenders(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4)) // parallel sending needs 4
 	const shards, nqp, size = 4, 8, 64 << 10
-	devs, qps, mrs, cqs, bufs := shardedPair(t, &Options{Shards: shards}, nqp, size)
+	devs, qps, mrs, cqs, bufs := shardedPair(t, [2]*Options{{Shards: shards}, {Shards: shards}}, nqp, size)
 	src, dst := bufs[0], bufs[1]
 	for i := range src {
 		src[i] = byte(i*7 + i>>12)
@@ -141,6 +141,58 @@ func TestBatchSendsOnShardSenders(t *testing.T) {
 	devs[1].Sync()
 	if !bytes.Equal(src, dst) {
 		t.Error("the WRITEs' bytes differ at the target")
+	}
+}
+
+// TestMixedShardsKeepOrder sends 64 KiB SENDs on 8 QPs at once from a
+// device of one shard to one of four. The sender's batch holds every QP's
+// packets back to back; were another QP's packets merged into a QP's GSO
+// datagram (same peer, port and length), the receiver's BPF steering
+// would hand the whole datagram to the first packet's shard, those
+// packets would reach their QP out of order with the ones that came the
+// right way, and go-back-N would send windows again. So: every byte
+// arrives, nothing is dropped out of sequence and nothing is resent.
+func TestMixedShardsKeepOrder(t *testing.T) {
+	const nqp, size = 8, 64 << 10
+	devs, qps, mrs, cqs, bufs := shardedPair(t, [2]*Options{{Shards: 1}, {Shards: 4}}, nqp, size)
+	src, dst := bufs[0], bufs[1]
+	for i := range src {
+		src[i] = byte(i*13 + i>>12)
+	}
+	for rounds := range 4 {
+		for i, q := range qps[1] {
+			off := uint64(i * size)
+			if err := q.PostRecv(RecvWR{ID: uint64(i), SGL: []SGE{{Addr: mrs[1].IOVA() + off, Length: size, LKey: mrs[1].LKey()}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var err error
+		devs[0].Batch(func() {
+			for i, q := range qps[0] {
+				off := uint64(i * size)
+				if e := q.PostSend(SendWR{ID: uint64(i), Opcode: WRSend, Flags: SendSignaled,
+					SGL: []SGE{{Addr: mrs[0].IOVA() + off, Length: size, LKey: mrs[0].LKey()}}}); e != nil && err == nil {
+					err = e
+				}
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		waitSuccesses(ctx, t, cqs[0], make([]WC, nqp))
+		waitSuccesses(ctx, t, cqs[1], make([]WC, nqp))
+		cancel()
+		if !bytes.Equal(src, dst) {
+			t.Fatalf("round %d: the SENDs' bytes differ at the receiver", rounds)
+		}
+		clear(dst)
+	}
+	if n := devs[1].Stats().Drops[DropOutOfSequence]; n != 0 {
+		t.Errorf("the receiver dropped %d packets out of sequence", n)
+	}
+	if n := devs[0].Stats().Retransmits; n != 0 {
+		t.Errorf("the sender resent %d packets", n)
 	}
 }
 

@@ -7,10 +7,10 @@ import (
 // Coalesce merges runs of msgs into GSO sends, in place, and returns the
 // shortened slice. A run is consecutive messages whose buffers lie back to
 // back in memory (each starts where the one before it ends, inside its
-// capacity), to the same peer, source port and TOS, all of the first's length
-// but the last, which may be shorter, at most MaxSegments of them and
-// together within one IPv4 UDP datagram: it becomes one Message with Seg
-// set, which Send hands the kernel as one datagram, copying nothing.
+// capacity), to the same peer, destination QP and TOS, all of the first's
+// length but the last, which may be shorter, at most MaxSegments of them
+// and together within one IPv4 UDP datagram: it becomes one Message with
+// Seg set, which Send hands the kernel as one datagram, copying nothing.
 // Messages that already have Seg set are left alone. Scattered messages
 // (Payload set) merge likewise when both their Bufs and their Payloads
 // lie back to back (consecutive packets of one message, read from one
@@ -20,14 +20,19 @@ import (
 // packets out in a few system calls this way; the limits are this
 // package's, so a run Coalesce makes is one Send accepts.
 //
-// ports is the number of source ports the Conn sends from
-// (Options.SourcePorts; 0 for one): packets to QPs that leave from
-// different ports never share a run, since a GSO datagram has one UDP
-// header.
-func Coalesce(msgs []Message, ports int) []Message {
+// Packets to different QPs never share a run, though they may share the
+// peer and source port: a receiver that steers datagrams to a socket per
+// QP group (an rxego device's shards: SO_REUSEPORT with a BPF program
+// that reads the first packet's QP number) takes a GSO datagram that
+// arrives whole, as on loopback, for one datagram, so another QP's
+// packets in it reach their QP on the wrong socket, beside the packets
+// that came the right way and out of order with them (and go-back-N
+// sends them all again). One QP's packets always leave from one source
+// port (FlowPort), so a run also never mixes ports.
+func Coalesce(msgs []Message) []Message {
 	out := msgs[:0]
 	for i := 0; i < len(msgs); {
-		k := runLen(msgs[i:], ports)
+		k := runLen(msgs[i:])
 		m := msgs[i]
 		if k > 1 {
 			n, p := 0, 0
@@ -49,7 +54,7 @@ func Coalesce(msgs []Message, ports int) []Message {
 }
 
 // runLen returns how many messages from msgs[0] form one GSO run.
-func runLen(msgs []Message, ports int) int {
+func runLen(msgs []Message) int {
 	first := &msgs[0]
 	if first.Seg > 0 {
 		return 1
@@ -59,7 +64,7 @@ func runLen(msgs []Message, ports int) int {
 	for ; k < len(msgs) && k < MaxSegments; k++ {
 		prev, m := &msgs[k-1], &msgs[k]
 		if prev.Len() != seg || len(m.Buf) == 0 || m.Len() > seg || m.Seg > 0 ||
-			m.Peer != first.Peer || m.TOS != first.TOS || !samePort(first.Buf, m.Buf, ports) ||
+			m.Peer != first.Peer || m.TOS != first.TOS || !sameQP(first.Buf, m.Buf) ||
 			total+m.Len() > maxPayload4 || !adjacent(prev.Buf, m.Buf) || !payloadsFollow(prev, m) {
 			break
 		}
@@ -87,11 +92,10 @@ func adjacent(a, b []byte) bool {
 	return &a[:len(a)+1][len(a)] == &b[0]
 }
 
-// samePort reports whether two packets leave from the same one of ports
-// source ports (always, for ports <= 1): the one their destination QP
-// hashes to (FlowPort).
-func samePort(a, b []byte, ports int) bool {
-	return ports <= 1 || len(a) >= minPacket && len(b) >= minPacket && FlowPort(bth.BTH(a).DestQP(), ports) == FlowPort(bth.BTH(b).DestQP(), ports)
+// sameQP reports whether two packets go to the same destination QP;
+// buffers too short for a BTH have none to compare and do not separate.
+func sameQP(a, b []byte) bool {
+	return len(a) < minPacket || len(b) < minPacket || bth.BTH(a).DestQP() == bth.BTH(b).DestQP()
 }
 
 // FlowPort is which of ports source ports a packet for destination QP

@@ -6,8 +6,9 @@ import (
 )
 
 // TestRunLen checks how Coalesce groups messages into GSO runs: adjacent
-// in memory, same peer and TOS, equal length but a shorter last, at most
-// MaxSegments packets and one IPv4 datagram's worth of bytes.
+// in memory, same peer, destination QP and TOS, equal length but a
+// shorter last, at most MaxSegments packets and one IPv4 datagram's worth
+// of bytes.
 func TestRunLen(t *testing.T) {
 	a := netip.MustParseAddrPort("127.0.0.1:4791")
 	b := netip.MustParseAddrPort("127.0.0.2:4791")
@@ -30,32 +31,33 @@ func TestRunLen(t *testing.T) {
 		return l
 	}
 	cases := []struct {
-		name  string
-		msgs  []Message
-		ports int
-		want  int
+		name string
+		msgs []Message
+		want int
 	}{
-		{"one", msgs(100), 0, 1},
-		{"equal", msgs(1040, 1040, 1040), 0, 3},
-		{"shorter last", msgs(1040, 1040, 500), 0, 3},
-		{"shorter then equal", msgs(1040, 500, 1040), 0, 2},
-		{"longer second (RETH on FIRST is the other way)", msgs(1040, 1056), 0, 1},
+		{"one", msgs(100), 1},
+		{"equal", msgs(1040, 1040, 1040), 3},
+		{"shorter last", msgs(1040, 1040, 500), 3},
+		{"shorter then equal", msgs(1040, 500, 1040), 2},
+		{"longer second (RETH on FIRST is the other way)", msgs(1040, 1056), 1},
 		// A FIRST (with its RETH) takes the next packet along as its
 		// shorter last segment; the MIDDLEs after it start a new run.
-		{"FIRST then MIDDLEs", msgs(1056, 1040, 1040), 0, 2},
-		{"segment limit", msgs(rep(100, 70)...), 0, MaxSegments},
-		{"byte limit", msgs(rep(4112, 20)...), 0, 15},
-		{"other peer", func() []Message { p := msgs(1040, 1040); p[1].Peer = b; return p }(), 0, 1},
-		{"other TOS", func() []Message { p := msgs(1040, 1040); p[1].TOS = 2; return p }(), 0, 1},
-		{"other QP, one port", otherQP(a, 1), 0, 2},
-		{"other QP, same of 8 ports", otherQP(a, 8), 8, 2},
-		{"other QP, other of 8 ports", otherQP(a, 2), 8, 1},
-		{"already a run", func() []Message { p := msgs(1040, 1040); p[0].Seg = 520; return p }(), 0, 1},
-		{"not adjacent", []Message{{Buf: slab[0:1040], Peer: a}, {Buf: slab[2000:3040], Peer: a}}, 0, 1},
-		{"capacity ends", []Message{{Buf: slab[0:1040:1040], Peer: a}, {Buf: slab[1040:2080], Peer: a}}, 0, 1},
+		{"FIRST then MIDDLEs", msgs(1056, 1040, 1040), 2},
+		{"segment limit", msgs(rep(100, 70)...), MaxSegments},
+		{"byte limit", msgs(rep(4112, 20)...), 15},
+		{"other peer", func() []Message { p := msgs(1040, 1040); p[1].Peer = b; return p }(), 1},
+		{"other TOS", func() []Message { p := msgs(1040, 1040); p[1].TOS = 2; return p }(), 1},
+		// Another QP's packets may go to another of the peer's sockets:
+		// never in one GSO datagram (Coalesce), whatever their ports.
+		{"other QP", otherQP(a, 1), 1},
+		{"other QP, same of 8 source ports", otherQP(a, 8), 1},
+		{"other QP, differing in the QP number's high byte", otherQP(a, 1<<16), 1},
+		{"already a run", func() []Message { p := msgs(1040, 1040); p[0].Seg = 520; return p }(), 1},
+		{"not adjacent", []Message{{Buf: slab[0:1040], Peer: a}, {Buf: slab[2000:3040], Peer: a}}, 1},
+		{"capacity ends", []Message{{Buf: slab[0:1040:1040], Peer: a}, {Buf: slab[1040:2080], Peer: a}}, 1},
 	}
 	for _, c := range cases {
-		if got := runLen(c.msgs, c.ports); got != c.want {
+		if got := runLen(c.msgs); got != c.want {
 			t.Errorf("%s: run of %d, want %d", c.name, got, c.want)
 		}
 	}
@@ -73,7 +75,7 @@ func TestCoalesce(t *testing.T) {
 		{Buf: slab[3136:3156], Peer: a},         // a short LAST ends the run
 		{Buf: slab[3156:3176], Peer: a, TOS: 2}, // an ACK with another TOS
 	}
-	out := Coalesce(msgs, 8)
+	out := Coalesce(msgs)
 	want := []struct{ n, seg int }{{2096, 1056}, {1060, 1040}, {20, 0}}
 	if len(out) != len(want) {
 		t.Fatalf("%d messages, want %d: %+v", len(out), len(want), out)
@@ -88,14 +90,14 @@ func TestCoalesce(t *testing.T) {
 			t.Errorf("entry %d past the result still holds a buffer", len(out)+i)
 		}
 	}
-	if got := testing.AllocsPerRun(100, func() { Coalesce(msgs[:1], 8) }); got != 0 {
+	if got := testing.AllocsPerRun(100, func() { Coalesce(msgs[:1]) }); got != 0 {
 		t.Errorf("Coalesce allocates %v times", got)
 	}
 }
 
-// otherQP returns two back-to-back packets, to QP 0 and to QP q.
-func otherQP(a netip.AddrPort, q byte) []Message {
+// otherQP returns two back-to-back packets, to QP 0 and to QP qpn.
+func otherQP(a netip.AddrPort, qpn uint32) []Message {
 	b := make([]byte, 2080)
-	b[1040+7] = q
+	b[1040+5], b[1040+6], b[1040+7] = byte(qpn>>16), byte(qpn>>8), byte(qpn)
 	return []Message{{Buf: b[:1040], Peer: a}, {Buf: b[1040:], Peer: a}}
 }

@@ -22,7 +22,6 @@ type shard struct {
 	// leaves from its route's (Device.route).
 	conns []transport.Conn
 
-	ports int // source ports conn sends from (transport.SourcePorter), 0 for one
 	// zeroCopy asks the engine to leave payloads in registered memory
 	// (Config.ZeroCopy), where every Conn of the shard can send them so.
 	zeroCopy bool
@@ -131,7 +130,7 @@ func (s *shard) emitGIDs(pkts []qp.OutPacket) {
 
 // send sends msgs, made of pkts, on c.
 func (s *shard) send(c transport.Conn, pkts []qp.OutPacket, msgs []transport.Message) {
-	msgs = transport.Coalesce(msgs, s.ports)
+	msgs = transport.Coalesce(msgs)
 	for len(msgs) > 0 {
 		n, err := c.Send(msgs)
 		if err != nil {
