@@ -5,7 +5,7 @@
 # median per tree, the ratios and the targets. See docs/performance.md,
 # "Quiet sittings".
 #
-#   bench/sitting.sh [-f] [-n ROUNDS] [-r REGEX] [-p PIN] OUTDIR [name=]BIN [name=]BIN ...
+#   bench/sitting.sh [-f] [-n ROUNDS] [-r REGEX] [-p PIN] [-s SHARDS] OUTDIR [name=]BIN [name=]BIN ...
 #
 #   -f        start even if the load average is 1 or more (the figures are
 #             then not evidence: say so beside them)
@@ -13,26 +13,29 @@
 #   -r REGEX  the cases (default: the rows of issue 29's targets)
 #   -p PIN    rxego-bench -pin: the peers' CPUs ("1": both on CPU 1; "0/1":
 #             server on 0, client on 1); every binary must know -pin
+#   -s SHARDS rxego-bench -shards: the rxego devices' shards ("4/1": the
+#             server's 4, the client's 1); every binary must know -shards
 #
 # Unnamed binaries are called before, after, tree3, ... Each round of
 # each tree writes OUTDIR/NAME-ROUND.{json,md,err}; OUTDIR/compare.md is
 # the comparison (by the last tree's binary), OUTDIR/sitting.log the load
 # averages.
 set -u
-force=0 rounds=3 pin=()
+force=0 rounds=3 pin=() shards=()
 re='^(TCP stream|TCP 64 B ping-pong|TCP stream, (8|16) streams|UDP gso (1|4) KiB|UDP gso-runs 4 KiB|UDP gso 4 KiB, (8|16) flows|UDP 64 B ping-pong, (blocking|busy-poll)|rxego (write|read|send) 64 KiB mtu (4096|1024)(, (8|16) QPs)?|rxego (send|write|read|atomic) 64 B latency, (blocking|busy-poll)|rxego WRITE 64 B rate, depth 128, 32 per post, (blocking|busy-poll)(, 8 QPs)?)$'
-while getopts fn:r:p: o; do
+while getopts fn:r:p:s: o; do
 	case $o in
 	f) force=1 ;;
 	n) rounds=$OPTARG ;;
 	r) re=$OPTARG ;;
 	p) pin=(-pin "$OPTARG") ;;
-	*) sed -n '8,16p' "$0" >&2; exit 2 ;;
+	s) shards=(-shards "$OPTARG") ;;
+	*) sed -n '8,18p' "$0" >&2; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
 if [ $# -lt 2 ]; then
-	sed -n '8,16p' "$0" >&2
+	sed -n '8,18p' "$0" >&2
 	exit 2
 fi
 out=$1
@@ -59,13 +62,13 @@ if awk -v l="$one" 'BEGIN { exit !(l >= 1) }'; then
 	fi
 	echo "sitting: load average $(load), started anyway (-f): the figures are not from a quiet sitting" | tee -a "$log"
 fi
-echo "start: $(date -u +%T) load average $(load), nproc $(nproc); trees ${names[*]}; $rounds rounds ${pin[*]}" | tee -a "$log"
+echo "start: $(date -u +%T) load average $(load), nproc $(nproc); trees ${names[*]}; $rounds rounds ${pin[*]} ${shards[*]}" | tee -a "$log"
 for r in $(seq 1 "$rounds"); do
 	for k in "${!bins[@]}"; do
 		n=${names[$k]}
 		# A failed case is in its round's report and JSON; the sitting
 		# goes on.
-		"${bins[$k]}" -nice "${pin[@]}" -multi -repeat 1 -run "$re" -json "$out/$n-$r.json" >"$out/$n-$r.md" 2>"$out/$n-$r.err" ||
+		"${bins[$k]}" -nice "${pin[@]}" "${shards[@]}" -multi -repeat 1 -run "$re" -json "$out/$n-$r.json" >"$out/$n-$r.md" 2>"$out/$n-$r.err" ||
 			echo "$n round $r: $(grep -c FAILED "$out/$n-$r.err") failed cases" | tee -a "$log"
 		echo "$n round $r done: $(date -u +%T) load average $(load)" | tee -a "$log"
 	done

@@ -127,6 +127,14 @@ type peer struct {
 	cpu0   time.Duration // CPU time at the start of this side's measurement
 }
 
+// shards is this side's rxego device shard count (Sched; 0: the default).
+func (p *peer) shards() int {
+	if p.server {
+		return p.c.Sched.ServerShards
+	}
+	return p.c.Sched.ClientShards
+}
+
 // markStart tells the other side the measured interval begins, and notes
 // this process's CPU time.
 func (p *peer) markStart() {

@@ -24,6 +24,29 @@ type Sched struct {
 	// Server and Client are the CPUs each peer may run on, as Linux lists
 	// them ("1", "0-7", "0,2"); empty: any.
 	Server, Client string `json:",omitempty"`
+	// ServerShards and ClientShards are the shards of each peer's rxego
+	// device (rxego.Options.Shards; 0: the default, one per CPU), so a
+	// sitting can measure peers whose shard layouts differ (-shards).
+	ServerShards, ClientShards int `json:",omitempty"`
+}
+
+// ParseShards reads -shards: one shard count for both peers' devices
+// ("1"), or the server's and the client's separated by a slash ("4/1").
+func ParseShards(s string) (server, client int, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	a, b, split := strings.Cut(s, "/")
+	if !split {
+		b = a
+	}
+	if server, err = strconv.Atoi(a); err == nil {
+		client, err = strconv.Atoi(b)
+	}
+	if err != nil || server < 1 || client < 1 {
+		return 0, 0, fmt.Errorf("-shards %q: want N or SERVER/CLIENT, each at least 1", s)
+	}
+	return server, client, nil
 }
 
 // ParsePin reads -pin: one CPU list for both peers ("1": both on CPU 1),
@@ -56,6 +79,9 @@ func (s Sched) String() string {
 		parts = append(parts, "both peers on CPU "+s.Server)
 	default:
 		parts = append(parts, fmt.Sprintf("server on CPU %s, client on CPU %s", orAny(s.Server), orAny(s.Client)))
+	}
+	if s.ServerShards != 0 || s.ClientShards != 0 {
+		parts = append(parts, fmt.Sprintf("rxego devices of %d (server) and %d (client) shards", s.ServerShards, s.ClientShards))
 	}
 	return strings.Join(parts, ", ")
 }

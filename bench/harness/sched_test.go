@@ -43,6 +43,32 @@ func TestParsePin(t *testing.T) {
 	}
 }
 
+// TestParseShards checks -shards: one count for both devices or the
+// server's and the client's, each at least 1, and how the report names it.
+func TestParseShards(t *testing.T) {
+	for _, c := range []struct {
+		in             string
+		server, client int
+		ok             bool
+	}{
+		{"", 0, 0, true},
+		{"1", 1, 1, true},
+		{"4/1", 4, 1, true},
+		{"0", 0, 0, false},
+		{"2/", 0, 0, false},
+		{"x/1", 0, 0, false},
+		{"-1/2", 0, 0, false},
+	} {
+		s, cl, err := ParseShards(c.in)
+		if (err == nil) != c.ok || s != c.server || cl != c.client {
+			t.Errorf("ParseShards(%q) = %d, %d, %v; want %d, %d, ok %v", c.in, s, cl, err, c.server, c.client, c.ok)
+		}
+	}
+	if got := (Sched{Nice: -20, ServerShards: 4, ClientShards: 1}).String(); got != "nice -20, rxego devices of 4 (server) and 1 (client) shards" {
+		t.Errorf("String: %q", got)
+	}
+}
+
 // TestApplySchedEveryThread runs applySched in a child process with
 // several busy threads and checks that every thread, those started
 // before and after, runs on the asked CPU (and at the asked nice value
