@@ -39,7 +39,7 @@ func (r *turnRecorder) Emit(pkts []OutPacket) {
 	// Every QP leaves from a source port of its own, as a device's QPs
 	// spread over its source ports off loopback (with one port, Coalesce
 	// also runs packets of different QPs to one peer together).
-	for _, m := range transport.Coalesce(msgs) {
+	for _, m := range transport.Coalesce(msgs, transport.MaxSourcePorts) {
 		segs := 1
 		if m.Seg > 0 {
 			segs = (len(m.Buf) + m.Seg - 1) / m.Seg

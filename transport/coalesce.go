@@ -2,6 +2,7 @@ package transport
 
 import (
 	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/reth"
 )
 
 // Coalesce merges runs of msgs into GSO sends, in place, and returns the
@@ -18,21 +19,26 @@ import (
 // the lengths compared are the wire lengths (Message.Len). An engine that builds
 // a batch's packets in one slab (as package qp does) gets a long message's
 // packets out in a few system calls this way; the limits are this
-// package's, so a run Coalesce makes is one Send accepts.
+// package's, so a run Coalesce makes is one Send accepts. ports is the
+// number of source ports the Conn sends from (Options.SourcePorts; 0 for
+// one).
 //
-// Packets to different QPs never share a run, though they may share the
-// peer and source port: a receiver that steers datagrams to a socket per
-// QP group (an rxego device's shards: SO_REUSEPORT with a BPF program
-// that reads the first packet's QP number) takes a GSO datagram that
-// arrives whole, as on loopback, for one datagram, so another QP's
-// packets in it reach their QP on the wrong socket, beside the packets
-// that came the right way and out of order with them (and go-back-N
-// sends them all again). One QP's packets always leave from one source
-// port (FlowPort), so a run also never mixes ports.
-func Coalesce(msgs []Message) []Message {
+// A packet joins a run only if it goes to the first packet's QP, or if
+// both are plain ACKs: they may share the peer and source port, but a
+// receiver that steers datagrams to a socket per QP group (an rxego
+// device's shards: SO_REUSEPORT with a BPF program that reads the first
+// packet's QP number) takes a GSO datagram that arrives whole, as on
+// loopback, for one datagram, so another QP's packets in it reach their
+// QP on the wrong socket, beside the packets that came the right way and
+// out of order with them (and go-back-N sends them all again). A plain
+// ACK is cumulative: one that comes late is stale and dropped, so ACKs
+// for many QPs still leave in one datagram. One QP's packets always leave
+// from one source port (FlowPort), so such a run never mixes ports; ACKs
+// of QPs that hash to other ports do not share one.
+func Coalesce(msgs []Message, ports int) []Message {
 	out := msgs[:0]
 	for i := 0; i < len(msgs); {
-		k := runLen(msgs[i:])
+		k := runLen(msgs[i:], ports)
 		m := msgs[i]
 		if k > 1 {
 			n, p := 0, 0
@@ -54,7 +60,7 @@ func Coalesce(msgs []Message) []Message {
 }
 
 // runLen returns how many messages from msgs[0] form one GSO run.
-func runLen(msgs []Message) int {
+func runLen(msgs []Message, ports int) int {
 	first := &msgs[0]
 	if first.Seg > 0 {
 		return 1
@@ -64,7 +70,7 @@ func runLen(msgs []Message) int {
 	for ; k < len(msgs) && k < MaxSegments; k++ {
 		prev, m := &msgs[k-1], &msgs[k]
 		if prev.Len() != seg || len(m.Buf) == 0 || m.Len() > seg || m.Seg > 0 ||
-			m.Peer != first.Peer || m.TOS != first.TOS || !sameQP(first.Buf, m.Buf) ||
+			m.Peer != first.Peer || m.TOS != first.TOS || !sameFlow(first.Buf, m.Buf, ports) ||
 			total+m.Len() > maxPayload4 || !adjacent(prev.Buf, m.Buf) || !payloadsFollow(prev, m) {
 			break
 		}
@@ -92,10 +98,23 @@ func adjacent(a, b []byte) bool {
 	return &a[:len(a)+1][len(a)] == &b[0]
 }
 
-// sameQP reports whether two packets go to the same destination QP;
-// buffers too short for a BTH have none to compare and do not separate.
-func sameQP(a, b []byte) bool {
-	return len(a) < minPacket || len(b) < minPacket || bth.BTH(a).DestQP() == bth.BTH(b).DestQP()
+// sameFlow reports whether b may follow a (a run's first packet) as far as
+// their destination QPs go: the same QP, or both plain ACKs leaving from
+// the same of ports source ports. Buffers too short for a BTH have no QP
+// to compare and do not separate.
+func sameFlow(a, b []byte, ports int) bool {
+	if len(a) < minPacket || len(b) < minPacket {
+		return true
+	}
+	x, y := bth.BTH(a).DestQP(), bth.BTH(b).DestQP()
+	return x == y || plainACK(a) && plainACK(b) && (ports <= 1 || FlowPort(x, ports) == FlowPort(y, ports))
+}
+
+// plainACK reports whether b is an RC ACKNOWLEDGE whose AETH says ACK,
+// not RNR NAK or NAK (those stay in their QP's own datagrams).
+func plainACK(b []byte) bool {
+	return len(b) >= bth.Len+reth.AETHLen && bth.BTH(b).Opcode() == bth.RCAck &&
+		reth.AETH(b[bth.Len:]).Syndrome().Kind() == reth.KindACK
 }
 
 // FlowPort is which of ports source ports a packet for destination QP

@@ -3,6 +3,9 @@ package transport
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/rxego/rxego/bth"
+	"github.com/rxego/rxego/reth"
 )
 
 // TestRunLen checks how Coalesce groups messages into GSO runs: adjacent
@@ -30,34 +33,43 @@ func TestRunLen(t *testing.T) {
 		}
 		return l
 	}
+	ack := reth.ACKSyndrome(31)
 	cases := []struct {
-		name string
-		msgs []Message
-		want int
+		name  string
+		msgs  []Message
+		ports int
+		want  int
 	}{
-		{"one", msgs(100), 1},
-		{"equal", msgs(1040, 1040, 1040), 3},
-		{"shorter last", msgs(1040, 1040, 500), 3},
-		{"shorter then equal", msgs(1040, 500, 1040), 2},
-		{"longer second (RETH on FIRST is the other way)", msgs(1040, 1056), 1},
+		{"one", msgs(100), 0, 1},
+		{"equal", msgs(1040, 1040, 1040), 0, 3},
+		{"shorter last", msgs(1040, 1040, 500), 0, 3},
+		{"shorter then equal", msgs(1040, 500, 1040), 0, 2},
+		{"longer second (RETH on FIRST is the other way)", msgs(1040, 1056), 0, 1},
 		// A FIRST (with its RETH) takes the next packet along as its
 		// shorter last segment; the MIDDLEs after it start a new run.
-		{"FIRST then MIDDLEs", msgs(1056, 1040, 1040), 2},
-		{"segment limit", msgs(rep(100, 70)...), MaxSegments},
-		{"byte limit", msgs(rep(4112, 20)...), 15},
-		{"other peer", func() []Message { p := msgs(1040, 1040); p[1].Peer = b; return p }(), 1},
-		{"other TOS", func() []Message { p := msgs(1040, 1040); p[1].TOS = 2; return p }(), 1},
+		{"FIRST then MIDDLEs", msgs(1056, 1040, 1040), 0, 2},
+		{"segment limit", msgs(rep(100, 70)...), 0, MaxSegments},
+		{"byte limit", msgs(rep(4112, 20)...), 0, 15},
+		{"other peer", func() []Message { p := msgs(1040, 1040); p[1].Peer = b; return p }(), 0, 1},
+		{"other TOS", func() []Message { p := msgs(1040, 1040); p[1].TOS = 2; return p }(), 0, 1},
 		// Another QP's packets may go to another of the peer's sockets:
 		// never in one GSO datagram (Coalesce), whatever their ports.
-		{"other QP", otherQP(a, 1), 1},
-		{"other QP, same of 8 source ports", otherQP(a, 8), 1},
-		{"other QP, differing in the QP number's high byte", otherQP(a, 1<<16), 1},
-		{"already a run", func() []Message { p := msgs(1040, 1040); p[0].Seg = 520; return p }(), 1},
-		{"not adjacent", []Message{{Buf: slab[0:1040], Peer: a}, {Buf: slab[2000:3040], Peer: a}}, 1},
-		{"capacity ends", []Message{{Buf: slab[0:1040:1040], Peer: a}, {Buf: slab[1040:2080], Peer: a}}, 1},
+		{"other QP", otherQP(a, 1), 0, 1},
+		{"other QP, same of 8 source ports", otherQP(a, 8), 8, 1},
+		{"other QP, differing in the QP number's high byte", otherQP(a, 1<<16), 0, 1},
+		// Plain ACKs of many QPs do share one (a late ACK is stale).
+		{"ACKs of other QPs", acks(a, []uint32{1, 2, 3}, ack, ack, ack), 0, 3},
+		{"ACKs of other QPs, same of 8 ports", acks(a, []uint32{1, portMate(1, 8)}, ack, ack), 8, 2},
+		{"ACKs of other QPs, other of 8 ports", acks(a, []uint32{1, portOther(1, 8)}, ack, ack), 8, 1},
+		{"ACK, then another QP's NAK", acks(a, []uint32{1, 2}, ack, reth.NAKSyndrome(0)), 0, 1},
+		{"ACK, then another QP's RNR NAK", acks(a, []uint32{1, 2}, ack, reth.RNRSyndrome(1)), 0, 1},
+		{"ACK, then another QP's data", func() []Message { p := acks(a, []uint32{1, 2}, ack, ack); p[1].Buf[0] = byte(bth.RCSendOnly); return p }(), 0, 1},
+		{"already a run", func() []Message { p := msgs(1040, 1040); p[0].Seg = 520; return p }(), 0, 1},
+		{"not adjacent", []Message{{Buf: slab[0:1040], Peer: a}, {Buf: slab[2000:3040], Peer: a}}, 0, 1},
+		{"capacity ends", []Message{{Buf: slab[0:1040:1040], Peer: a}, {Buf: slab[1040:2080], Peer: a}}, 0, 1},
 	}
 	for _, c := range cases {
-		if got := runLen(c.msgs); got != c.want {
+		if got := runLen(c.msgs, c.ports); got != c.want {
 			t.Errorf("%s: run of %d, want %d", c.name, got, c.want)
 		}
 	}
@@ -75,7 +87,7 @@ func TestCoalesce(t *testing.T) {
 		{Buf: slab[3136:3156], Peer: a},         // a short LAST ends the run
 		{Buf: slab[3156:3176], Peer: a, TOS: 2}, // an ACK with another TOS
 	}
-	out := Coalesce(msgs)
+	out := Coalesce(msgs, 8)
 	want := []struct{ n, seg int }{{2096, 1056}, {1060, 1040}, {20, 0}}
 	if len(out) != len(want) {
 		t.Fatalf("%d messages, want %d: %+v", len(out), len(want), out)
@@ -90,8 +102,37 @@ func TestCoalesce(t *testing.T) {
 			t.Errorf("entry %d past the result still holds a buffer", len(out)+i)
 		}
 	}
-	if got := testing.AllocsPerRun(100, func() { Coalesce(msgs[:1]) }); got != 0 {
+	if got := testing.AllocsPerRun(100, func() { Coalesce(msgs[:1], 8) }); got != 0 {
 		t.Errorf("Coalesce allocates %v times", got)
+	}
+}
+
+// acks returns back-to-back ACKNOWLEDGE packets with the given AETH
+// syndromes, the i-th to QP qpns[i].
+func acks(a netip.AddrPort, qpns []uint32, syn ...reth.Syndrome) []Message {
+	const n = bth.Len + reth.AETHLen + bth.ICRCLen
+	b := make([]byte, n*len(syn))
+	var out []Message
+	for i, s := range syn {
+		p := b[i*n : (i+1)*n]
+		bth.BTH(p).SetOpcode(bth.RCAck)
+		bth.BTH(p).SetDestQP(qpns[i])
+		p[bth.Len] = byte(s)
+		out = append(out, Message{Buf: p, Peer: a})
+	}
+	return out
+}
+
+// portMate returns a QP number other than q that leaves from q's port of
+// ports (FlowPort); portOther one that leaves from another.
+func portMate(q uint32, ports int) uint32  { return findQP(q, ports, true) }
+func portOther(q uint32, ports int) uint32 { return findQP(q, ports, false) }
+
+func findQP(q uint32, ports int, same bool) uint32 {
+	for o := q + 1; ; o++ {
+		if (FlowPort(o, ports) == FlowPort(q, ports)) == same {
+			return o
+		}
 	}
 }
 

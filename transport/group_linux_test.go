@@ -142,7 +142,7 @@ func TestSourcePorts(t *testing.T) {
 			}
 			// Runs of QPs whose packets leave from one port may share a
 			// GSO datagram; others not.
-			msgs = Coalesce(msgs)
+			msgs = Coalesce(msgs, c.opts.SourcePorts)
 			if len(msgs) > qps || len(msgs) < qps/2 {
 				t.Fatalf("Coalesce made %d messages of %d QPs' runs", len(msgs), qps)
 			}

@@ -102,8 +102,8 @@ func TestScatteredSameBytes(t *testing.T) {
 						all, sbuf, spay = all[len(p):], sbuf[h+tl:], spay[pl:]
 					}
 					name := fam.name + "/" + oc.name
-					cw := Coalesce(append([]Message(nil), whole...))
-					cs := Coalesce(scat)
+					cw := Coalesce(append([]Message(nil), whole...), 0)
+					cs := Coalesce(scat, 0)
 					if len(cw) != len(cs) {
 						t.Fatalf("%s mtu %d n %d: coalesced into %d whole and %d scattered messages", name, mtu, n, len(cw), len(cs))
 					}
@@ -174,7 +174,7 @@ func TestScatteredErrors(t *testing.T) {
 	// Two packets adjacent in memory, one scattered: two messages.
 	run := append(dataPacket(bth.RCSendMiddle, 1024, 2), dataPacket(bth.RCSendMiddle, 1024, 3)...)
 	msgs := []Message{{Buf: run[:1040], Peer: b.LocalAddr()}, {Buf: run[1040:1052], Payload: run[1052:2076], Peer: b.LocalAddr()}}
-	if got := Coalesce(msgs); len(got) != 2 {
+	if got := Coalesce(msgs, 0); len(got) != 2 {
 		t.Errorf("a whole and a scattered message coalesced into %d", len(got))
 	}
 }

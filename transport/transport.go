@@ -148,7 +148,7 @@ type Options struct {
 
 // SourcePorter is implemented by Conns that send from a pool of source
 // ports (Options.SourcePorts): their ports, in the order FlowPort numbers
-// them.
+// them. Pass len(SourcePorts()) to Coalesce.
 type SourcePorter interface {
 	SourcePorts() []uint16
 }

@@ -195,6 +195,9 @@ func Open(c Config) (*Device, error) {
 		for _, g := range xconns {
 			s.conns = append(s.conns, g[i])
 		}
+		if sp, ok := s.conn.(transport.SourcePorter); ok {
+			s.ports = len(sp.SourcePorts())
+		}
 		if len(conns) > 1 {
 			s.sendMu = new(sync.Mutex)
 		}

@@ -22,6 +22,7 @@ type shard struct {
 	// leaves from its route's (Device.route).
 	conns []transport.Conn
 
+	ports int // source ports conn sends from (transport.SourcePorter), 0 for one
 	// zeroCopy asks the engine to leave payloads in registered memory
 	// (Config.ZeroCopy), where every Conn of the shard can send them so.
 	zeroCopy bool
@@ -130,7 +131,7 @@ func (s *shard) emitGIDs(pkts []qp.OutPacket) {
 
 // send sends msgs, made of pkts, on c.
 func (s *shard) send(c transport.Conn, pkts []qp.OutPacket, msgs []transport.Message) {
-	msgs = transport.Coalesce(msgs)
+	msgs = transport.Coalesce(msgs, s.ports)
 	for len(msgs) > 0 {
 		n, err := c.Send(msgs)
 		if err != nil {
