@@ -85,7 +85,9 @@ func shardedPair(t *testing.T, opts [2]*Options, nqp, size int) (devs [2]*Device
 		}
 	}
 	for i := range nqp {
-		o := &ConnectOptions{MTU: qp.MTU4096}
+		// A 4.3 s ACK timeout: a loaded test machine's stall must not
+		// pass for a loss (TestMixedShardsKeepOrder counts resends).
+		o := &ConnectOptions{MTU: qp.MTU4096, Timeout: 20}
 		if err := qps[0][i].Connect(RemoteQP{Addr: devs[1].Addr(), QPN: qps[1][i].Num()}, o); err != nil {
 			t.Fatal(err)
 		}
