@@ -132,8 +132,9 @@ type Options struct {
 	// Shards is how many shards the device spreads its QPs over: each has
 	// its own engine (lock, timers, send path) and, on the sockets Open
 	// makes, its own socket in an SO_REUSEPORT group whose BPF program
-	// steers every received packet to its QP's shard (QP number mod
-	// Shards). 0 means one per CPU (runtime.NumCPU), at most MaxShards,
+	// steers every received packet to its QP's shard (its QP number's
+	// block of transport.QPNBlock, mod Shards: a shard's QPs take
+	// consecutive numbers of its blocks, the shards in turn). 0 means one per CPU (runtime.NumCPU), at most MaxShards,
 	// or one with BusyPoll; the raw receive mode (transport.RecvRaw)
 	// always has one.
 	Shards int
@@ -536,8 +537,7 @@ type QPInitAttr struct {
 }
 
 // CreateQP makes a QP in the RESET state, on the shard its number maps to
-// (QPN mod Shards): the device numbers QPs in turn, so they spread over
-// the shards.
+// (Options.Shards): the shards take new QPs in turn, so they spread.
 func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	if err := p.check(); err != nil {
 		return nil, err

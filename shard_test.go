@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rxego/rxego/qp"
+	"github.com/rxego/rxego/transport"
 )
 
 // openTest opens a device with opts on a free random loopback address.
@@ -204,6 +205,33 @@ func TestMixedShardsKeepOrder(t *testing.T) {
 				t.Errorf("the sender resent %d packets", n)
 			}
 		})
+	}
+}
+
+// TestQPsTakeShardsInTurn checks how a device numbers its QPs: the
+// shards take turns, and a shard's QPs take consecutive numbers of its
+// blocks, so one peer's packets to several of them may share a GSO
+// datagram and still be steered to their shard.
+func TestQPsTakeShardsInTurn(t *testing.T) {
+	d := openTest(t, &Options{Shards: 3})
+	pd, _ := d.AllocPD()
+	cq, _ := d.CreateCQ(16)
+	var nums []uint32
+	for range 9 {
+		q, err := pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cq, RecvCQ: cq, Caps: Caps{MaxSendWR: 1, MaxRecvWR: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nums = append(nums, q.Num())
+	}
+	first := d.dev.ShardOf(nums[0])
+	for i, n := range nums {
+		if s := d.dev.ShardOf(n); s != (first+i)%3 {
+			t.Errorf("QP %d (number %d) is on shard %d, want %d", i, n, s, (first+i)%3)
+		}
+		if i >= 3 && (n != nums[i-3]+1 || n/transport.QPNBlock != nums[i-3]/transport.QPNBlock) {
+			t.Errorf("QP %d has number %d, want %d, the next of its shard's block", i, n, nums[i-3]+1)
+		}
 	}
 }
 

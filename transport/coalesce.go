@@ -23,18 +23,21 @@ import (
 // number of source ports the Conn sends from (Options.SourcePorts; 0 for
 // one).
 //
-// A packet joins a run only if it goes to the first packet's QP, or if
-// both are plain ACKs: they may share the peer and source port, but a
-// receiver that steers datagrams to a socket per QP group (an rxego
-// device's shards: SO_REUSEPORT with a BPF program that reads the first
-// packet's QP number) takes a GSO datagram that arrives whole, as on
-// loopback, for one datagram, so another QP's packets in it reach their
-// QP on the wrong socket, beside the packets that came the right way and
-// out of order with them (and go-back-N sends them all again). A plain
-// ACK is cumulative: one that comes late is stale and dropped, so ACKs
-// for many QPs still leave in one datagram. One QP's packets always leave
-// from one source port (FlowPort), so such a run never mixes ports; ACKs
-// of QPs that hash to other ports do not share one.
+// A packet joins a run only if its destination QP is in the first
+// packet's block (QPNBlock: the same QP, or one whose number differs only
+// in the low bits), or if both are plain ACKs. Packets of other QPs may
+// share the peer and source port, but a receiver that steers datagrams to
+// a socket per QP group (an rxego device's shards: SO_REUSEPORT with a
+// BPF program that reads the first packet's QP number) takes a GSO
+// datagram that arrives whole, as on loopback, for one datagram, so
+// another QP's packets in it would reach their QP on the wrong socket,
+// beside the packets that came the right way and out of order with them
+// (and go-back-N sends them all again). A group steers by block
+// (GroupMember), whatever its size, so a block's packets go to one
+// socket. A plain ACK is cumulative: one that comes late is stale and
+// dropped, so ACKs for many QPs still leave in one datagram. A run never
+// mixes source ports: packets of QPs that leave from different ones
+// (FlowPort) do not share one.
 func Coalesce(msgs []Message, ports int) []Message {
 	out := msgs[:0]
 	for i := 0; i < len(msgs); {
@@ -99,15 +102,21 @@ func adjacent(a, b []byte) bool {
 }
 
 // sameFlow reports whether b may follow a (a run's first packet) as far as
-// their destination QPs go: the same QP, or both plain ACKs leaving from
-// the same of ports source ports. Buffers too short for a BTH have no QP
-// to compare and do not separate.
+// their destination QPs go: one block of QP numbers, or both plain ACKs,
+// leaving from the same of ports source ports. Buffers too short for a
+// BTH have no QP to compare and do not separate.
 func sameFlow(a, b []byte, ports int) bool {
 	if len(a) < minPacket || len(b) < minPacket {
 		return true
 	}
 	x, y := bth.BTH(a).DestQP(), bth.BTH(b).DestQP()
-	return x == y || plainACK(a) && plainACK(b) && (ports <= 1 || FlowPort(x, ports) == FlowPort(y, ports))
+	if x == y {
+		return true
+	}
+	if x>>QPNBlockShift != y>>QPNBlockShift && !(plainACK(a) && plainACK(b)) {
+		return false
+	}
+	return ports <= 1 || FlowPort(x, ports) == FlowPort(y, ports)
 }
 
 // plainACK reports whether b is an RC ACKNOWLEDGE whose AETH says ACK,
@@ -116,6 +125,20 @@ func plainACK(b []byte) bool {
 	return len(b) >= bth.Len+reth.AETHLen && bth.BTH(b).Opcode() == bth.RCAck &&
 		reth.AETH(b[bth.Len:]).Syndrome().Kind() == reth.KindACK
 }
+
+// QPNBlockShift sets the size of a block of QP numbers (QPNBlock): the
+// numbers that differ only in their QPNBlockShift low bits.
+const QPNBlockShift = 4
+
+// QPNBlock is how many QP numbers make a block: a group of Conns
+// (ListenGroup) steers a whole block to one Conn, and Coalesce lets the
+// packets of one block's QPs share a GSO datagram.
+const QPNBlock = 1 << QPNBlockShift
+
+// GroupMember is which of a group of n Conns (ListenGroup) receives the
+// packets for QP number qpn: its block's number mod n, so that the QPs of
+// a block, whose packets may share a datagram, land on one Conn.
+func GroupMember(qpn uint32, n int) int { return int((qpn >> QPNBlockShift) % uint32(n)) }
 
 // FlowPort is which of ports source ports a packet for destination QP
 // qpn leaves from.

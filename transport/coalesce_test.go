@@ -52,18 +52,25 @@ func TestRunLen(t *testing.T) {
 		{"byte limit", msgs(rep(4112, 20)...), 0, 15},
 		{"other peer", func() []Message { p := msgs(1040, 1040); p[1].Peer = b; return p }(), 0, 1},
 		{"other TOS", func() []Message { p := msgs(1040, 1040); p[1].TOS = 2; return p }(), 0, 1},
-		// Another QP's packets may go to another of the peer's sockets:
-		// never in one GSO datagram (Coalesce), whatever their ports.
-		{"other QP", otherQP(a, 1), 0, 1},
-		{"other QP, same of 8 source ports", otherQP(a, 8), 8, 1},
-		{"other QP, differing in the QP number's high byte", otherQP(a, 1<<16), 0, 1},
-		// Plain ACKs of many QPs do share one (a late ACK is stale).
-		{"ACKs of other QPs", acks(a, []uint32{1, 2, 3}, ack, ack, ack), 0, 3},
-		{"ACKs of other QPs, same of 8 ports", acks(a, []uint32{1, portMate(1, 8)}, ack, ack), 8, 2},
+		// A QP of another block may go to another of the peer's sockets:
+		// never in one GSO datagram (Coalesce); QPs of one block always
+		// land on one (GroupMember), so they may.
+		{"other QP of the block", otherQP(a, 1), 0, 2},
+		{"other QP of the block, other of 8 ports", otherQP(a, blockMate(0, 8, false)), 8, 1},
+		{"other QP of the block, same of 8 ports", otherQP(a, blockMate(0, 8, true)), 8, 2},
+		{"QP of another block", otherQP(a, QPNBlock), 0, 1},
+		{"QP of another block, differing in the high byte", otherQP(a, 1<<16), 0, 1},
+		// Plain ACKs of any QPs do share one (a late ACK is stale).
+		{"ACKs of other blocks' QPs", acks(a, []uint32{1, 17, 33}, ack, ack, ack), 0, 3},
+		{"ACKs of other blocks' QPs, same of 8 ports", acks(a, []uint32{1, portMate(1, 8)}, ack, ack), 8, 2},
 		{"ACKs of other QPs, other of 8 ports", acks(a, []uint32{1, portOther(1, 8)}, ack, ack), 8, 1},
-		{"ACK, then another QP's NAK", acks(a, []uint32{1, 2}, ack, reth.NAKSyndrome(0)), 0, 1},
-		{"ACK, then another QP's RNR NAK", acks(a, []uint32{1, 2}, ack, reth.RNRSyndrome(1)), 0, 1},
-		{"ACK, then another QP's data", func() []Message { p := acks(a, []uint32{1, 2}, ack, ack); p[1].Buf[0] = byte(bth.RCSendOnly); return p }(), 0, 1},
+		{"ACK, then another block's NAK", acks(a, []uint32{1, 17}, ack, reth.NAKSyndrome(0)), 0, 1},
+		{"ACK, then another block's RNR NAK", acks(a, []uint32{1, 17}, ack, reth.RNRSyndrome(1)), 0, 1},
+		{"ACK, then another block's data", func() []Message {
+			p := acks(a, []uint32{1, 17}, ack, ack)
+			p[1].Buf[0] = byte(bth.RCSendOnly)
+			return p
+		}(), 0, 1},
 		{"already a run", func() []Message { p := msgs(1040, 1040); p[0].Seg = 520; return p }(), 0, 1},
 		{"not adjacent", []Message{{Buf: slab[0:1040], Peer: a}, {Buf: slab[2000:3040], Peer: a}}, 0, 1},
 		{"capacity ends", []Message{{Buf: slab[0:1040:1040], Peer: a}, {Buf: slab[1040:2080], Peer: a}}, 0, 1},
@@ -123,17 +130,29 @@ func acks(a netip.AddrPort, qpns []uint32, syn ...reth.Syndrome) []Message {
 	return out
 }
 
-// portMate returns a QP number other than q that leaves from q's port of
-// ports (FlowPort); portOther one that leaves from another.
+// portMate returns a QP number of another block than q's that leaves
+// from q's port of ports (FlowPort); portOther one that leaves from
+// another.
 func portMate(q uint32, ports int) uint32  { return findQP(q, ports, true) }
 func portOther(q uint32, ports int) uint32 { return findQP(q, ports, false) }
 
 func findQP(q uint32, ports int, same bool) uint32 {
-	for o := q + 1; ; o++ {
+	for o := q + QPNBlock; ; o += QPNBlock {
 		if (FlowPort(o, ports) == FlowPort(q, ports)) == same {
 			return o
 		}
 	}
+}
+
+// blockMate returns another QP number of q's block that leaves from q's
+// port of ports (same) or from another.
+func blockMate(q uint32, ports int, same bool) uint32 {
+	for o := q &^ (QPNBlock - 1); o <= q|(QPNBlock-1); o++ {
+		if o != q && (FlowPort(o, ports) == FlowPort(q, ports)) == same {
+			return o
+		}
+	}
+	panic("no such QP in the block")
 }
 
 // otherQP returns two back-to-back packets, to QP 0 and to QP qpn.

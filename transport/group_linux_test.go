@@ -34,7 +34,7 @@ func listenGroupAny(t *testing.T, addr string, opts Options, n int) []Conn {
 }
 
 // TestListenGroupSteers sends packets for QPs 0..63 to a group of four
-// Conns, IPv4 and IPv6, and checks each landed on Conn QPN mod 4, parsed.
+// Conns, IPv4 and IPv6, and checks each landed on Conn GroupMember(QPN, 4), parsed.
 func TestListenGroupSteers(t *testing.T) {
 	for _, fam := range []struct{ name, a, b string }{{"v4", "127.0.0.1", "127.0.0.2"}, {"v6", "::1", "::1"}} {
 		t.Run(fam.name, func(t *testing.T) {
@@ -56,7 +56,7 @@ func TestListenGroupSteers(t *testing.T) {
 			for i, c := range group {
 				for _, m := range recvN(t, c, qps/n, 5*time.Second) {
 					q := m.Pkt.BTH().DestQP()
-					if int(q%n) != i || psnOf(m.Buf) != q || m.Pkt.Info == nil {
+					if GroupMember(q, n) != i || psnOf(m.Buf) != q || m.Pkt.Info == nil {
 						t.Errorf("Conn %d got a packet for QP %d (PSN %d)", i, q, psnOf(m.Buf))
 					}
 				}

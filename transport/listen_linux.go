@@ -43,10 +43,11 @@ const MaxGroup = 64
 
 // ListenGroup opens n Conns on local (as Listen does) that share its port
 // in one SO_REUSEPORT group: each sends on its own socket, and the
-// kernel hands each received datagram to Conn number destQPN mod n, by a
-// classic-BPF program (SO_ATTACH_REUSEPORT_CBPF) that reads the BTH's
-// destination QP. A device that gives QP number q to the shard q mod n
-// so receives every QP's packets on that QP's shard, with no hand-off.
+// kernel hands each received datagram to Conn number GroupMember(destQPN,
+// n), by a classic-BPF program (SO_ATTACH_REUSEPORT_CBPF) that reads the
+// BTH's destination QP. A device that gives QP number q to the shard
+// GroupMember(q, n) so receives every QP's packets on that QP's shard,
+// with no hand-off.
 //
 // What the program cannot steer lands elsewhere and must be handed on by
 // the caller: a GRO batch is steered by its first packet, so packets of
@@ -152,6 +153,7 @@ func steerProgram(n int) []bpf.Instruction {
 	return []bpf.Instruction{
 		bpf.LoadAbsolute{Off: 4, Size: 4}, // reserved byte and destination QP
 		bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: 0xffffff},
+		bpf.ALUOpConstant{Op: bpf.ALUOpShiftRight, Val: QPNBlockShift}, // GroupMember
 		bpf.ALUOpConstant{Op: bpf.ALUOpMod, Val: uint32(n)},
 		bpf.RetA{},
 	}

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"github.com/rxego/rxego/transport"
 	"runtime"
 	"time"
 
@@ -25,10 +26,10 @@ func heapInUse() uint64 {
 }
 
 // scaleRegions is how many Size-byte regions of the server's memory the
-// QPs write, each QP the one its server QP's number picks (mod
-// scaleRegions): QPs on the server's different shards (QPN mod shards)
-// then never write the same bytes at once, for any power-of-two shard
-// count up to 64.
+// QPs write, each QP the one its server QP's block picks (the number's
+// block, transport.QPNBlock, mod scaleRegions): QPs on the server's
+// different shards (block mod shards) then never write the same bytes at
+// once, for any power-of-two shard count up to 64.
 const scaleRegions = 64
 
 // rxegoScale connects QPs RC QPs on each side, measures the client's heap
@@ -71,7 +72,7 @@ func rxegoScale(p *peer) (Result, error) {
 				next = (next + 1) % len(s.qps)
 			}
 			wr.ID = uint64(next)
-			wr.RemoteAddr = them.VA + uint64(them.QPNs[next]%scaleRegions)*uint64(c.Size)
+			wr.RemoteAddr = them.VA + uint64((them.QPNs[next]>>transport.QPNBlockShift)%scaleRegions)*uint64(c.Size)
 			postErr = s.qps[next].PostSend(wr)
 			busy[next] = true
 			next = (next + 1) % len(s.qps)

@@ -92,8 +92,11 @@ type Device struct {
 	// (parallelSend).
 	parallel bool
 
-	qpnMu   sync.Mutex
-	nextQPN uint32 // the QP number CreateQP tries next
+	qpnMu sync.Mutex
+	// qpnNext holds, per shard, the QP number CreateQP tries next there;
+	// qpnShard is the shard of the next QP (they take turns).
+	qpnNext  []uint32
+	qpnShard int
 }
 
 // allLoopback reports whether every GID is a loopback address.
@@ -183,7 +186,7 @@ func Open(c Config) (*Device, error) {
 		}
 		return nil, err
 	}
-	d := &Device{conns: all, local: local, gids: gids, stop: make(chan struct{}), nextQPN: firstQPN,
+	d := &Device{conns: all, local: local, gids: gids, stop: make(chan struct{}),
 		topts: c.Transport, given: c.Conn != nil}
 	if c.Tap != nil {
 		d.SetTap(c.Tap)
@@ -340,32 +343,68 @@ func (d *Device) GIDs() []netip.AddrPort { return d.gids }
 // Shards returns how many shards the device has.
 func (d *Device) Shards() int { return len(d.shards) }
 
-// ShardOf returns the index of the shard QP number n lives on.
-func (d *Device) ShardOf(n uint32) int { return int(n % uint32(len(d.shards))) }
+// ShardOf returns the index of the shard QP number n lives on: its
+// block's (transport.GroupMember), where the socket group steers it.
+func (d *Device) ShardOf(n uint32) int { return transport.GroupMember(n, len(d.shards)) }
 
 // MaxMTU returns the port's active MTU (qp.Engine.MaxMTU).
 func (d *Device) MaxMTU() qp.MTU { return d.shards[0].eng.MaxMTU() }
 
 // CreateQP creates a QP on its number's shard: the number asked for
-// (a.QPN), or the device's next free one.
+// (a.QPN), or else the next free one of the next shard in turn. A shard's
+// QPs take the numbers of its blocks (transport.QPNBlock) in order, so a
+// sender may put packets of several of them in one GSO datagram
+// (transport.Coalesce) and the kernel still steers it to this shard.
 func (d *Device) CreateQP(a qp.InitAttr) (*qp.QP, error) {
 	if a.QPN != 0 {
 		return d.shards[d.ShardOf(a.QPN)].eng.Create(a)
 	}
 	d.qpnMu.Lock()
 	defer d.qpnMu.Unlock()
-	for range 1 << 10 { // numbers in use are skipped; a full space gives up
-		a.QPN = d.nextQPN
-		d.nextQPN++
-		if d.nextQPN > 0xffffff {
-			d.nextQPN = firstQPN
+	if d.qpnNext == nil {
+		d.qpnNext = make([]uint32, len(d.shards))
+		for s := range d.qpnNext {
+			d.qpnNext[s] = d.firstQPNOf(s)
 		}
-		q, err := d.shards[d.ShardOf(a.QPN)].eng.Create(a)
+		d.qpnShard = d.ShardOf(firstQPN)
+	}
+	s := d.qpnShard
+	d.qpnShard = (s + 1) % len(d.shards)
+	for range 1 << 10 { // numbers in use are skipped; a full space gives up
+		a.QPN = d.qpnNext[s]
+		d.qpnNext[s] = d.nextQPNOf(a.QPN, s)
+		q, err := d.shards[s].eng.Create(a)
 		if err == nil || !errors.Is(err, qp.ErrQPNTaken) {
 			return q, err
 		}
 	}
 	return nil, errors.New("rxego: no free QP number")
+}
+
+// firstQPNOf is shard s's first QP number from firstQPN on.
+func (d *Device) firstQPNOf(s int) uint32 {
+	for b := uint32(0); ; b++ {
+		if d.ShardOf(b<<transport.QPNBlockShift) != s {
+			continue
+		}
+		if q := max(b<<transport.QPNBlockShift, firstQPN); q < (b+1)<<transport.QPNBlockShift {
+			return q
+		}
+	}
+}
+
+// nextQPNOf is the QP number of shard s after q: the next in q's block,
+// or the first of the shard's next block (every Shards-th), wrapping past
+// the largest QP number.
+func (d *Device) nextQPNOf(q uint32, s int) uint32 {
+	q++
+	if q%transport.QPNBlock == 0 {
+		q += uint32(len(d.shards)-1) << transport.QPNBlockShift
+	}
+	if q > 0xffffff {
+		return d.firstQPNOf(s)
+	}
+	return q
 }
 
 // NewSRQ makes a shared receive queue; it serves QPs of every shard.

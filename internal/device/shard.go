@@ -10,7 +10,7 @@ import (
 )
 
 // shard is one of a device's engines with its send path: the QPs whose
-// number is idx mod the shard count live on it. Nothing on one QP's data
+// number's block is idx mod the shard count (Device.ShardOf) live on it. Nothing on one QP's data
 // path is shared with another shard's QPs except the device-wide objects
 // verbs share (CQs, SRQs, PDs, MRs).
 type shard struct {
@@ -189,10 +189,9 @@ func newDemux(d *Device, home int) *demux {
 // split reports whether every packet of pkts belongs to the home shard;
 // otherwise it sorts them into per.
 func (x *demux) split(pkts []qp.InPacket) bool {
-	n := uint32(len(x.d.shards))
 	all := true
 	for i := range pkts {
-		if int(pkts[i].Pkt.BTH().DestQP()%n) != x.home {
+		if x.d.ShardOf(pkts[i].Pkt.BTH().DestQP()) != x.home {
 			all = false
 			break
 		}
@@ -201,7 +200,7 @@ func (x *demux) split(pkts []qp.InPacket) bool {
 		return true
 	}
 	for i := range pkts {
-		s := pkts[i].Pkt.BTH().DestQP() % n
+		s := x.d.ShardOf(pkts[i].Pkt.BTH().DestQP())
 		x.per[s] = append(x.per[s], pkts[i])
 	}
 	x.handedOn.Add(uint64(len(pkts) - len(x.per[x.home])))
