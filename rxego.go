@@ -133,7 +133,7 @@ type Options struct {
 	// its own engine (lock, timers, send path) and, on the sockets Open
 	// makes, its own socket in an SO_REUSEPORT group whose BPF program
 	// steers every received packet to its QP's shard (its QP number's
-	// block of transport.QPNBlock, mod Shards: a shard's QPs take
+	// block of 16, mod Shards: a shard's QPs take
 	// consecutive numbers of its blocks, the shards in turn). 0 means one per CPU (runtime.NumCPU), at most MaxShards,
 	// or one with BusyPoll; the raw receive mode (transport.RecvRaw)
 	// always has one.
