@@ -133,10 +133,10 @@ type Options struct {
 	// its own engine (lock, timers, send path) and, on the sockets Open
 	// makes, its own socket in an SO_REUSEPORT group whose BPF program
 	// steers every received packet to its QP's shard (its QP number's
-	// block of 16, mod Shards: a shard's QPs take
-	// consecutive numbers of its blocks, the shards in turn). 0 means one per CPU (runtime.NumCPU), at most MaxShards,
-	// or one with BusyPoll; the raw receive mode (transport.RecvRaw)
-	// always has one.
+	// block of 16, mod Shards: a shard's QPs take consecutive numbers of
+	// its blocks, the shards in turn). 0 means one per CPU
+	// (runtime.NumCPU), at most MaxShards, or one with BusyPoll; the raw
+	// receive mode (transport.RecvRaw) always has one.
 	Shards int
 	// SourcePorts is how many UDP source ports each shard sends from, in
 	// 0xC000-0xFFFF as rxe and RNICs do, so that ECMP fabrics and the

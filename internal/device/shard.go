@@ -11,9 +11,8 @@ import (
 
 // shard is one of a device's engines with its send path: the QPs whose
 // number's block is idx mod the shard count (Device.ShardOf) live on it.
-// Nothing on one QP's data
-// path is shared with another shard's QPs except the device-wide objects
-// verbs share (CQs, SRQs, PDs, MRs).
+// Nothing on one QP's data path is shared with another shard's QPs except
+// the device-wide objects verbs share (CQs, SRQs, PDs, MRs).
 type shard struct {
 	d    *Device
 	idx  int
