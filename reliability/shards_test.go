@@ -166,7 +166,7 @@ func runSharded(t *testing.T, a, b *shardedEnd, rounds int, timeout time.Duratio
 				if wc.Status != rxego.WCSuccess || !ok || wc.ByteLen != shSendLen {
 					t.Fatalf("round %d: receive %+v", r, wc)
 				}
-				shards[int(wc.QPN)%b.dev.Shards()] = true
+				shards[transport.GroupMember(wc.QPN, b.dev.Shards())] = true
 				b.dev.Sync()
 				if v := binary.LittleEndian.Uint64(b.buf[wc.ID:]); v != uint64(r)<<32|uint64(i)<<16 {
 					t.Fatalf("round %d: QP %d's SEND carried %#x", r, i, v)
