@@ -8,8 +8,8 @@ import (
 // Coalesce merges runs of msgs into GSO sends, in place, and returns the
 // shortened slice. A run is consecutive messages whose buffers lie back to
 // back in memory (each starts where the one before it ends, inside its
-// capacity), to the same peer, destination QP and TOS, all of the first's
-// length but the last, which may be shorter, at most MaxSegments of them
+// capacity), to the same peer and TOS and QPs of one block (below), all
+// of the first's length but the last, which may be shorter, at most MaxSegments of them
 // and together within one IPv4 UDP datagram: it becomes one Message with
 // Seg set, which Send hands the kernel as one datagram, copying nothing.
 // Messages that already have Seg set are left alone. Scattered messages

@@ -2,11 +2,11 @@ package harness
 
 import (
 	"context"
-	"github.com/rxego/rxego/transport"
 	"runtime"
 	"time"
 
 	"github.com/rxego/rxego"
+	"github.com/rxego/rxego/transport"
 )
 
 // Scale case parameters: each QP's queues, and the WRITEs in flight over

@@ -224,6 +224,11 @@ func Open(c Config) (*Device, error) {
 		}
 		d.shards = append(d.shards, s)
 	}
+	d.qpnNext = make([]uint32, n)
+	for s := range d.qpnNext {
+		d.qpnNext[s] = d.firstQPNOf(s)
+	}
+	d.qpnShard = d.ShardOf(firstQPN)
 	for i, cn := range conns {
 		in := Input(d.shards[i].eng)
 		if n > 1 {
@@ -361,13 +366,6 @@ func (d *Device) CreateQP(a qp.InitAttr) (*qp.QP, error) {
 	}
 	d.qpnMu.Lock()
 	defer d.qpnMu.Unlock()
-	if d.qpnNext == nil {
-		d.qpnNext = make([]uint32, len(d.shards))
-		for s := range d.qpnNext {
-			d.qpnNext[s] = d.firstQPNOf(s)
-		}
-		d.qpnShard = d.ShardOf(firstQPN)
-	}
 	s := d.qpnShard
 	d.qpnShard = (s + 1) % len(d.shards)
 	for range 1 << 10 { // numbers in use are skipped; a full space gives up
