@@ -155,33 +155,47 @@ func TestTraceLiveGSO(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for k := range msgs {
-		if err := qps[1].PostRecv(rxego.RecvWR{ID: uint64(k), SGL: []rxego.SGE{{Addr: mrs[1].IOVA() + uint64(k*size), Length: size, LKey: mrs[1].LKey()}}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The capture stops at the 25th packet: five 4-packet SENDs and their
+	// ACKs, whichever packet it opens before. Messages go one at a time
+	// until then, however long the capture takes to open on a loaded
+	// machine.
 	host := a.Addr().Addr().String()
 	var out bytes.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- traceTo(&out, []string{"-i", "lo", "--host", host, "--duration", "2s", "--summary", "--packets"})
+		done <- traceTo(&out, []string{"-i", "lo", "--host", host, "--count", strconv.Itoa(msgs * 5), "--duration", "20s", "--summary", "--packets"})
 	}()
-	time.Sleep(300 * time.Millisecond) // the socket is open
-	for k := range msgs {
+	wc := make([]rxego.WC, msgs)
+	captured := false
+	for k := 0; k < 400 && !captured; k++ {
+		off := uint64(k % msgs * size)
+		if err := qps[1].PostRecv(rxego.RecvWR{ID: uint64(k), SGL: []rxego.SGE{{Addr: mrs[1].IOVA() + off, Length: size, LKey: mrs[1].LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
 		err := qps[0].PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRSend, Flags: rxego.SendSignaled,
-			SGL: []rxego.SGE{{Addr: mrs[0].IOVA() + uint64(k*size), Length: size, LKey: mrs[0].LKey()}}})
+			SGL: []rxego.SGE{{Addr: mrs[0].IOVA() + off, Length: size, LKey: mrs[0].LKey()}}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		wc := make([]rxego.WC, 1)
-		if _, err := cqs[0].PollWait(ctx, wc); err != nil || wc[0].Status != 0 {
+		_, err = cqs[0].PollWait(ctx, wc[:1])
+		cancel()
+		if err != nil || wc[0].Status != 0 {
 			t.Fatalf("send %d: %v %+v", k, err, wc[0])
 		}
-		cancel()
+		for n, _ := cqs[1].Poll(wc); n > 0; n, _ = cqs[1].Poll(wc) {
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			captured = true
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	if !captured {
+		t.Fatal("capture did not finish")
 	}
 	s := out.String()
 	var sends, gso int
