@@ -118,6 +118,11 @@ func parseCPUList(l string) (unix.CPUSet, error) {
 	return set, nil
 }
 
+// Renice gives every thread of this process nice value n (a process the
+// harness does not start as a peer, such as a rank of "rxego-bench
+// workloads", applies -nice with it). It needs root for a negative n.
+func Renice(n int) error { return applySched(Sched{Nice: n}, false) }
+
 // applySched gives every thread of this process the nice value and the
 // CPUs s asks of role. It goes over the threads until a pass finds no new
 // one: a thread the runtime starts meanwhile inherits the settings of the

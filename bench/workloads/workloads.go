@@ -15,9 +15,11 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/rxego/rxego/bench/harness"
 	"github.com/rxego/rxego/examples/allreduce"
 	"github.com/rxego/rxego/examples/kvcache"
 	"github.com/rxego/rxego/examples/prefixcache"
@@ -30,13 +32,37 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 1 && args[0] == "rank" {
 		return rankMain(args[1], args[2:])
 	}
+	if len(args) > 2 && args[0] == "nice-rank" {
+		n, err := strconv.Atoi(args[1])
+		if err == nil {
+			err = harness.Renice(n)
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "rxego-bench workloads: rank at nice", args[1]+":", err)
+			return 1
+		}
+		return rankMain(args[2], args[3:])
+	}
 	fs := flag.NewFlagSet("rxego-bench workloads", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	rounds := fs.Int("repeat", 5, "rounds; each row reports its median and range")
 	quick := fs.Bool("quick", false, "small sizes (a smoke run)")
 	only := fs.String("run", "kvcache,prefix,allreduce", "workloads to run, comma-separated")
+	nice := fs.Bool("nice", false, "run every thread of every rank process (and of this one) at nice -20, as rxego-bench -nice does for its peers, so other load on the machine disturbs less (needs root)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "rxego-bench workloads: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	rankNice = 0
+	if *nice {
+		if err := harness.Renice(niceValue); err != nil {
+			fmt.Fprintln(stderr, "rxego-bench workloads: -nice:", err)
+			return 1
+		}
+		rankNice = niceValue
 	}
 	p := full
 	if *quick {
@@ -45,13 +71,35 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	host, _ := os.Hostname()
-	fmt.Fprintf(stdout, "# AI workloads: rxego against TCP\n\n%s, %d CPUs, %s; %d rounds, median (min-max)\n\n",
-		host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), *rounds)
+	how := ""
+	if *nice {
+		how = fmt.Sprintf("; every rank at nice %d", niceValue)
+	}
+	fmt.Fprintf(stdout, "# AI workloads: rxego against TCP\n\n%s, %d CPUs, %s; %d rounds, median (min-max)%s; load average at the start %s\n\n",
+		host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), *rounds, how, loadAverage())
 	if err := run(ctx, stdout, stderr, p, strings.Split(*only, ","), *rounds); err != nil {
 		fmt.Fprintln(stderr, "rxego-bench workloads:", err)
 		return 1
 	}
+	fmt.Fprintf(stdout, "Load average at the end: %s (%s).\n", loadAverage(), time.Now().UTC().Format("15:04:05 MST"))
 	return 0
+}
+
+// niceValue is what -nice sets, as rxego-bench -nice does.
+const niceValue = -20
+
+// rankNice is the nice value the rank processes set on all their
+// threads (0: unchanged); Main sets it from -nice.
+var rankNice int
+
+// loadAverage is the 1-, 5- and 15-minute load averages, for the report
+// (a figure counts only from a quiet sitting: docs/performance.md).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
 }
 
 // params are the sizes of a sitting.
@@ -88,8 +136,14 @@ func rankMain(name string, args []string) int {
 	return 2
 }
 
-// procs starts a workload's ranks as processes of this executable.
+// procs starts a workload's ranks as processes of this executable, at
+// nice rankNice ("nice-rank N" before the name: each rank applies it to
+// all its threads as it starts, since a child inherits only the nice
+// value of the thread that forked it).
 func procs(name string, cfg any) job.Starter {
+	if rankNice != 0 {
+		return job.Processes([]string{"workloads", "nice-rank", strconv.Itoa(rankNice), name}, cfg)
+	}
 	return job.Processes([]string{"workloads", "rank", name}, cfg)
 }
 

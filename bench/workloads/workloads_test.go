@@ -2,6 +2,8 @@ package workloads
 
 import (
 	"bytes"
+	"io"
+	"os"
 	"strings"
 	"testing"
 )
@@ -30,5 +32,34 @@ func TestTableBeside(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestNiceRank checks that a rank started with -nice ("nice-rank N NAME
+// ...") sets nice value N on every thread of its process before it runs
+// the rank (here an unknown workload, which then fails as such).
+func TestNiceRank(t *testing.T) {
+	var stderr bytes.Buffer
+	if code := Main([]string{"nice-rank", "7", "no-such-workload"}, io.Discard, &stderr); code != 2 {
+		t.Fatalf("exit %d, want 2 (unknown workload); stderr: %s", code, stderr.String())
+	}
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/stat")
+		if err != nil {
+			continue // the thread ended
+		}
+		// Field 19 is the nice value; the command name (field 2) may
+		// hold spaces, so count from its closing parenthesis.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 17 || f[16] != "7" {
+			t.Errorf("thread %s: nice %v, want 7", e.Name(), f[16:17])
+		}
+	}
+	if code := Main([]string{"nice-rank", "x", "prefix"}, io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), "rank at nice x") {
+		t.Errorf("a bad nice value: exit %d, %s", code, stderr.String())
 	}
 }
