@@ -56,7 +56,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rxego-bench workloads: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
-	rankNice = 0
+	rankNice := 0
 	if *nice {
 		if err := harness.Renice(niceValue); err != nil {
 			fmt.Fprintln(stderr, "rxego-bench workloads: -nice:", err)
@@ -72,12 +72,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 	host, _ := os.Hostname()
 	how := ""
-	if *nice {
-		how = fmt.Sprintf("; every rank at nice %d", niceValue)
+	if rankNice != 0 {
+		how = fmt.Sprintf("; every rank at nice %d", rankNice)
 	}
 	fmt.Fprintf(stdout, "# AI workloads: rxego against TCP\n\n%s, %d CPUs, %s; %d rounds, median (min-max)%s; load average at the start %s\n\n",
 		host, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02 15:04 MST"), *rounds, how, loadAverage())
-	if err := run(ctx, stdout, stderr, p, strings.Split(*only, ","), *rounds); err != nil {
+	if err := run(ctx, stdout, stderr, p, strings.Split(*only, ","), *rounds, rankNice); err != nil {
 		fmt.Fprintln(stderr, "rxego-bench workloads:", err)
 		return 1
 	}
@@ -88,15 +88,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 // niceValue is what -nice sets, as rxego-bench -nice does.
 const niceValue = -20
 
-// rankNice is the nice value the rank processes set on all their
-// threads (0: unchanged); Main sets it from -nice.
-var rankNice int
-
 // loadAverage is the 1-, 5- and 15-minute load averages, for the report
 // (a figure counts only from a quiet sitting: docs/performance.md).
 func loadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
-	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+	if err != nil {
+		return "unknown"
+	}
+	if f := strings.Fields(string(b)); len(f) >= 3 {
 		return strings.Join(f[:3], " ")
 	}
 	return "unknown"
@@ -137,12 +136,12 @@ func rankMain(name string, args []string) int {
 }
 
 // procs starts a workload's ranks as processes of this executable, at
-// nice rankNice ("nice-rank N" before the name: each rank applies it to
-// all its threads as it starts, since a child inherits only the nice
-// value of the thread that forked it).
-func procs(name string, cfg any) job.Starter {
-	if rankNice != 0 {
-		return job.Processes([]string{"workloads", "nice-rank", strconv.Itoa(rankNice), name}, cfg)
+// nice value nice (0: unchanged; "nice-rank N" before the name: each rank
+// applies it to all its threads as it starts, since a child inherits only
+// the nice value of the thread that forked it).
+func procs(name string, cfg any, nice int) job.Starter {
+	if nice != 0 {
+		return job.Processes([]string{"workloads", "nice-rank", strconv.Itoa(nice), name}, cfg)
 	}
 	return job.Processes([]string{"workloads", "rank", name}, cfg)
 }
@@ -207,7 +206,7 @@ func (t *table) write(w io.Writer) {
 	fmt.Fprintln(w)
 }
 
-func run(ctx context.Context, out, progress io.Writer, p params, only []string, rounds int) error {
+func run(ctx context.Context, out, progress io.Writer, p params, only []string, rounds, nice int) error {
 	kv := &table{title: fmt.Sprintf("KV-cache hand-off: %d layers x %d tokens x %d x %d B = %.0f MiB; RDMA over %d QPs",
 		p.kv.Layers, p.kv.Tokens, p.kv.Width, p.kv.DTypeBytes, float64(p.kv.Bytes())/(1<<20), p.qps)}
 	px := &table{title: fmt.Sprintf("Shared prefix: %.0f MiB, %d readers x %d pulls, READs of %d KiB, %d outstanding",
@@ -217,7 +216,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 	for i := range rounds {
 		fmt.Fprintf(progress, "round %d of %d\n", i+1, rounds)
 		if slices.Contains(only, "kvcache") {
-			rs, err := kvcache.Compare(ctx, p.kv, p.qps, p.conns, false, true, func(c kvcache.Config) job.Starter { return procs("kvcache", c) })
+			rs, err := kvcache.Compare(ctx, p.kv, p.qps, p.conns, false, true, func(c kvcache.Config) job.Starter { return procs("kvcache", c, nice) })
 			if err != nil {
 				return err
 			}
@@ -232,7 +231,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 			}
 		}
 		if slices.Contains(only, "prefix") {
-			rs, err := prefixcache.Compare(ctx, p.prefix, func(c prefixcache.Config) job.Starter { return procs("prefix", c) })
+			rs, err := prefixcache.Compare(ctx, p.prefix, func(c prefixcache.Config) job.Starter { return procs("prefix", c, nice) })
 			if err != nil {
 				return err
 			}
@@ -245,7 +244,7 @@ func run(ctx context.Context, out, progress io.Writer, p params, only []string, 
 			}
 		}
 		if slices.Contains(only, "allreduce") {
-			rs, err := allreduce.Compare(ctx, p.reduce, func(c allreduce.Config) job.Starter { return procs("allreduce", c) })
+			rs, err := allreduce.Compare(ctx, p.reduce, func(c allreduce.Config) job.Starter { return procs("allreduce", c, nice) })
 			if err != nil {
 				return err
 			}

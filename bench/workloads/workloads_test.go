@@ -55,8 +55,10 @@ func TestNiceRank(t *testing.T) {
 		// Field 19 is the nice value; the command name (field 2) may
 		// hold spaces, so count from its closing parenthesis.
 		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) < 17 || f[16] != "7" {
-			t.Errorf("thread %s: nice %v, want 7", e.Name(), f[16:17])
+		if len(f) < 17 {
+			t.Errorf("thread %s: stat %q has no nice field", e.Name(), b)
+		} else if f[16] != "7" {
+			t.Errorf("thread %s: nice %s, want 7", e.Name(), f[16])
 		}
 	}
 	if code := Main([]string{"nice-rank", "x", "prefix"}, io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), "rank at nice x") {
