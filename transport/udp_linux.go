@@ -522,12 +522,18 @@ type recvState struct {
 	// more tries the queue once more after it, in vain).
 	vlen  int
 	empty bool // the last TryRecv found nothing queued
-	errno unix.Errno
-	fn    func(fd uintptr) bool
-	try   func(fd uintptr) // fn once, without waiting (TryRecv)
-	got   bool             // try's result
-	ready func(fd uintptr) bool
-	pfd   [1]unix.PollFd // for ready
+	// wouldWait is set when a read found nothing queued (and, in a
+	// blocking read, its goroutine then parks in the runtime's poller);
+	// busyFrom is when reads began to find work without ever waiting, 0
+	// since the last wait (see keepPolling).
+	wouldWait bool
+	busyFrom  atomic.Int64
+	errno     unix.Errno
+	fn        func(fd uintptr) bool
+	try       func(fd uintptr) // fn once, without waiting (TryRecv)
+	got       bool             // try's result
+	ready     func(fd uintptr) bool
+	pfd       [1]unix.PollFd // for ready
 
 	next     int    // next datagram to start
 	data     []byte // packets of the current datagram not yet delivered
@@ -569,10 +575,9 @@ func (r *recvState) init(batch, slot int) {
 			switch {
 			case e == unix.EINTR:
 				continue
-			case e == unix.EAGAIN:
+			case e == unix.EAGAIN, e == 0 && n == 0:
+				r.wouldWait = true
 				return false // wait until readable
-			case e == 0 && n == 0:
-				return false
 			}
 			r.n, r.errno = n, e
 			return true
@@ -584,7 +589,11 @@ func (r *recvState) init(batch, slot int) {
 	r.ready = func(fd uintptr) bool {
 		r.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
 		n, err := unix.Poll(r.pfd[:], 0)
-		return err != nil || n > 0 // on an error, let the read report it
+		if err == nil && n == 0 {
+			r.busyFrom.Store(0) // it parks
+			return false
+		}
+		return true // readable; on an error, let the read report it
 	}
 }
 
@@ -813,6 +822,7 @@ func (c *udpConn) readBatch(how recvHow) error {
 		rc = c.rrc
 	}
 	if how != recvTry {
+		r.wouldWait = false
 		for {
 			err := rc.Read(r.fn)
 			if err == nil {
@@ -833,6 +843,11 @@ func (c *udpConn) readBatch(how recvHow) error {
 		}
 	}
 	c.ctr.recvCalls.Add(1)
+	if how != recvTry && r.wouldWait {
+		r.busyFrom.Store(0)
+	} else if r.keepPolling() {
+		c.ctr.pollerNudges.Add(1)
+	}
 	if r.errno != 0 {
 		r.dirty = len(r.hdrs) // whatever the kernel wrote before it failed
 		r.n = 0
@@ -896,3 +911,44 @@ func (c *udpConn) verify(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 	}
 	return c.verifyRaw(pkt)
 }
+
+// Keeping the runtime's network poller going. The system calls that read
+// and send are raw (mmsgSyscall), so a receive loop whose socket always
+// has work queued never enters the scheduler: to the runtime it is a
+// goroutine computing. If the goroutine that last polled the network is
+// that one, the runtime may have no thread left waiting in epoll while
+// the other P idles, and then only sysmon polls, every 10 ms: another
+// socket's reader, parked in the poller, stays parked 5-20 ms (sometimes
+// 80) after its datagram came. A device's shards are such sockets: a
+// responder streaming READ responses on one shard left READ requests
+// waiting on another until the requester's retry timer fired
+// (docs/performance.md, "A socket read late"). So a read that has not
+// waited for pollerNudgeEvery starts an empty goroutine: starting one
+// wakes an idle P, and the thread that takes it polls the network when
+// it finds nothing else to do. Reads that wait reset the clock, so a
+// request-response loop (which waits at every message) never does it.
+const pollerNudgeEvery = time.Millisecond
+
+// pollerEpoch is the origin of busyFrom's clock (monotonic).
+var pollerEpoch = time.Now()
+
+// keepPolling notes a read that did not wait and reports whether it
+// started a goroutine to get the network polled (see pollerNudgeEvery).
+// The caller holds rmu.
+func (r *recvState) keepPolling() bool {
+	now := max(int64(time.Since(pollerEpoch)), 1)
+	from := r.busyFrom.Load()
+	if from == 0 {
+		r.busyFrom.Store(now)
+		return false
+	}
+	if now-from < int64(pollerNudgeEvery) {
+		return false
+	}
+	r.busyFrom.Store(now)
+	go nudgePoller()
+	return true
+}
+
+// nudgePoller does nothing: starting it is what counts (keepPolling).
+func nudgePoller() {}

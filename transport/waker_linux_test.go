@@ -103,3 +103,62 @@ func TestWaker(t *testing.T) {
 		})
 	}
 }
+
+// TestPollerNudge checks that reads which keep finding datagrams queued,
+// never waiting, start a goroutine about once a millisecond
+// (Stats.PollerNudges), so that the Go runtime goes on polling the network
+// for other sockets while this one keeps its reader busy; and that reads
+// which wait for each datagram, as a request-response loop does, start
+// none.
+func TestPollerNudge(t *testing.T) {
+	a := listenAny(t, "127.0.0.1", Options{})
+	b := listenAny(t, "127.0.0.2", Options{BatchSize: 1}) // one datagram per recvmmsg
+	w := b.(Waker)
+	timer := time.AfterFunc(20*time.Second, func() { b.Close() }) // never hang
+	defer timer.Stop()
+	send := func(psn uint32) {
+		if k, err := a.Send([]Message{{Buf: rocePacket(128, psn), Peer: b.LocalAddr()}}); k != 1 || err != nil {
+			t.Errorf("Send = %d, %v", k, err)
+		}
+	}
+	msgs := make([]Message, 1)
+	recv := func() {
+		t.Helper()
+		for {
+			n, err := w.RecvWait(msgs, w.WakeSeq(), time.Time{})
+			if err != nil {
+				t.Fatalf("RecvWait: %v", err)
+			}
+			if n == 1 {
+				return
+			}
+		}
+	}
+
+	// Each datagram comes 10 ms after the read began to wait for it.
+	for i := range 5 {
+		sent := time.AfterFunc(10*time.Millisecond, func() { send(uint32(i)) })
+		recv()
+		sent.Stop()
+	}
+	if n := b.Stats().PollerNudges; n != 0 {
+		t.Errorf("reads that waited for every datagram: %d nudges, want 0", n)
+	}
+
+	// 40 datagrams queued before reading, then read one per recvmmsg over
+	// at least 40 * 500 us: no read waits.
+	const queued = 40
+	for i := range queued {
+		send(uint32(100 + i))
+	}
+	time.Sleep(20 * time.Millisecond) // loopback delivers as it sends; this is for slack
+	for range queued {
+		recv()
+		time.Sleep(500 * time.Microsecond)
+	}
+	st := b.Stats()
+	if st.PollerNudges == 0 {
+		t.Errorf("%d reads over %v, none waiting: no nudge", queued, time.Duration(queued)*500*time.Microsecond)
+	}
+	t.Logf("%d nudges", st.PollerNudges)
+}
