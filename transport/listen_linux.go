@@ -234,8 +234,9 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 		c.file.Close()
 		return nil, fail("syscallconn", err)
 	}
+	rfd := -1
 	if opts.Mode == RecvRaw {
-		rfd, err := openRaw(local, &opts)
+		rfd, err = openRaw(local, &opts)
 		if err != nil {
 			c.file.Close()
 			return nil, err
@@ -264,6 +265,11 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 	c.s.sockTOS = opts.TOS // openUDP set it
 	if role != sockSend {
 		c.r.init(opts.BatchSize, slot)
+		c.fd = fd
+		if c.raw != nil {
+			c.fd = rfd
+		}
+		receivers.add(c)
 	}
 	return c, nil
 }

@@ -21,11 +21,11 @@ type Stats struct {
 	RecvDatagrams          uint64 // datagrams read (a GRO batch is one)
 	GROBatches             uint64 // datagrams holding more than one packet
 	GROSegments            uint64 // packets in those datagrams
-	// PollerNudges counts goroutines started because reads had found
-	// work for a millisecond without waiting, so that the Go runtime
-	// polls the network for other sockets meanwhile (pollerNudgeEvery).
-	PollerNudges uint64
-	Drops        [NumDropReasons]uint64
+	// ParkedKicks counts readers of other sockets that this Conn's reads
+	// woke because those sockets held datagrams the Go runtime had not
+	// reported while this Conn's reads kept finding work (kickParked).
+	ParkedKicks uint64
+	Drops       [NumDropReasons]uint64
 
 	GSO, GRO bool     // offloads in use
 	Mode     RecvMode // receive mode in use
@@ -56,7 +56,7 @@ func (s *Stats) Add(o Stats) {
 	s.RecvDatagrams += o.RecvDatagrams
 	s.GROBatches += o.GROBatches
 	s.GROSegments += o.GROSegments
-	s.PollerNudges += o.PollerNudges
+	s.ParkedKicks += o.ParkedKicks
 	for i, d := range o.Drops {
 		s.Drops[i] += d
 	}
@@ -72,7 +72,7 @@ type counters struct {
 	sendDrops                              atomic.Uint64
 	recvPackets, recvBytes, recvCalls      atomic.Uint64
 	recvDatagrams, groBatches, groSegments atomic.Uint64
-	pollerNudges                           atomic.Uint64
+	parkedKicks                            atomic.Uint64
 	drops                                  [NumDropReasons]atomic.Uint64
 }
 
@@ -91,7 +91,7 @@ func (c *counters) snapshot() Stats {
 		RecvDatagrams: c.recvDatagrams.Load(),
 		GROBatches:    c.groBatches.Load(),
 		GROSegments:   c.groSegments.Load(),
-		PollerNudges:  c.pollerNudges.Load(),
+		ParkedKicks:   c.parkedKicks.Load(),
 	}
 	for i := range c.drops {
 		s.Drops[i] = c.drops[i].Load()

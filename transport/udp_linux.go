@@ -58,6 +58,7 @@ type udpConn struct {
 	tapPkt []byte
 	rmu    sync.Mutex
 	r      recvState
+	fd     int // the reading socket (the raw one in RecvRaw mode), for kickParked's poll
 }
 
 func (c *udpConn) LocalAddr() netip.AddrPort { return c.ep.local }
@@ -89,6 +90,7 @@ func (c *udpConn) Close() error {
 	if !c.closed.CompareAndSwap(false, true) {
 		return net.ErrClosed
 	}
+	receivers.remove(c)
 	err := c.file.Close()
 	c.csum.close()
 	if c.raw != nil {
@@ -525,9 +527,13 @@ type recvState struct {
 	// wouldWait is set when a read found nothing queued (and, in a
 	// blocking read, its goroutine then parks in the runtime's poller);
 	// busyFrom is when reads began to find work without ever waiting, 0
-	// since the last wait (see keepPolling).
+	// since the last wait; parked is set while a reader waits in the
+	// runtime's poller (see kickParked).
 	wouldWait bool
 	busyFrom  atomic.Int64
+	parked    atomic.Bool
+	kickFDs   []unix.PollFd // kickParked's scratch
+	kickConns []*udpConn
 	errno     unix.Errno
 	fn        func(fd uintptr) bool
 	try       func(fd uintptr) // fn once, without waiting (TryRecv)
@@ -577,7 +583,8 @@ func (r *recvState) init(batch, slot int) {
 				continue
 			case e == unix.EAGAIN, e == 0 && n == 0:
 				r.wouldWait = true
-				return false // wait until readable
+				r.parked.Store(true) // cleared when the read returns (readBatch)
+				return false         // wait until readable
 			}
 			r.n, r.errno = n, e
 			return true
@@ -590,7 +597,8 @@ func (r *recvState) init(batch, slot int) {
 		r.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
 		n, err := unix.Poll(r.pfd[:], 0)
 		if err == nil && n == 0 {
-			r.busyFrom.Store(0) // it parks
+			r.busyFrom.Store(0)
+			r.parked.Store(true) // cleared when WaitReadable's read returns
 			return false
 		}
 		return true // readable; on an error, let the read report it
@@ -695,6 +703,7 @@ func (c *udpConn) WaitReadable() error {
 	}
 	for {
 		err := rc.Read(c.r.ready)
+		c.r.parked.Store(false)
 		if err == nil {
 			return nil
 		}
@@ -825,6 +834,7 @@ func (c *udpConn) readBatch(how recvHow) error {
 		r.wouldWait = false
 		for {
 			err := rc.Read(r.fn)
+			r.parked.Store(false)
 			if err == nil {
 				break
 			}
@@ -845,8 +855,8 @@ func (c *udpConn) readBatch(how recvHow) error {
 	c.ctr.recvCalls.Add(1)
 	if how != recvTry && r.wouldWait {
 		r.busyFrom.Store(0)
-	} else if r.keepPolling() {
-		c.ctr.pollerNudges.Add(1)
+	} else if r.stillBusy() {
+		c.kickParked()
 	}
 	if r.errno != 0 {
 		r.dirty = len(r.hdrs) // whatever the kernel wrote before it failed
@@ -911,44 +921,3 @@ func (c *udpConn) verify(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 	}
 	return c.verifyRaw(pkt)
 }
-
-// Keeping the runtime's network poller going. The system calls that read
-// and send are raw (mmsgSyscall), so a receive loop whose socket always
-// has work queued never enters the scheduler: to the runtime it is a
-// goroutine computing. If the goroutine that last polled the network is
-// that one, the runtime may have no thread left waiting in epoll while
-// the other P idles, and then only sysmon polls, every 10 ms: another
-// socket's reader, parked in the poller, stays parked 5-20 ms (sometimes
-// 80) after its datagram came. A device's shards are such sockets: a
-// responder streaming READ responses on one shard left READ requests
-// waiting on another until the requester's retry timer fired
-// (docs/performance.md, "A socket read late"). So a read that has not
-// waited for pollerNudgeEvery starts an empty goroutine: starting one
-// wakes an idle P, and the thread that takes it polls the network when
-// it finds nothing else to do. Reads that wait reset the clock, so a
-// request-response loop (which waits at every message) never does it.
-const pollerNudgeEvery = time.Millisecond
-
-// pollerEpoch is the origin of busyFrom's clock (monotonic).
-var pollerEpoch = time.Now()
-
-// keepPolling notes a read that did not wait and reports whether it
-// started a goroutine to get the network polled (see pollerNudgeEvery).
-// The caller holds rmu.
-func (r *recvState) keepPolling() bool {
-	now := max(int64(time.Since(pollerEpoch)), 1)
-	from := r.busyFrom.Load()
-	if from == 0 {
-		r.busyFrom.Store(now)
-		return false
-	}
-	if now-from < int64(pollerNudgeEvery) {
-		return false
-	}
-	r.busyFrom.Store(now)
-	go nudgePoller()
-	return true
-}
-
-// nudgePoller does nothing: starting it is what counts (keepPolling).
-func nudgePoller() {}

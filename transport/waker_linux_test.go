@@ -104,61 +104,67 @@ func TestWaker(t *testing.T) {
 	}
 }
 
-// TestPollerNudge checks that reads which keep finding datagrams queued,
-// never waiting, start a goroutine about once a millisecond
-// (Stats.PollerNudges), so that the Go runtime goes on polling the network
-// for other sockets while this one keeps its reader busy; and that reads
-// which wait for each datagram, as a request-response loop does, start
-// none.
-func TestPollerNudge(t *testing.T) {
+// TestKickParked checks that reads which keep finding datagrams queued,
+// never waiting, wake the parked reader of another socket that holds a
+// datagram, which the Go runtime may leave parked meanwhile (kickEvery);
+// and leave alone a parked reader whose socket is empty, and a socket
+// with a datagram whose reader is not parked.
+func TestKickParked(t *testing.T) {
 	a := listenAny(t, "127.0.0.1", Options{})
-	b := listenAny(t, "127.0.0.2", Options{BatchSize: 1}) // one datagram per recvmmsg
-	w := b.(Waker)
-	timer := time.AfterFunc(20*time.Second, func() { b.Close() }) // never hang
+	b := listenAny(t, "127.0.0.2", Options{})
+	busy := listenAny(t, "127.0.0.3", Options{BatchSize: 1}) // one datagram per recvmmsg
+	parked := b.(*udpConn)
+	bw := busy.(Waker)
+	timer := time.AfterFunc(20*time.Second, func() { busy.Close() }) // never hang
 	defer timer.Stop()
-	send := func(psn uint32) {
-		if k, err := a.Send([]Message{{Buf: rocePacket(128, psn), Peer: b.LocalAddr()}}); k != 1 || err != nil {
-			t.Errorf("Send = %d, %v", k, err)
-		}
-	}
-	msgs := make([]Message, 1)
-	recv := func() {
+	send := func(to Conn, psn uint32) {
 		t.Helper()
-		for {
-			n, err := w.RecvWait(msgs, w.WakeSeq(), time.Time{})
-			if err != nil {
-				t.Fatalf("RecvWait: %v", err)
+		if k, err := a.Send([]Message{{Buf: rocePacket(128, psn), Peer: to.LocalAddr()}}); k != 1 || err != nil {
+			t.Fatalf("Send = %d, %v", k, err)
+		}
+	}
+	// keepBusy queues 8 datagrams on busy, then reads them one per
+	// recvmmsg over more than 8 * 500 us: no read waits.
+	msgs := make([]Message, 1)
+	keepBusy := func() {
+		t.Helper()
+		for i := range 8 {
+			send(busy, uint32(i))
+		}
+		time.Sleep(5 * time.Millisecond) // loopback delivers as it sends; slack
+		for range 8 {
+			for {
+				n, err := bw.RecvWait(msgs, bw.WakeSeq(), time.Time{})
+				if err != nil {
+					t.Fatalf("RecvWait: %v", err)
+				}
+				if n == 1 {
+					break
+				}
 			}
-			if n == 1 {
-				return
-			}
+			time.Sleep(500 * time.Microsecond)
 		}
 	}
 
-	// Each datagram comes 10 ms after the read began to wait for it.
-	for i := range 5 {
-		sent := time.AfterFunc(10*time.Millisecond, func() { send(uint32(i)) })
-		recv()
-		sent.Stop()
+	// b's reader "parked" (as its read sets it before waiting), b empty.
+	parked.r.parked.Store(true)
+	keepBusy()
+	if k, w := busy.Stats().ParkedKicks, b.(Waker).WakeSeq(); k != 0 || w != 0 {
+		t.Errorf("parked reader, empty socket: %d kicks, %d wakes; want none", k, w)
 	}
-	if n := b.Stats().PollerNudges; n != 0 {
-		t.Errorf("reads that waited for every datagram: %d nudges, want 0", n)
+	// A datagram waits on b: the busy reads wake its reader.
+	send(b, 100)
+	time.Sleep(5 * time.Millisecond)
+	keepBusy()
+	kicks := busy.Stats().ParkedKicks
+	if kicks == 0 || b.(Waker).WakeSeq() == 0 {
+		t.Errorf("parked reader, datagram queued: %d kicks, %d wakes; want some", kicks, b.(Waker).WakeSeq())
 	}
-
-	// 40 datagrams queued before reading, then read one per recvmmsg over
-	// at least 40 * 500 us: no read waits.
-	const queued = 40
-	for i := range queued {
-		send(uint32(100 + i))
+	// The same datagram, but b's reader is not parked (it reads, or will).
+	parked.r.parked.Store(false)
+	seq := b.(Waker).WakeSeq()
+	keepBusy()
+	if k, w := busy.Stats().ParkedKicks, b.(Waker).WakeSeq(); k != kicks || w != seq {
+		t.Errorf("reader not parked: %d more kicks, %d more wakes; want none", k-kicks, w-seq)
 	}
-	time.Sleep(20 * time.Millisecond) // loopback delivers as it sends; this is for slack
-	for range queued {
-		recv()
-		time.Sleep(500 * time.Microsecond)
-	}
-	st := b.Stats()
-	if st.PollerNudges == 0 {
-		t.Errorf("%d reads over %v, none waiting: no nudge", queued, time.Duration(queued)*500*time.Microsecond)
-	}
-	t.Logf("%d nudges", st.PollerNudges)
 }
