@@ -138,14 +138,14 @@ func mmsgSyscall(trap, fd uintptr, hdrs []mmsghdr) (int, unix.Errno) {
 }
 
 // pollNow runs ppoll(2) on fds with a zero timeout, as a raw system call
-// for the same reason as mmsgSyscall, and returns how many are ready (0
+// for the same reason as mmsgSyscall, and returns how many are ready (-1
 // on an error). fds must not be empty.
 func pollNow(fds []unix.PollFd) int {
 	var zero unix.Timespec
 	n, _, e := unix.RawSyscall6(unix.SYS_PPOLL, uintptr(unsafe.Pointer(&fds[0])), uintptr(len(fds)),
 		uintptr(unsafe.Pointer(&zero)), 0, 0, 0)
 	if e != 0 {
-		return 0
+		return -1
 	}
 	return int(n)
 }

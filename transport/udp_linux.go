@@ -595,8 +595,7 @@ func (r *recvState) init(batch, slot int) {
 	r.try = func(fd uintptr) { r.got = r.fn(fd) }
 	r.ready = func(fd uintptr) bool {
 		r.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-		n, err := unix.Poll(r.pfd[:], 0)
-		if err == nil && n == 0 {
+		if n, err := unix.Poll(r.pfd[:], 0); err == nil && n == 0 {
 			r.busyFrom.Store(0)
 			r.parked.Store(true) // cleared when WaitReadable's read returns
 			return false
