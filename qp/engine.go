@@ -214,6 +214,9 @@ type Engine struct {
 	// (see arrival). lastInput is when the previous batch was taken in.
 	batchFrom, batchAt, lastInput time.Duration
 	batchPos, batchLen            int
+	// inputs counts the batches taken in: a saved READ notes the one
+	// that brought it (resource.batch).
+	inputs uint64
 
 	cc       CongestionConfig
 	timers   timerHeap
@@ -416,6 +419,7 @@ func (e *Engine) input(pkts []InPacket) {
 	e.woke, e.pushed = false, false
 	e.batchFrom, e.batchAt, e.batchLen = max(e.lastInput, now-maxBatchSpan), now, len(pkts)
 	e.lastInput = now
+	e.inputs++
 	e.holdTurns()
 	for i := range pkts {
 		e.batchPos = i

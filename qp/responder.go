@@ -60,6 +60,7 @@ type resource struct {
 	length   uint32
 	orig     uint64
 	valid    bool
+	batch    uint64 // the input batch that brought the request (Engine.inputs)
 }
 
 func (rs *responder) init(q *QP) {

@@ -272,6 +272,16 @@ func (e *Engine) duplicate(q *QP, p bth.Packet, psn bth.PSN, now time.Duration) 
 			e.drop(DropDuplicate)
 			return
 		}
+		if r.batch == e.inputs {
+			// It came in the batch that brought the READ itself: the
+			// requester asked again before a response could reach it
+			// (both sat in this socket past its timer), so the
+			// responses just sent are not lost. Replayed, they would
+			// go twice, and the copy would be taken for a loss that
+			// slows the QP's READs for a while (readPace.lost).
+			e.drop(DropDuplicate)
+			return
+		}
 		if rd := &rs.rd; rd.active && !psn.Before(rd.psn.Add(rd.npk)) {
 			// A READ after the one going out, which a restart took off
 			// the queue: it joins the queue again (the requester resends

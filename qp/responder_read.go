@@ -206,7 +206,8 @@ func (e *Engine) takeRead(q *QP, p bth.Packet, psn bth.PSN) readReq {
 	r := readReq{psn: psn, va: h.VA(), rkey: h.RKey(), n: h.DMALen()}
 	r.npk = packetsFor(r.n, q.mtu)
 	e.Stats.RDMARecvs.Add(1)
-	rs.saveResource(resource{op: bth.OpReadRequest, firstPSN: psn, lastPSN: psn.Add(r.npk - 1), va: r.va, rkey: r.rkey, length: r.n})
+	rs.saveResource(resource{op: bth.OpReadRequest, firstPSN: psn, lastPSN: psn.Add(r.npk - 1), va: r.va, rkey: r.rkey, length: r.n,
+		batch: e.inputs})
 	rs.msn++
 	r.msn = rs.msn
 	rs.ePSN = psn.Add(r.npk)

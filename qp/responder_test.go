@@ -879,3 +879,67 @@ func TestReadPacing(t *testing.T) {
 		t.Errorf("%d responses sent for %d that passed: not paced", sent, passed)
 	}
 }
+
+// TestReadRetryCrossingItsResponses: a READ request and a copy of it that
+// reach the responder in one receive batch (the requester asked again
+// while its first request still sat in the responder's socket) get their
+// responses once, and the copy is not taken for a loss: the responses stay
+// unpaced. The same copy a batch later is a retry like any other: the
+// responses go again, paced.
+func TestReadRetryCrossingItsResponses(t *testing.T) {
+	const size = 20 * 1024 // 20 responses at MTU 1024
+	for _, later := range []bool{false, true} {
+		o := defaultConn()
+		f, a, b := pair(t, RC, o)
+		f.batch = true
+		isRead := func(p wirePkt) bool {
+			pkt, err := bth.Parse(append([]byte(nil), p.data...))
+			return err == nil && pkt.Info.Op == bth.OpReadRequest
+		}
+		copies := 0
+		f.dupIf = func(p wirePkt) bool {
+			if isRead(p) && copies == 0 {
+				copies++
+				return true
+			}
+			return false
+		}
+		if later {
+			// The copy (the second READ request on the wire) arrives
+			// 10 us after the first, in a batch of its own.
+			reads := 0
+			f.delay = func(p wirePkt) time.Duration {
+				if isRead(p) {
+					if reads++; reads == 2 {
+						return 10 * time.Microsecond
+					}
+				}
+				return 0
+			}
+		}
+		responses := 0
+		f.tap = func(p wirePkt, pkt bth.Packet) {
+			if pkt.Info.Op == bth.OpReadResponse {
+				responses++
+			}
+		}
+		lmr, lbuf, rmr, rbuf := regBoth(t, a, b, size, size)
+		fill(rbuf, 7)
+		a.post(t, SendWR{ID: 1, Opcode: WRRead, Flags: SendSignaled, SGL: sge(lmr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()})
+		f.run(time.Second)
+		check(t, "requester", pollAll(a.scq), want{1, WCSuccess, WCRead})
+		if !bytes.Equal(lbuf, rbuf) {
+			t.Fatalf("later=%v: READ data differs", later)
+		}
+		if got := b.n.e.Stats.DuplicateRequest.Load(); got != 1 {
+			t.Errorf("later=%v: duplicate_request %d, want 1", later, got)
+		}
+		paced := b.qp.resp.rp.rate != 0
+		if !later && (responses != 20 || paced) {
+			t.Errorf("copy in the same batch: %d responses (want 20), paced %v (want not)", responses, paced)
+		}
+		if later && (responses != 40 || !paced) {
+			t.Errorf("copy a batch later: %d responses (want 40, replayed), paced %v (want paced)", responses, paced)
+		}
+	}
+}
