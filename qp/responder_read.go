@@ -117,7 +117,8 @@ const readBurst = 256
 // the stream where the requester asks (rxe does the same), so duplicates
 // cannot multiply the traffic; one for a range still to be sent is
 // dropped, and one for a later READ the restart dropped from the queue
-// joins the queue again.
+// joins the queue again. One that came in the same receive batch as the
+// READ itself crossed its responses and is dropped too (duplicate).
 type readStream struct {
 	active   bool
 	psn      bth.PSN // PSN of the first response
