@@ -14,7 +14,7 @@ import (
 // computing. If the thread that had been polling the network is the one
 // that took that goroutine, no thread is left waiting in epoll while the
 // other P idles, and only sysmon polls, every 10 ms or less often. A
-// reader parked on another socket then stays parked 5-80 ms after its
+// reader parked on another socket then stayed parked 5-344 ms after its
 // datagram came: a device's other shard, whose READ requests waited
 // until the requester's retry timer fired (docs/performance.md, "A
 // socket read late").
@@ -22,15 +22,15 @@ import (
 // Bringing a thread back into epoll would fix that and costs more than it
 // saves: that thread is then woken at every datagram of the busy socket
 // too, whose reader needs no wake-up (one QP's 64 KiB READ measured
-// 0.64-0.72x with a goroutine started once a millisecond or once in ten
-// for that purpose). So a reader that has found work without waiting for
+// 0.66-0.72x with a goroutine started once a millisecond for that
+// purpose). So a reader that has found work without waiting for
 // kickEvery looks, with one poll(2) that does not wait, at the sockets of
 // this process whose readers are parked, and wakes (Wake) those whose
 // socket holds a datagram: a parked reader waits at most about kickEvery
 // longer than it should, and a busy one pays a system call per kickEvery.
 // That call is raw too (pollNow): made through the runtime's system call
-// entry, the same poll once a millisecond cost that READ 0.83x in an
-// alternated sitting (raw: 1.04x), as if any visit to the scheduler
+// entry, the same poll once a millisecond cost that READ 0.81-0.86x in
+// alternated sittings (raw: 1.04x), as if any visit to the scheduler
 // restarted work the runtime otherwise leaves asleep.
 const kickEvery = time.Millisecond
 
@@ -60,9 +60,9 @@ func (s *connSet) remove(c *udpConn) {
 // kickEpoch is the origin of busyFrom's clock (monotonic).
 var kickEpoch = time.Now()
 
-// stillBusy notes a read that found work without waiting and reports
-// whether reads have not waited for kickEvery since it last did. The
-// caller holds rmu.
+// stillBusy notes a read that found work without waiting. While reads
+// keep finding work it reports true once every kickEvery; a read that
+// waits starts the count again (busyFrom 0). The caller holds rmu.
 func (r *recvState) stillBusy() bool {
 	now := max(int64(time.Since(kickEpoch)), 1)
 	from := r.busyFrom.Load()
