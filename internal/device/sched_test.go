@@ -164,15 +164,19 @@ func TestBusyPollStandBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	Attach(cq, []*Receiver{r}, 0)
+	// Poll before the receive goroutine starts, so that it finds an
+	// application polling from its first look: started first, it could
+	// see no poll yet, be descheduled (a loaded machine, the race
+	// detector) and then take in the first packet sent below.
+	wcs := make([]qp.WC, 1)
+	for range 50 {
+		cq.Poll(wcs)
+	}
 	done := make(chan struct{})
 	go func() { r.Run(); close(done) }()
 
 	// Poll for a while, sending a packet now and then: the poller takes
 	// each one in, the receive goroutine none.
-	wcs := make([]qp.WC, 1)
-	for range 50 {
-		cq.Poll(wcs)
-	}
 	const sent = 20
 	psn := 0
 	for end := time.Now().Add(2 * time.Second); psn < sent || in.count() < sent; {
