@@ -154,13 +154,21 @@ func TestSmoke(t *testing.T) {
 // is on the wire there, so a guest kernel that dies during the traffic
 // (6.12's rxe corrupts its heap now and then: conformance/README.md, "A
 // guest that dies") is the referee failing, not the lab: the test runs
-// again on fresh guests, as scripts/test.sh does for the suite. Any other
-// failure, or a third death, fails the test.
+// again on fresh guests, as scripts/test.sh does for the suite. So does
+// an ib_write_bw that printed no results because perftest could not
+// calibrate its cycle counter in the emulated guest (as the conformance
+// suite's perftest runs retry: conformance/perfhelpers_test.go). Any other
+// failure, or a third such attempt, fails the test.
 const smokeAttempts = 3
 
+// perftestUncalibrated is what perftest prints when its clock regression
+// (r^2 >= 0.9) fails, a TCG guest's stalls being enough to spoil it.
+const perftestUncalibrated = "Can't produce a report"
+
 // rerunOnDeath runs attempt in a fresh lab until it passes, and adds its
-// rows to report; an attempt that fails while one of its guests has died
-// is run again (a row records each death), up to smokeAttempts in all.
+// rows to report; an attempt that fails while one of its guests has died,
+// or because perftest could not calibrate, is run again (a row records
+// each), up to smokeAttempts in all.
 // Any other failure fails t.
 func rerunOnDeath(t *testing.T, report *lab.Report, attempt func(l *lab.Lab) ([]lab.Row, error)) {
 	requireLab(t)
@@ -183,6 +191,10 @@ func rerunOnDeath(t *testing.T, report *lab.Report, attempt func(l *lab.Lab) ([]
 			report.Add(lab.Row{Case: "guest died", Kernel: g.Kernel().Release, Role: g.IP(),
 				Result: fmt.Sprintf("attempt %d of %d", n, smokeAttempts), Note: panicLine(g.ConsoleTail(80))})
 		}
+		uncalibrated := err != nil && strings.Contains(err.Error(), perftestUncalibrated)
+		if uncalibrated {
+			report.Add(lab.Row{Case: "perftest could not calibrate its clock", Result: fmt.Sprintf("attempt %d of %d", n, smokeAttempts)})
+		}
 		if cerr := l.Close(); cerr != nil {
 			t.Errorf("lab close: %v", cerr)
 		}
@@ -192,10 +204,10 @@ func rerunOnDeath(t *testing.T, report *lab.Report, attempt func(l *lab.Lab) ([]
 				report.Add(r)
 			}
 			return
-		case len(dead) == 0 || n == smokeAttempts:
+		case len(dead) == 0 && !uncalibrated || n == smokeAttempts:
 			t.Fatalf("attempt %d: %v", n, err)
 		}
-		t.Logf("attempt %d: a guest kernel died (%v); again on fresh guests", n, err)
+		t.Logf("attempt %d: a guest kernel died or perftest could not calibrate (%v); again on fresh guests", n, err)
 	}
 }
 
