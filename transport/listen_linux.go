@@ -263,12 +263,22 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 	}
 	c.s.init(max(opts.BatchSize, MaxSegments))
 	c.s.sockTOS = opts.TOS // openUDP set it
+	if c.wp, err = newArmedPoll(fd, unix.EPOLLOUT, 1, "send wait "+local.String()); err != nil {
+		c.closeFiles()
+		return nil, fmt.Errorf("transport: listen %v: %w", local, err)
+	}
+	c.s.wait = c.wp.waiter(c.s.fn)
 	if role != sockSend {
-		c.r.init(opts.BatchSize, slot)
 		c.fd = fd
 		if c.raw != nil {
 			c.fd = rfd
 		}
+		if c.rp, err = newArmedPoll(c.fd, unix.EPOLLIN, 2, "recv wait "+local.String()); err != nil {
+			c.closeFiles()
+			return nil, fmt.Errorf("transport: listen %v: %w", local, err)
+		}
+		c.r.init(opts.BatchSize, slot)
+		c.r.wait, c.r.readyWait = c.rp.waiter(c.r.fn), c.rp.waiter(c.r.ready)
 		receivers.add(c)
 	}
 	return c, nil
@@ -282,7 +292,7 @@ func openUDP(local netip.AddrPort, scope uint32, opts *Options, role sockRole) (
 	if v6 {
 		fam = unix.AF_INET6
 	}
-	fd, err = unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	fd, err = unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
 	if err != nil {
 		return -1, fmt.Errorf("transport: listen %v: %w", local, os.NewSyscallError("socket", err))
 	}

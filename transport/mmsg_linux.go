@@ -125,15 +125,16 @@ func parseCmsgs(b []byte) (ri recvInfo) {
 	return ri
 }
 
-// mmsgSyscall runs sendmmsg or recvmmsg once on a non-blocking socket.
-// It is a raw system call (no entersyscall/exitsyscall): on a non-blocking
-// socket neither call waits, and a large GSO send (tens to hundreds of
+// mmsgSyscall runs sendmmsg or recvmmsg once, with MSG_DONTWAIT (the
+// sockets are blocking descriptors, kept out of the runtime's poller: see
+// armedPoll). It is a raw system call (no entersyscall/exitsyscall):
+// with MSG_DONTWAIT neither call waits, and a large GSO send (tens to hundreds of
 // microseconds of kernel work, loopback delivery included) would otherwise
 // cost a P hand-off by sysmon and a thread switch when it returns; as
 // gVisor's rawfile does for its non-blocking sends. A signal still
 // interrupts it (EINTR, retried by the callers).
 func mmsgSyscall(trap, fd uintptr, hdrs []mmsghdr) (int, unix.Errno) {
-	n, _, e := unix.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), 0, 0, 0)
+	n, _, e := unix.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
 	return int(n), e
 }
 

@@ -61,7 +61,7 @@ func openRaw(local netip.AddrPort, opts *Options) (int, error) {
 		}
 		return -1, fmt.Errorf("transport: listen %v%s: %w", local, hint, os.NewSyscallError(what, err))
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
 	if err != nil {
 		return fail("socket", err)
 	}

@@ -59,6 +59,10 @@ type udpConn struct {
 	rmu    sync.Mutex
 	r      recvState
 	fd     int // the reading socket (the raw one in RecvRaw mode), for kickParked's poll
+	// rp and wp are where reads and sends wait (the sockets themselves
+	// are not in the runtime's poller: see armedPoll); rp is nil for a
+	// Conn that only sends.
+	rp, wp *armedPoll
 }
 
 func (c *udpConn) LocalAddr() netip.AddrPort { return c.ep.local }
@@ -91,14 +95,27 @@ func (c *udpConn) Close() error {
 		return net.ErrClosed
 	}
 	receivers.remove(c)
-	err := c.file.Close()
+	err := c.closeFiles()
 	c.csum.close()
+	return err
+}
+
+// closeFiles closes the wait instances first, so that no waiter still
+// runs a system call on a socket when the socket closes, then the
+// sockets.
+func (c *udpConn) closeFiles() error {
+	var errs [4]error
+	errs[0], errs[1] = c.rp.close(), c.wp.close()
+	errs[2] = c.file.Close()
 	if c.raw != nil {
-		if e := c.raw.Close(); err == nil {
-			err = e
+		errs[3] = c.raw.Close()
+	}
+	for _, e := range errs {
+		if e != nil {
+			return e
 		}
 	}
-	return err
+	return nil
 }
 
 // sendState is the preallocated sendmmsg machinery. A slot is one datagram:
@@ -119,6 +136,7 @@ type sendState struct {
 	n     int
 	errno unix.Errno
 	fn    func(fd uintptr) bool // made once: a closure per call would allocate
+	wait  func(uintptr) bool    // fn, waiting on the Conn's wp when the socket is full
 	// sockTOS is the socket's IP_TOS (IPV6_TCLASS) now: a datagram that
 	// wants another carries a control message, which costs the kernel a
 	// parse per datagram. When tosRun datagrams in a row want the same
@@ -439,10 +457,13 @@ func (c *udpConn) flush(slots int) (int, error) {
 	}()
 	for off := 0; off < slots; {
 		s.win = s.hdrs[off:slots]
-		if err := c.rc.Write(s.fn); err != nil {
+		if err := c.wp.rc.Read(s.wait); err != nil {
 			return off, c.mapClosed(err)
 		}
 		calls++
+		if e := c.wp.takeFailure(); e != 0 {
+			return off, os.NewSyscallError("epoll_ctl", e)
+		}
 		if s.errno != 0 {
 			return off, os.NewSyscallError("sendmmsg", s.errno)
 		}
@@ -540,6 +561,8 @@ type recvState struct {
 	got       bool             // try's result
 	ready     func(fd uintptr) bool
 	pfd       [1]unix.PollFd // for ready
+	// wait and readyWait are fn and ready waiting on the Conn's rp.
+	wait, readyWait func(uintptr) bool
 
 	next     int    // next datagram to start
 	data     []byte // packets of the current datagram not yet delivered
@@ -623,13 +646,9 @@ func (c *udpConn) TryRecv(msgs []Message) (int, error) { return c.recv(msgs, rec
 // the runtime's poller return the blocked reader at once.
 var pastDeadline = time.Unix(1, 0)
 
-// readFile is the file packets are read from: the raw socket in raw mode.
-func (c *udpConn) readFile() *os.File {
-	if c.raw != nil {
-		return c.raw
-	}
-	return c.file
-}
+// readFile is the file a reader waits on, whose read deadline ends the
+// wait.
+func (c *udpConn) readFile() *os.File { return c.rp.file }
 
 // WakeSeq implements Waker.
 func (c *udpConn) WakeSeq() uint64 { return c.wakeSeq.Load() }
@@ -696,13 +715,12 @@ func (c *udpConn) WaitReadable() error {
 	if c.closed.Load() {
 		return net.ErrClosed
 	}
-	rc := c.rc
-	if c.raw != nil {
-		rc = c.rrc
-	}
 	for {
-		err := rc.Read(c.r.ready)
+		err := c.rp.rc.Read(c.r.readyWait)
 		c.r.parked.Store(false)
+		if e := c.rp.takeFailure(); e != 0 {
+			return os.NewSyscallError("epoll_ctl", e)
+		}
 		if err == nil {
 			return nil
 		}
@@ -825,15 +843,14 @@ func (c *udpConn) readBatch(how recvHow) error {
 	if how == recvTry && r.empty {
 		r.vlen = 1
 	}
-	rc := c.rc
-	if c.raw != nil {
-		rc = c.rrc
-	}
 	if how != recvTry {
 		r.wouldWait = false
 		for {
-			err := rc.Read(r.fn)
+			err := c.rp.rc.Read(r.wait)
 			r.parked.Store(false)
+			if e := c.rp.takeFailure(); e != 0 {
+				return os.NewSyscallError("epoll_ctl", e)
+			}
 			if err == nil {
 				break
 			}
@@ -843,6 +860,10 @@ func (c *udpConn) readBatch(how recvHow) error {
 		}
 	} else {
 		r.got = false
+		rc := c.rc
+		if c.raw != nil {
+			rc = c.rrc
+		}
 		if err := rc.Control(r.try); err != nil {
 			return c.mapClosed(err)
 		}

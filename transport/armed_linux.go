@@ -1,0 +1,136 @@
+package transport
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Readiness the runtime hears of only while someone waits for it. Go's
+// poller registers a socket edge-triggered for reading and writing at
+// once, so every datagram that arrives and every sent datagram the
+// kernel frees is an edge; a thread of the process parked in epoll_pwait
+// is woken by each, though the reader is busy and no one waits to write.
+// A stream of one QP seldom leaves such a thread; with several QPs, and
+// both shards' sockets busy, the process has one more often (session 14
+// counted 21.5 against 28.5 epoll_pwait calls per MiB for 1 and 8 QPs:
+// docs/performance.md, "A socket read late").
+//
+// So a Conn's sockets stay out of the runtime's poller (they are blocking
+// descriptors, read and written with MSG_DONTWAIT), and each wait goes
+// through an epoll instance of the Conn's own (armedPoll) that holds the
+// socket with EPOLLONESHOT and that the runtime's poller watches instead:
+// the socket is armed just before its waiter parks and disarmed as soon
+// as it wakes, so arrivals while the reader works reach nobody.
+
+// armedPoll is an epoll instance that holds one socket with EPOLLONESHOT,
+// armed for events while a waiter is parked on it and disarmed once its
+// waiter is found busy (see above). Waits on it are serialized by its
+// file's read lock, which guards armed and found.
+type armedPoll struct {
+	file   *os.File // the epoll instance, in the runtime's poller
+	rc     syscall.RawConn
+	efd    uintptr
+	fd     int32  // the socket
+	events uint32 // EPOLLIN or EPOLLOUT
+	// busyAfter is how many tries in a row that find work, with no wait
+	// between them, make the waiter busy and disarm the socket.
+	busyAfter int
+	found     int
+	armed     bool
+	failed    unix.Errno // an arm that failed, for the waiter's caller
+	ctl       unix.EpollEvent
+	ev        [1]unix.EpollEvent
+}
+
+// newArmedPoll makes the armedPoll of socket fd for events (EPOLLIN or
+// EPOLLOUT), disarmed.
+func newArmedPoll(fd int, events uint32, busyAfter int, name string) (*armedPoll, error) {
+	efd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, os.NewSyscallError("epoll_create1", err)
+	}
+	p := &armedPoll{efd: uintptr(efd), fd: int32(fd), events: events, busyAfter: busyAfter}
+	p.ctl = unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: p.fd} // no events: disarmed
+	if err := unix.EpollCtl(efd, unix.EPOLL_CTL_ADD, fd, &p.ctl); err != nil {
+		unix.Close(efd)
+		return nil, os.NewSyscallError("epoll_ctl", err)
+	}
+	// Non-blocking, so that os.NewFile puts it in the runtime's poller.
+	if err := unix.SetNonblock(efd, true); err != nil {
+		unix.Close(efd)
+		return nil, os.NewSyscallError("fcntl", err)
+	}
+	p.file = os.NewFile(uintptr(efd), name)
+	if p.rc, err = p.file.SyscallConn(); err != nil {
+		p.file.Close()
+		return nil, fmt.Errorf("transport: %s: %w", name, err)
+	}
+	return p, nil
+}
+
+// waiter returns the function to hand p.rc.Read: it runs try on the
+// socket; when try must wait, it arms the socket if it is not armed yet;
+// when tries keep finding work (busyAfter), it disarms it. A reader that
+// wakes, takes one datagram and waits again (a request and its reply)
+// leaves the socket armed and makes no epoll call at all. Made once per
+// try, since a closure made per call would allocate.
+func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
+	return func(uintptr) bool {
+		if try(uintptr(p.fd)) {
+			p.found++
+			if p.armed && p.found >= p.busyAfter {
+				p.disarm()
+			}
+			return true
+		}
+		p.found = 0
+		if !p.armed {
+			if e := p.ctlMod(p.events | unix.EPOLLONESHOT); e != 0 {
+				p.failed = e
+				return true // the caller reports it (takeFailure)
+			}
+			p.armed = true
+		}
+		return false
+	}
+}
+
+// disarm takes the socket's pending event, which disables it
+// (EPOLLONESHOT) and takes it off the instance's ready list, or, with
+// none pending, disables it. Off the ready list matters: a later arm
+// that finds the socket readable signals only an event not listed yet.
+func (p *armedPoll) disarm() {
+	p.armed = false
+	n, _, _ := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, p.efd, uintptr(unsafe.Pointer(&p.ev[0])), 1, 0, 0, 0)
+	if int(n) != 1 {
+		p.ctlMod(unix.EPOLLONESHOT)
+	}
+}
+
+// ctlMod sets the socket's events. The calls are raw, as mmsgSyscall's
+// are: neither waits.
+func (p *armedPoll) ctlMod(events uint32) unix.Errno {
+	p.ctl.Events = events
+	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, p.efd, unix.EPOLL_CTL_MOD, uintptr(p.fd), uintptr(unsafe.Pointer(&p.ctl)), 0, 0)
+	return e
+}
+
+// takeFailure returns and clears the errno of an arm that failed.
+func (p *armedPoll) takeFailure() unix.Errno {
+	e := p.failed
+	p.failed = 0
+	return e
+}
+
+// close closes the epoll instance; parked waiters return net.ErrClosed
+// (through mapClosed), and os.File's Close returns only when none runs.
+func (p *armedPoll) close() error {
+	if p == nil {
+		return nil
+	}
+	return p.file.Close()
+}
