@@ -89,6 +89,9 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
 		}
 		p.found = 0
 		if !p.armed {
+			if armHook != nil {
+				armHook()
+			}
 			if e := p.ctlMod(p.events | unix.EPOLLONESHOT); e != 0 {
 				p.failed = e
 				return true // the caller reports it (takeFailure)
@@ -98,6 +101,11 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
 		return false
 	}
 }
+
+// armHook, set by tests only, runs between a try that found nothing and
+// the arm that follows it: a datagram that arrives then must still wake
+// the waiter.
+var armHook func()
 
 // disarm takes the socket's pending event, which disables it
 // (EPOLLONESHOT) and takes it off the instance's ready list, or, with

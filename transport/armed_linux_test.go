@@ -1,0 +1,216 @@
+package transport
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// readable polls fd without waiting and reports whether it is readable.
+func readable(t *testing.T, fd int) bool {
+	t.Helper()
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	if err != nil {
+		t.Fatalf("poll: %v", err)
+	}
+	return n == 1 && fds[0].Revents&unix.POLLIN != 0
+}
+
+// TestArmedOnlyWhileWaiting: the epoll instance the runtime watches in a
+// socket's place signals only while the socket is armed: not before the
+// first wait, still after a wait that took one datagram (a request and its
+// reply make no epoll call), and no longer once the reader keeps finding
+// work, though datagrams are queued and more arrive.
+func TestArmedOnlyWhileWaiting(t *testing.T) {
+	a := listenAny(t, "127.0.0.1", Options{})
+	c := listenAny(t, "127.0.0.2", Options{BatchSize: 1}).(*udpConn) // one datagram per recvmmsg
+	timer := time.AfterFunc(20*time.Second, func() { c.Close() })    // never hang
+	defer timer.Stop()
+	p := c.rp
+	efd := int(p.efd)
+	send := func(k int) {
+		t.Helper()
+		for i := range k {
+			if n, err := a.Send([]Message{{Buf: rocePacket(128, uint32(i)), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+				t.Fatalf("Send = %d, %v", n, err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // loopback delivers as it sends; slack
+	}
+	msgs := make([]Message, 4)
+	recv := func() {
+		t.Helper()
+		if n, err := c.Recv(msgs); n != 1 || err != nil {
+			t.Fatalf("Recv = %d, %v", n, err)
+		}
+	}
+	// Never waited: a queued datagram does not make the instance readable.
+	send(1)
+	if !readable(t, c.fd) || readable(t, efd) {
+		t.Fatalf("before any wait: socket readable %v, instance readable %v; want true, false", readable(t, c.fd), readable(t, efd))
+	}
+	recv()
+	// A reader parks (the socket is armed) and a datagram wakes it.
+	done := make(chan struct{})
+	go func() { defer close(done); recv() }()
+	time.Sleep(20 * time.Millisecond)
+	send(1)
+	<-done
+	if !p.armed {
+		t.Fatal("after a wait that took one datagram: disarmed; want it left armed")
+	}
+	// Armed, with nobody waiting: arrivals make the instance readable.
+	send(3)
+	if !readable(t, efd) {
+		t.Fatal("armed, 3 datagrams queued: instance not readable")
+	}
+	// Two reads in a row find work: the reader is busy, the socket is
+	// disarmed, and neither the datagram left nor new ones signal.
+	recv()
+	recv()
+	if p.armed {
+		t.Fatal("after two reads that found work: still armed")
+	}
+	send(2)
+	if !readable(t, c.fd) || readable(t, efd) {
+		t.Fatalf("busy reader, 3 datagrams queued: socket readable %v, instance readable %v; want true, false", readable(t, c.fd), readable(t, efd))
+	}
+	for range 3 {
+		recv()
+	}
+	// The next wait arms the socket again and is woken.
+	done = make(chan struct{})
+	go func() { defer close(done); recv() }()
+	time.Sleep(20 * time.Millisecond)
+	send(1)
+	<-done
+}
+
+// TestArmedBurstsNeverStall: bursts of 1-8 datagrams, sent one per
+// system call, each answered once the receiver, reading one datagram per
+// recvmmsg, has taken all of it.
+// Each side's waits go from armed to busy and back thousands of times; a
+// wake-up lost between a read that found nothing and the arm that
+// follows would leave a side waiting for good, and the test times out.
+func TestArmedBurstsNeverStall(t *testing.T) {
+	a := listenAny(t, "127.0.0.1", Options{})
+	b := listenAny(t, "127.0.0.2", Options{BatchSize: 1})
+	bursts := 3000
+	if testing.Short() || raceEnabled {
+		bursts = 500
+	}
+	fail := make(chan string, 2)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // b: take each burst whole, then answer
+		defer wg.Done()
+		msgs := make([]Message, 1)
+		for k := range bursts {
+			for got := 0; got < 1+k%8; {
+				n, err := b.Recv(msgs)
+				if err != nil {
+					fail <- "b: Recv: " + err.Error()
+					return
+				}
+				got += n
+			}
+			if n, err := b.Send([]Message{{Buf: rocePacket(64, uint32(k)), Peer: a.LocalAddr()}}); n != 1 || err != nil {
+				fail <- "b: Send failed"
+				return
+			}
+		}
+	}()
+	msgs := make([]Message, 1)
+	burst := make([]Message, 8)
+	for i := range burst {
+		burst[i] = Message{Buf: rocePacket(128, uint32(i)), Peer: b.LocalAddr()}
+	}
+	for k := range bursts {
+		timer := time.AfterFunc(5*time.Second, func() { a.Close(); b.Close() })
+		// One sendmmsg per datagram: b, reading as fast, finds its
+		// socket empty between them and arms it as the next arrives.
+		for i := range 1 + k%8 {
+			if n, err := a.Send(burst[i : i+1]); n != 1 || err != nil {
+				t.Fatalf("burst %d: Send = %d, %v", k, n, err)
+			}
+		}
+		n, err := a.Recv(msgs)
+		timer.Stop()
+		if err != nil || n != 1 {
+			wg.Wait()
+			select {
+			case s := <-fail:
+				t.Fatalf("burst %d: a.Recv = %d, %v; %s", k, n, err, s)
+			default:
+			}
+			t.Fatalf("burst %d: a.Recv = %d, %v (a side stalled for 5 s)", k, n, err)
+		}
+	}
+	wg.Wait()
+}
+
+// TestArmRacesArrival: a datagram that arrives after a try found the
+// socket empty and before the arm wakes the waiter. The arm sees it, and
+// the epoll instance signals it only if the socket is not left on the
+// instance's ready list from an earlier wake, which disarm must clear.
+func TestArmRacesArrival(t *testing.T) {
+	a := listenAny(t, "127.0.0.1", Options{})
+	c := listenAny(t, "127.0.0.2", Options{BatchSize: 1}).(*udpConn)
+	send := func() {
+		t.Helper()
+		if n, err := a.Send([]Message{{Buf: rocePacket(128, 1), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+			t.Errorf("Send = %d, %v", n, err)
+		}
+	}
+	msgs := make([]Message, 1)
+	recv := func() <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			n, err := c.Recv(msgs)
+			if err == nil && n != 1 {
+				err = errors.New("no datagram")
+			}
+			done <- err
+		}()
+		return done
+	}
+	// A wait woken by an arrival (the socket joins the instance's ready
+	// list), then reads that find work until the reader counts as busy
+	// and disarms.
+	done := recv()
+	time.Sleep(20 * time.Millisecond)
+	for range 3 {
+		send()
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.rp.armed {
+		t.Fatal("still armed after three reads that found work")
+	}
+	// The next wait finds nothing; a datagram arrives before its arm.
+	armHook = func() {
+		armHook = nil
+		send()
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer func() { armHook = nil }()
+	select {
+	case err := <-recv():
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(3 * time.Second):
+		c.Close()
+		t.Fatal("a datagram that arrived just before the arm did not wake the waiter in 3 s")
+	}
+}
