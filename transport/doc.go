@@ -8,7 +8,10 @@
 // batches of [Message] values with sendmmsg(2) and recvmmsg(2) through
 // preallocated slots, so the steady state allocates nothing; Recv returns
 // views into the Conn's buffers, valid until its next call. One goroutine
-// may Send while another Recvs. UDP GSO (UDP_SEGMENT) sends a Seg run of
+// may Send while another Recvs. The sockets are not in the Go runtime's
+// poller: a Recv or Send that must wait parks on an epoll instance of the
+// Conn's own that holds the socket armed only while someone waits, so a
+// busy socket's traffic wakes no idle thread (armed_linux.go). UDP GSO (UDP_SEGMENT) sends a Seg run of
 // equal-size packets in one datagram, and UDP GRO (UDP_GRO) receives
 // coalesced datagrams that Recv splits again; both are probed at Listen and
 // on by default. A scattered Message (Message.Payload set; see

@@ -29,12 +29,20 @@ type Capture struct {
 // tcpdump puts the bridge in promiscuous mode, frames forwarded between
 // guests are seen as well as those to and from the host. Stop it with
 // Stop; Close stops it too.
-func (l *Lab) Capture(path string) (*Capture, error) {
+func (l *Lab) Capture(path string) (*Capture, error) { return l.CaptureFilter(path, "") }
+
+// CaptureFilter is Capture of only the frames that match filter, a
+// tcpdump (pcap-filter) expression; "" keeps every frame.
+func (l *Lab) CaptureFilter(path, filter string) (*Capture, error) {
 	// -s 9100 -B 16384: a full jumbo frame and a 16 MiB buffer, so a busy
 	// host does not make tcpdump drop frames.
 	// --immediate-mode: without it frames wait in the kernel ring for a
 	// block to fill or time out, and the last ones are lost at Stop.
-	cmd := l.Command("tcpdump", "-i", bridgeName, "-n", "-s", "9100", "-B", "16384", "-U", "--immediate-mode", "-w", path)
+	args := []string{"-i", bridgeName, "-n", "-s", "9100", "-B", "16384", "-U", "--immediate-mode", "-w", path}
+	if filter != "" {
+		args = append(args, filter)
+	}
+	cmd := l.Command("tcpdump", args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
