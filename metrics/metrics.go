@@ -91,6 +91,7 @@ type Collector struct {
 	udpPkts   *prometheus.Desc
 	udpBytes  *prometheus.Desc
 	udpCalls  *prometheus.Desc
+	udpKicks  *prometheus.Desc
 	qpRate    *prometheus.Desc
 	qpTarget  *prometheus.Desc
 	qpAlpha   *prometheus.Desc
@@ -120,6 +121,7 @@ func NewCollectorOptions(o Options, devs ...*rxego.Device) *Collector {
 		udpPkts:   prometheus.NewDesc("rxego_transport_pkts_total", "RoCE packets through the UDP transport, by direction.", []string{"device", "dir"}, nil),
 		udpBytes:  prometheus.NewDesc("rxego_transport_bytes_total", "UDP payload bytes through the transport, by direction.", []string{"device", "dir"}, nil),
 		udpCalls:  prometheus.NewDesc("rxego_transport_syscalls_total", "sendmmsg/recvmmsg calls, by direction.", []string{"device", "dir"}, nil),
+		udpKicks:  prometheus.NewDesc("rxego_transport_parked_kicks_total", "Readers of the process's other sockets that this device's busy reads woke: parked while a datagram waited for them (transport.Stats.ParkedKicks).", []string{"device"}, nil),
 		qpRate:    prometheus.NewDesc("rxego_qp_rate_bits_per_second", "DCQCN current rate of a QP.", qpl, nil),
 		qpTarget:  prometheus.NewDesc("rxego_qp_target_rate_bits_per_second", "DCQCN target rate of a QP.", qpl, nil),
 		qpAlpha:   prometheus.NewDesc("rxego_qp_alpha", "DCQCN alpha of a QP.", qpl, nil),
@@ -146,7 +148,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.engine {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.drops, c.udpDrops, c.udpPkts, c.udpBytes, c.udpCalls,
+	for _, d := range []*prometheus.Desc{c.drops, c.udpDrops, c.udpPkts, c.udpBytes, c.udpCalls, c.udpKicks,
 		c.qpRate, c.qpTarget, c.qpAlpha, c.qpCNPSent, c.qpCNPRcvd, c.qpCE, c.qpCuts, c.ccQPs} {
 		ch <- d
 	}
@@ -182,6 +184,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.udpBytes, ts.RecvBytes, name, "in")
 		counter(c.udpCalls, ts.SendCalls, name, "out")
 		counter(c.udpCalls, ts.RecvCalls, name, "in")
+		counter(c.udpKicks, ts.ParkedKicks, name)
 		c.collectQPs(dev, name, counter, gauge)
 	}
 }
