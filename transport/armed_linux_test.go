@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"net/netip"
 	"sync"
 	"testing"
 	"time"
@@ -212,5 +213,27 @@ func TestArmRacesArrival(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		c.Close()
 		t.Fatal("a datagram that arrived just before the arm did not wake the waiter in 3 s")
+	}
+}
+
+// TestSendOnlyConnRefusesReads: a source-port Conn has no wait for reads;
+// reading it returns an error that says so instead of failing inside.
+func TestSendOnlyConnRefusesReads(t *testing.T) {
+	local, scope, opts, err := resolve(netip.MustParseAddrPort("127.0.0.1:0"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A port of its own: 0 resolves to 4791, which another test may hold.
+	local = netip.AddrPortFrom(local.Addr(), 0)
+	c, err := listenUDP(local, scope, opts, sockSend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n, err := c.Recv(make([]Message, 1)); n != 0 || !errors.Is(err, errSendOnly) {
+		t.Errorf("Recv = %d, %v; want 0, %v", n, err, errSendOnly)
+	}
+	if err := c.WaitReadable(); !errors.Is(err, errSendOnly) {
+		t.Errorf("WaitReadable = %v; want %v", err, errSendOnly)
 	}
 }

@@ -715,6 +715,9 @@ func (c *udpConn) WaitReadable() error {
 	if c.closed.Load() {
 		return net.ErrClosed
 	}
+	if c.rp == nil {
+		return errSendOnly
+	}
 	for {
 		err := c.rp.rc.Read(c.r.readyWait)
 		c.r.parked.Store(false)
@@ -736,6 +739,9 @@ func (c *udpConn) WaitReadable() error {
 func (c *udpConn) recv(msgs []Message, how recvHow) (int, error) {
 	if len(msgs) == 0 {
 		return 0, nil
+	}
+	if c.rp == nil {
+		return 0, errSendOnly
 	}
 	for {
 		if how != recvTry {
@@ -819,6 +825,10 @@ func (c *udpConn) fill(msgs []Message, how recvHow) (int, error) {
 	}
 	return n, nil
 }
+
+// errSendOnly is the answer of a receive on a source-port Conn, which
+// only sends (its socket drops everything it is sent).
+var errSendOnly = errors.New("transport: this Conn only sends")
 
 // errNothing is readBatch's answer when, not blocking, nothing is queued.
 var errNothing = errors.New("transport: nothing queued")
