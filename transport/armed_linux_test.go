@@ -21,6 +21,19 @@ func readable(t *testing.T, fd int) bool {
 	return n == 1 && fds[0].Revents&unix.POLLIN != 0
 }
 
+// waitParked waits until c's reader has found its socket empty and is
+// about to wait (or waits), so that what is sent next wakes it.
+func waitParked(t *testing.T, c *udpConn) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); !c.r.parked.Load(); {
+		if time.Now().After(end) {
+			t.Fatal("the reader never waited")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(5 * time.Millisecond) // from the empty read to the wait
+}
+
 // TestArmedOnlyWhileWaiting: the epoll instance the runtime watches in a
 // socket's place signals only while the socket is armed: not before the
 // first wait, still after a wait that took one datagram (a request and its
@@ -58,7 +71,7 @@ func TestArmedOnlyWhileWaiting(t *testing.T) {
 	// A reader parks (the socket is armed) and a datagram wakes it.
 	done := make(chan struct{})
 	go func() { defer close(done); recv() }()
-	time.Sleep(20 * time.Millisecond)
+	waitParked(t, c)
 	send(1)
 	<-done
 	if !p.armed {
@@ -86,7 +99,7 @@ func TestArmedOnlyWhileWaiting(t *testing.T) {
 	// The next wait arms the socket again and is woken.
 	done = make(chan struct{})
 	go func() { defer close(done); recv() }()
-	time.Sleep(20 * time.Millisecond)
+	waitParked(t, c)
 	send(1)
 	<-done
 }
@@ -183,7 +196,7 @@ func TestArmRacesArrival(t *testing.T) {
 	// list), then reads that find work until the reader counts as busy
 	// and disarms.
 	done := recv()
-	time.Sleep(20 * time.Millisecond)
+	waitParked(t, c)
 	for range 3 {
 		send()
 	}
