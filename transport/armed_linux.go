@@ -94,7 +94,7 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
 			}
 			if e := p.ctlMod(p.events | unix.EPOLLONESHOT); e != 0 {
 				p.failed = e
-				return true // the caller reports it (takeFailure)
+				return true // wait reports it
 			}
 			p.armed = true
 		}
@@ -127,11 +127,15 @@ func (p *armedPoll) ctlMod(events uint32) unix.Errno {
 	return e
 }
 
-// takeFailure returns and clears the errno of an arm that failed.
-func (p *armedPoll) takeFailure() unix.Errno {
-	e := p.failed
-	p.failed = 0
-	return e
+// wait runs fn, a waiter of p, until it is done, parking in the
+// runtime's poller while it waits; an arm that failed is its error.
+func (p *armedPoll) wait(fn func(uintptr) bool) error {
+	err := p.rc.Read(fn)
+	if e := p.failed; e != 0 {
+		p.failed = 0
+		return os.NewSyscallError("epoll_ctl", e)
+	}
+	return err
 }
 
 // close closes the epoll instance; parked waiters return net.ErrClosed

@@ -64,8 +64,8 @@ func TestArmedOnlyWhileWaiting(t *testing.T) {
 	}
 	// Never waited: a queued datagram does not make the instance readable.
 	send(1)
-	if !readable(t, c.fd) || readable(t, efd) {
-		t.Fatalf("before any wait: socket readable %v, instance readable %v; want true, false", readable(t, c.fd), readable(t, efd))
+	if !readable(t, int(p.fd)) || readable(t, efd) {
+		t.Fatalf("before any wait: socket readable %v, instance readable %v; want true, false", readable(t, int(p.fd)), readable(t, efd))
 	}
 	recv()
 	// A reader parks (the socket is armed) and a datagram wakes it.
@@ -90,8 +90,8 @@ func TestArmedOnlyWhileWaiting(t *testing.T) {
 		t.Fatal("after two reads that found work: still armed")
 	}
 	send(2)
-	if !readable(t, c.fd) || readable(t, efd) {
-		t.Fatalf("busy reader, 3 datagrams queued: socket readable %v, instance readable %v; want true, false", readable(t, c.fd), readable(t, efd))
+	if !readable(t, int(p.fd)) || readable(t, efd) {
+		t.Fatalf("busy reader, 3 datagrams queued: socket readable %v, instance readable %v; want true, false", readable(t, int(p.fd)), readable(t, efd))
 	}
 	for range 3 {
 		recv()

@@ -81,7 +81,7 @@ func (c *udpConn) kickParked() {
 	receivers.mu.Lock()
 	for _, o := range receivers.cs {
 		if o != c && o.r.parked.Load() && !o.closed.Load() {
-			fds = append(fds, unix.PollFd{Fd: int32(o.fd), Events: unix.POLLIN})
+			fds = append(fds, unix.PollFd{Fd: o.rp.fd, Events: unix.POLLIN})
 			conns = append(conns, o)
 		}
 	}

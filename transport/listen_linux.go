@@ -269,11 +269,11 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 	}
 	c.s.wait = c.wp.waiter(c.s.fn)
 	if role != sockSend {
-		c.fd = fd
+		readFD := fd
 		if c.raw != nil {
-			c.fd = rfd
+			readFD = rfd
 		}
-		if c.rp, err = newArmedPoll(c.fd, unix.EPOLLIN, 2, "recv wait "+local.String()); err != nil {
+		if c.rp, err = newArmedPoll(readFD, unix.EPOLLIN, 2, "recv wait "+local.String()); err != nil {
 			c.closeFiles()
 			return nil, fmt.Errorf("transport: listen %v: %w", local, err)
 		}

@@ -58,10 +58,10 @@ type udpConn struct {
 	tapPkt []byte
 	rmu    sync.Mutex
 	r      recvState
-	fd     int // the reading socket (the raw one in RecvRaw mode), for kickParked's poll
 	// rp and wp are where reads and sends wait (the sockets themselves
-	// are not in the runtime's poller: see armedPoll); rp is nil for a
-	// Conn that only sends.
+	// are not in the runtime's poller: see armedPoll); rp holds the
+	// reading socket (the raw one in RecvRaw mode) and is nil for a Conn
+	// that only sends.
 	rp, wp *armedPoll
 }
 
@@ -79,12 +79,8 @@ func (c *udpConn) Stats() Stats {
 // raw socket's in RecvRaw mode, the UDP socket's otherwise; 0 if it
 // cannot be read.
 func (c *udpConn) RecvBuffer() int {
-	rc := c.rc
-	if c.rrc != nil {
-		rc = c.rrc
-	}
 	n := 0
-	_ = rc.Control(func(fd uintptr) {
+	_ = c.readConn().Control(func(fd uintptr) {
 		n, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF)
 	})
 	return n
@@ -457,13 +453,10 @@ func (c *udpConn) flush(slots int) (int, error) {
 	}()
 	for off := 0; off < slots; {
 		s.win = s.hdrs[off:slots]
-		if err := c.wp.rc.Read(s.wait); err != nil {
+		if err := c.wp.wait(s.wait); err != nil {
 			return off, c.mapClosed(err)
 		}
 		calls++
-		if e := c.wp.takeFailure(); e != 0 {
-			return off, os.NewSyscallError("epoll_ctl", e)
-		}
 		if s.errno != 0 {
 			return off, os.NewSyscallError("sendmmsg", s.errno)
 		}
@@ -646,6 +639,14 @@ func (c *udpConn) TryRecv(msgs []Message) (int, error) { return c.recv(msgs, rec
 // the runtime's poller return the blocked reader at once.
 var pastDeadline = time.Unix(1, 0)
 
+// readConn is the reading socket: the raw one in raw mode.
+func (c *udpConn) readConn() syscall.RawConn {
+	if c.rrc != nil {
+		return c.rrc
+	}
+	return c.rc
+}
+
 // readFile is the file a reader waits on, whose read deadline ends the
 // wait.
 func (c *udpConn) readFile() *os.File { return c.rp.file }
@@ -719,11 +720,8 @@ func (c *udpConn) WaitReadable() error {
 		return errSendOnly
 	}
 	for {
-		err := c.rp.rc.Read(c.r.readyWait)
+		err := c.rp.wait(c.r.readyWait)
 		c.r.parked.Store(false)
-		if e := c.rp.takeFailure(); e != 0 {
-			return os.NewSyscallError("epoll_ctl", e)
-		}
 		if err == nil {
 			return nil
 		}
@@ -856,11 +854,8 @@ func (c *udpConn) readBatch(how recvHow) error {
 	if how != recvTry {
 		r.wouldWait = false
 		for {
-			err := c.rp.rc.Read(r.wait)
+			err := c.rp.wait(r.wait)
 			r.parked.Store(false)
-			if e := c.rp.takeFailure(); e != 0 {
-				return os.NewSyscallError("epoll_ctl", e)
-			}
 			if err == nil {
 				break
 			}
@@ -870,11 +865,7 @@ func (c *udpConn) readBatch(how recvHow) error {
 		}
 	} else {
 		r.got = false
-		rc := c.rc
-		if c.raw != nil {
-			rc = c.rrc
-		}
-		if err := rc.Control(r.try); err != nil {
+		if err := c.readConn().Control(r.try); err != nil {
 			return c.mapClosed(err)
 		}
 		r.empty = !r.got
