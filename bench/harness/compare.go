@@ -258,13 +258,13 @@ func issue29Targets() []target {
 			}
 		}
 	}
-	// The rate over several QPs against one QP's in the same wait mode
-	// and post lists.
+	// The rate over several QPs (the faster wait mode's, as the target
+	// allows) against one QP's in the same wait mode and post lists.
 	rateN := func(rs results, n int) (Result, bool) {
 		var many Result
 		found := false
 		for _, r := range rs {
-			if r.Case.Kind == RxegoRate && r.Case.QPs == n && r.Err == "" {
+			if r.Case.Kind == RxegoRate && r.Case.QPs == n && r.Err == "" && (!found || r.Rate() > many.Rate()) {
 				many, found = r, true
 			}
 		}

@@ -154,3 +154,31 @@ func compareOne(t *testing.T, path, lines string) *bytes.Buffer {
 	}
 	return &out
 }
+
+// TestCompareRateFasterWait checks that the 8-QP rate targets take the
+// faster wait mode's run (blocking here) and compare it with one QP's in
+// that mode.
+func TestCompareRateFasterWait(t *testing.T) {
+	lines := []string{
+		`{"Case":{"Kind":"rxego-rate","MTU":1024,"Depth":128,"Batch":32},"Role":"client","Elapsed":1000000000,"Msgs":2000000}`,
+		`{"Case":{"Kind":"rxego-rate","MTU":1024,"Depth":128,"Batch":32,"Busy":true},"Role":"client","Elapsed":1000000000,"Msgs":1500000}`,
+		`{"Case":{"Kind":"rxego-rate","MTU":1024,"Depth":128,"Batch":32,"QPs":8},"Role":"client","Elapsed":1000000000,"Msgs":3300000}`,
+		`{"Case":{"Kind":"rxego-rate","MTU":1024,"Depth":128,"Batch":32,"QPs":8,"Busy":true},"Role":"client","Elapsed":1000000000,"Msgs":1200000}`,
+	}
+	f := filepath.Join(t.TempDir(), "rate.json")
+	if err := os.WriteFile(f, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errs bytes.Buffer
+	if code := Compare([]string{"a=" + f, "b=" + f}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	for _, want := range []string{
+		"| WRITE 64 B rate, 8 QPs / 1 QP (same wait, post lists) | >= 1.00 | 1.65 | 1.65 |",
+		"| WRITE 64 B rate, 8 QPs, M/s | >= 3.00 | 3.30 | 3.30 |",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}

@@ -43,6 +43,7 @@ func TestCases(t *testing.T) {
 		{Kind: RxegoBW, Op: "write", Size: 64 << 10, MTU: 4096, Depth: 4, QPs: 4},
 		{Kind: RxegoBW, Op: "read", Size: 64 << 10, MTU: 1024, Depth: 4, QPs: 4},
 		{Kind: RxegoBW, Op: "send", Size: 64 << 10, MTU: 4096, Depth: 4, QPs: 4},
+		{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: 32, QPs: 8},
 		{Kind: RxegoRate, MTU: 1024, Depth: 128, Batch: 32, Busy: true, QPs: 8},
 	}
 	var all []Result
@@ -119,7 +120,7 @@ func TestSuite(t *testing.T) {
 			t.Errorf("multi-QP case named %q", c.Name())
 		}
 	}
-	if n := len(MultiQPs) - 1; extra[RxegoBW] != 6*n || extra[TCPBW] != n || extra[UDPBW] != n || extra[RxegoRate] != 1 {
+	if n := len(MultiQPs) - 1; extra[RxegoBW] != 6*n || extra[TCPBW] != n || extra[UDPBW] != n || extra[RxegoRate] != 2 {
 		t.Errorf("multi-QP cases: %v", extra)
 	}
 	// -qps 1,2,4,8,16 (the 16-CPU sitting's): four counts above one.
@@ -127,8 +128,8 @@ func TestSuite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(Suite(false, qps)) - len(cs); n != 4*8+1 {
-		t.Errorf("-qps 1,2,4,8,16 adds %d cases, want %d", n, 4*8+1)
+	if n := len(Suite(false, qps)) - len(cs); n != 4*8+2 {
+		t.Errorf("-qps 1,2,4,8,16 adds %d cases, want %d", n, 4*8+2)
 	}
 	for _, bad := range []string{"", "0", "4,2", "1,1", "x", "1,300"} {
 		if _, err := parseQPs(bad); err == nil {
