@@ -547,26 +547,29 @@ func (q *QP) enqueueSend(wr *SendWR) {
 	w := &q.sq[q.sqTail%uint64(len(q.sq))]
 	sgl := append(w.sgl[:0], wr.SGL...)
 	inline := w.inline[:0]
+	var length uint32
 	if wr.Flags&SendInline != 0 {
 		inline = append(inline, wr.Inline...)
-	}
-	*w = sendWQE{wr: *wr, sgl: sgl, inline: inline}
-	w.wr.SGL = sgl
-	w.wr.Inline = inline
-	w.signaled = q.sigAll || wr.Flags&SendSignaled != 0
-	if wr.Flags&SendInline != 0 {
-		w.length = uint32(len(inline))
+		length = uint32(len(inline))
 	} else {
 		for _, s := range sgl {
-			w.length += s.Length
+			length += s.Length
 		}
 	}
 	switch wr.Opcode {
 	case WRCompareSwap, WRFetchAdd, WRAtomicWrite:
-		w.length = 8
+		length = 8
 	case WRFlush, WRLocalInv, WRBindMW:
-		w.length = 0
+		length = 0
 	}
+	// Field by field, not a composite literal: that zeroes the whole WQE
+	// and then copies it in.
+	w.wr = *wr
+	w.wr.SGL, w.wr.Inline = sgl, inline
+	w.sgl, w.inline = sgl, inline
+	w.length = length
+	w.signaled = q.sigAll || wr.Flags&SendSignaled != 0
+	w.wqeProgress = wqeProgress{}
 	q.sqTail++
 }
 
