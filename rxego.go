@@ -136,7 +136,14 @@ type Options struct {
 	// block of 16, mod Shards: a shard's QPs take consecutive numbers of
 	// its blocks, the shards in turn). 0 means one per CPU
 	// (runtime.NumCPU), at most MaxShards, or one with BusyPoll; the raw
-	// receive mode (transport.RecvRaw) always has one.
+	// receive mode (transport.RecvRaw) always has one. A blocked
+	// CQ.PollWait reads its CQ's first shard itself; completions of QPs
+	// on other shards reach it through their shards' receive goroutines,
+	// a wake-up each time it waits. So an application whose many QPs
+	// share one CQ, on a machine with few CPUs, may do better with one
+	// shard: 10,000 QPs on one CQ moved 1.32x with one on two CPUs
+	// (bench/RESULTS.md, session 17), where other workloads gained
+	// nothing or lost.
 	Shards int
 	// SourcePorts is how many UDP source ports each shard sends from, in
 	// 0xC000-0xFFFF as rxe and RNICs do, so that ECMP fabrics and the
