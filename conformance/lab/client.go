@@ -57,6 +57,11 @@ type ExitError struct {
 	Guest  string
 	Argv   []string
 	Result Result
+	// KernelLog is the end of the guest kernel's log, read when the
+	// command died of a crash signal (crashSignal): the kernel's line for
+	// a segfault names the object and offset the process died in, which
+	// tells a crash in rdma-core's provider from one in the tool.
+	KernelLog string
 }
 
 func (e *ExitError) Error() string {
@@ -67,8 +72,51 @@ func (e *ExitError) Error() string {
 	case e.Result.Signal != "":
 		how = "killed by " + e.Result.Signal
 	}
-	return fmt.Sprintf("guest %s: %s: %s; stderr: %s", e.Guest, strings.Join(e.Argv, " "), how,
+	s := fmt.Sprintf("guest %s: %s: %s; stderr: %s", e.Guest, strings.Join(e.Argv, " "), how,
 		tail(e.Result.Stderr, 800))
+	if e.KernelLog != "" {
+		s += "; the guest kernel's log ends: " + e.KernelLog
+	}
+	return s
+}
+
+// crashSignal reports whether sig, a signal's description as the agent
+// reports it, is one a process dies of by itself (a crash) rather than
+// one it was sent to end it.
+func crashSignal(sig string) bool {
+	switch sig {
+	case syscall.SIGSEGV.String(), syscall.SIGBUS.String(), syscall.SIGILL.String(),
+		syscall.SIGABRT.String(), syscall.SIGFPE.String():
+		return true
+	}
+	return false
+}
+
+// kernelLogLines is how much of the guest kernel's log a crash's error
+// carries.
+const kernelLogLines = 12
+
+// kernelLogTail returns the last lines of the guest kernel's log (busybox
+// dmesg), or why it could not read them. It calls the agent directly:
+// through Run, a dmesg that crashed would ask for the log again.
+func (g *Guest) kernelLogTail() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := g.call(ctx, &agentproto.Request{Op: agentproto.OpRun, Argv: []string{"dmesg"}, TimeoutMS: 5000})
+	if err != nil {
+		return "(not read: " + err.Error() + ")"
+	}
+	return lastLines(string(resp.Stdout), kernelLogLines)
+}
+
+// lastLines returns the last n lines of s, joined by " | " to stay on the
+// error's line.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
 }
 
 // tail returns the last n bytes of b as text.
@@ -145,7 +193,11 @@ func (g *Guest) exitErr(argv []string, res Result) error {
 	if res.ExitCode == 0 && res.Signal == "" && !res.TimedOut {
 		return nil
 	}
-	return &ExitError{Guest: g.ip.String(), Argv: argv, Result: res}
+	e := &ExitError{Guest: g.ip.String(), Argv: argv, Result: res}
+	if crashSignal(res.Signal) {
+		e.KernelLog = g.kernelLogTail()
+	}
+	return e
 }
 
 // Run runs argv in the guest to completion, like exec.Cmd.Run: the error is

@@ -173,3 +173,30 @@ func TestBootRejectsBadArguments(t *testing.T) {
 		t.Fatalf("rejected boots left guests: %v", l.guests)
 	}
 }
+
+// TestExitErrorCrash checks which signals count as a crash (the error then
+// carries the guest kernel's log) and that the log's last lines end the
+// error's text.
+func TestExitErrorCrash(t *testing.T) {
+	for sig, crash := range map[string]bool{
+		"segmentation fault": true, "bus error": true, "aborted": true,
+		"illegal instruction": true, "floating point exception": true,
+		"killed": false, "terminated": false, "interrupt": false, "": false,
+	} {
+		if got := crashSignal(sig); got != crash {
+			t.Errorf("crashSignal(%q) = %v, want %v", sig, got, crash)
+		}
+	}
+	var log strings.Builder
+	for i := range 20 {
+		log.WriteString("line " + string(rune('a'+i)) + "\n")
+	}
+	e := &ExitError{Guest: "198.18.0.12", Argv: []string{"ib_write_bw"},
+		Result:    Result{ExitCode: -1, Signal: "segmentation fault"},
+		KernelLog: lastLines(log.String(), kernelLogLines)}
+	got := e.Error()
+	want := "guest 198.18.0.12: ib_write_bw: killed by segmentation fault; stderr: ; the guest kernel's log ends: line i | line j"
+	if !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "line s | line t") || strings.Contains(got, "line h |") {
+		t.Errorf("error %q\nwant it to start %q, end with the last %d lines", got, want, kernelLogLines)
+	}
+}
