@@ -54,7 +54,7 @@ fi
 # the Go code runs a program this list lacks. The Go toolchain is a
 # prerequisite, not installed here.
 programs=(
-	ip tc rdma nft tcpdump tshark mergecap ethtool setpriv dmesg   # iproute2 nftables tcpdump tshark ethtool util-linux (dmesg: busybox's in the guests)
+	ip tc rdma nft tcpdump tshark mergecap ethtool setpriv dmesg   # iproute2 nftables tcpdump tshark ethtool util-linux; dmesg also busybox's, in the guests
 	qemu-system-x86_64 busybox xz cpio depmod modprobe       # qemu-system-x86 busybox-static xz-utils cpio kmod
 	ibv_devinfo ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong   # ibverbs-utils
 	ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat   # perftest
