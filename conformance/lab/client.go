@@ -106,17 +106,17 @@ func (g *Guest) kernelLogTail() string {
 	if err != nil {
 		return "(not read: " + err.Error() + ")"
 	}
-	return lastLines(string(resp.Stdout), kernelLogLines)
+	// Joined so, they stay on the error's line.
+	return strings.Join(lastLines(string(resp.Stdout), kernelLogLines), " | ")
 }
 
-// lastLines returns the last n lines of s, joined by " | " to stay on the
-// error's line.
-func lastLines(s string, n int) string {
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) []string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	return strings.Join(lines, " | ")
+	return lines
 }
 
 // tail returns the last n bytes of b as text.

@@ -78,11 +78,7 @@ func (g *Guest) ConsoleLog() string { return g.console }
 // ConsoleTail returns the last n lines of the console log.
 func (g *Guest) ConsoleTail(n int) string {
 	data, _ := os.ReadFile(g.console)
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return strings.Join(lastLines(string(data), n), "\n")
 }
 
 // Boot starts a guest running kernel series kernel ("6.1" or "6.12") at

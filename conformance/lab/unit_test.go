@@ -193,7 +193,7 @@ func TestExitErrorCrash(t *testing.T) {
 	}
 	e := &ExitError{Guest: "198.18.0.12", Argv: []string{"ib_write_bw"},
 		Result:    Result{ExitCode: -1, Signal: "segmentation fault"},
-		KernelLog: lastLines(log.String(), kernelLogLines)}
+		KernelLog: strings.Join(lastLines(log.String(), kernelLogLines), " | ")}
 	got := e.Error()
 	want := "guest 198.18.0.12: ib_write_bw: killed by segmentation fault; stderr: ; the guest kernel's log ends: line i | line j"
 	if !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "line s | line t") || strings.Contains(got, "line h |") {
