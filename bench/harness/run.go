@@ -258,7 +258,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	dur := fs.Duration("duration", 0, "measured interval per case (default 1.5s, -quick 0.3s)")
 	jsonOut := fs.String("json", "", "also write every result as JSON lines to this file")
 	repeat := fs.Int("repeat", 3, "run the suite this many times, in rounds, and report each case's median run")
-	multi := fs.Bool("multi", false, "add the multi-QP rows: 4, 8 and 16 QPs of WRITE, READ and SEND beside as many TCP streams and UDP GSO/GRO flows, and the 64-byte rate over 8 QPs, blocking and busy-polling (about 55 s a round, -quick 20 s)")
+	multi := fs.Bool("multi", false, "add the multi-QP rows: 4, 8 and 16 QPs of WRITE, READ and SEND beside as many TCP streams and UDP GSO/GRO flows, and the 64-byte rate over 8 QPs, blocking and busy-polling (about 52 s a round, -quick 20 s)")
 	qpList := fs.String("qps", "", "the multi-QP rows' QP counts, comma-separated (e.g. 1,2,4,8,16; implies -multi; default 1,4,8,16)")
 	budget := fs.Duration("budget", 0, "start no case once this much time has passed (0: no limit); cases not run are reported as such, so a sitting with a fixed time ends in it")
 	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20 on every thread of both peers, needs root) so other load on the machine disturbs the figures less")
