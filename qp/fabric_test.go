@@ -24,6 +24,9 @@ type wirePkt struct {
 	tos  uint8
 	// served: a slow receiver already queued and processed it.
 	served bool
+	// ticked: the engine sent it from its timers (Tick), not from an
+	// input batch or a post.
+	ticked bool
 }
 
 // fabric is an in-memory network of engines on virtual time.
@@ -46,6 +49,8 @@ type fabric struct {
 	// tap, if set, sees every packet the fabric delivers (duplicates
 	// included), just before the destination engine does.
 	tap func(p wirePkt, pkt bth.Packet)
+	// ticking: the engines' timers run (wirePkt.ticked)
+	ticking bool
 	// dupIf, if set, picks packets to deliver twice.
 	dupIf func(p wirePkt) bool
 	// batch hands each engine everything that reaches it in one round in
@@ -137,7 +142,7 @@ type nodeOut struct{ n *node }
 
 func (o nodeOut) Emit(pkts []OutPacket) {
 	for _, p := range pkts {
-		o.n.f.queue = append(o.n.f.queue, wirePkt{data: p.AppendPacket(nil), src: o.n.addr, dst: p.Dest, tos: p.TOS})
+		o.n.f.queue = append(o.n.f.queue, wirePkt{data: p.AppendPacket(nil), src: o.n.addr, dst: p.Dest, tos: p.TOS, ticked: o.n.f.ticking})
 	}
 }
 
@@ -224,9 +229,11 @@ func (f *fabric) step(end time.Duration) bool {
 	for len(f.events) > 0 && f.events[0].at <= f.clock.now {
 		heap.Pop(&f.events).(timed[func()]).v()
 	}
+	f.ticking = true
 	for _, n := range f.nodes {
 		n.e.Tick()
 	}
+	f.ticking = false
 	return true
 }
 

@@ -133,9 +133,12 @@ func (e *Engine) releaseAll(q *QP) {
 	}
 }
 
-// readRelease gives n bytes back to the READ budget and wakes, through
-// their timer (not here, inside another QP's completer), the QPs that
-// wait for room.
+// readRelease gives n bytes back to the READ budget and wakes the QPs
+// that wait for room. Inside an input batch or a timer run (turns held)
+// a kick only queues their turns, which run when the batch ends, on the
+// goroutine that took the responses in: their requests leave with the
+// batch's other packets. Elsewhere (inside another QP's completion, a
+// flush or a destroy) they are woken through their timer, not here.
 func (e *Engine) readRelease(n int) {
 	e.readOut -= n
 	if len(e.readWait) == 0 {
@@ -144,7 +147,11 @@ func (e *Engine) readRelease(n int) {
 	now := e.cfg.Clock.Now()
 	for _, q := range e.readWait {
 		q.readWaiting = false
-		if !q.destroyed {
+		switch {
+		case q.destroyed:
+		case e.turnsHeld > 0:
+			e.kick(q)
+		default:
 			e.schedule(q, timerReadRoom, now)
 		}
 	}

@@ -96,12 +96,15 @@ func TestReadBudget(t *testing.T) {
 	const chunk, budget, size = 4096, 3 * 4096, 64 * 1024
 	o := defaultConn()
 	f, as, bs := readPair(t, o, 4, func(c *Config) { c.ReadChunk, c.ReadBudget = chunk, budget })
-	asked, most := 0, 0
+	asked, most, ticked := 0, 0, 0
 	f.tap = func(p wirePkt, pkt bth.Packet) {
 		switch {
 		case pkt.Info.Opcode == bth.RCReadRequest:
 			asked += int(pkt.RETH().DMALen())
 			most = max(most, asked)
+			if p.ticked {
+				ticked++
+			}
 		case pkt.Info.Op == bth.OpReadResponse:
 			asked -= len(pkt.Payload())
 		}
@@ -128,6 +131,12 @@ func TestReadBudget(t *testing.T) {
 	e := as[0].n.e
 	if e.Stats.ReadBudgetWaits.Load() == 0 || e.readOut != 0 || len(e.readWait) != 0 {
 		t.Fatalf("read_budget_waits %d, readOut %d, waiting %d", e.Stats.ReadBudgetWaits.Load(), e.readOut, len(e.readWait))
+	}
+	// Room freed by responses lets the waiting QPs ask in the same input
+	// batch, not from a timer (a wake-up of the timer goroutine and a
+	// send of its own on a device).
+	if ticked != 0 {
+		t.Errorf("%d READ requests sent from the timers, want 0 (no loss)", ticked)
 	}
 }
 
