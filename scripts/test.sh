@@ -41,6 +41,15 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 
+step "the library builds for other systems"
+# Listen needs Linux; the verbs, the engine and the pipe network do not,
+# and an application importing rxego must compile elsewhere (README,
+# "Other systems").
+lib=$(go list ./... | grep -v -e /internal/ -e /cmd/ -e /bench -e /conformance -e /reliability -e /e2e/ -e /examples/)
+for os in darwin windows; do
+  GOOS=$os go build $lib
+done
+
 step "unit and integration tests (race detector)"
 # e2e/dcqcn measures how flows share a rate-limited link over seconds; on
 # a small machine another package's tests beside it take the CPU the

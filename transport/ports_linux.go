@@ -43,18 +43,6 @@ func withSourcePorts(c *udpConn, scope uint32, opts Options, member, of int) (Co
 	return p, nil
 }
 
-// SourcePortBase and MaxSourcePorts bound the UDP source ports RoCEv2
-// senders use for entropy: 0xC000-0xFFFF, as rxe and RNICs do.
-const (
-	SourcePortBase = 0xC000
-	MaxSourcePorts = 1 << 14
-)
-
-// FlowHash is the 14-bit hash of a destination QP number that picks a
-// packet's source socket: Linux's hash_32(qpn, 14), which rxe applies to
-// a QP's own number for its default source port.
-func FlowHash(qpn uint32) uint32 { return (qpn * 0x61C88647) >> 18 }
-
 // portsConn is a Conn that receives on its address's port (4791) and
 // sends each packet from one of a pool of source-port sockets, chosen by
 // the packet's destination QP: all of a connection's packets leave from
