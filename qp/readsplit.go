@@ -137,8 +137,9 @@ func (e *Engine) releaseAll(q *QP) {
 // that wait for room. Inside an input batch or a timer run (turns held)
 // a kick only queues their turns, which run when the batch ends, on the
 // goroutine that took the responses in: their requests leave with the
-// batch's other packets. Elsewhere (inside another QP's completion, a
-// flush or a destroy) they are woken through their timer, not here.
+// batch's other packets. Outside them (a reset, a destroy or a flush
+// the application's call makes, in the middle of its own work) they are
+// woken through their timer, not here.
 func (e *Engine) readRelease(n int) {
 	e.readOut -= n
 	if len(e.readWait) == 0 {
