@@ -98,7 +98,12 @@ func Open(iface string, timeout time.Duration) (*Capture, error) {
 		return nil, err
 	}
 	proto := htons(unix.ETH_P_ALL)
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(proto))
+	// Protocol 0: the socket takes in nothing until bind names the
+	// protocol and the interface. Opened with ETH_P_ALL it would take in
+	// every interface's frames at once, unfiltered, and bind would then
+	// unhook it and hook it again, missing what passed meanwhile (an RCU
+	// grace period: 10 ms lost mid-capture on a loaded machine, ci65).
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("livecap: AF_PACKET socket (needs CAP_NET_RAW, e.g. root): %w", err)
 	}
