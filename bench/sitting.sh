@@ -16,7 +16,8 @@
 #   -s SHARDS rxego-bench -shards: the rxego devices' shards ("4/1": the
 #             server's 4, the client's 1); every binary must know -shards
 #
-# Unnamed binaries are called before, after, tree3, ... Each round of
+# The trees run in the order given in odd rounds and in reverse in even
+# ones. Unnamed binaries are called before, after, tree3, ... Each round of
 # each tree writes OUTDIR/NAME-ROUND.{json,md,err}; OUTDIR/compare.md is
 # the comparison (by the last tree's binary), OUTDIR/sitting.log the load
 # averages.
@@ -64,7 +65,15 @@ if awk -v l="$one" 'BEGIN { exit !(l >= 1) }'; then
 fi
 echo "start: $(date -u +%T) load average $(load), nproc $(nproc); trees ${names[*]}; $rounds rounds ${pin[*]} ${shards[*]}" | tee -a "$log"
 for r in $(seq 1 "$rounds"); do
-	for k in "${!bins[@]}"; do
+	# Odd rounds run the trees in the order given, even rounds in reverse
+	# (ABBA): a tree that always ran second in a round would take on
+	# whatever the round's order does (the load the first one left, say).
+	order=("${!bins[@]}")
+	if [ $((r % 2)) = 0 ]; then
+		order=()
+		for ((k = ${#bins[@]} - 1; k >= 0; k--)); do order+=("$k"); done
+	fi
+	for k in "${order[@]}"; do
 		n=${names[$k]}
 		# A failed case is in its round's report and JSON; the sitting
 		# goes on.
