@@ -149,7 +149,7 @@ func (e *Engine) readRelease(n int) {
 	for _, q := range e.readWait {
 		q.readWaiting = false
 		switch {
-		case q.destroyed:
+		case q.destroyed: // nothing to wake
 		case e.turnsHeld > 0:
 			e.kick(q)
 		default:
