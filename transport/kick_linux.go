@@ -4,6 +4,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"weak"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,26 +36,33 @@ import (
 const kickEvery = time.Millisecond
 
 // receivers are the process's receiving Conns, which kickParked looks at.
+// The set holds them weakly: a Conn dropped without Close is collected,
+// and its sockets closed, as an *os.File is, instead of staying reachable
+// from here for ever.
 var receivers connSet
 
-// connSet is a set of Conns safe for concurrent use.
+// connSet is a set of Conns, held weakly, safe for concurrent use.
 type connSet struct {
 	mu sync.Mutex
-	cs []*udpConn
+	cs []weak.Pointer[udpConn]
 }
 
 func (s *connSet) add(c *udpConn) {
 	s.mu.Lock()
-	s.cs = append(s.cs, c)
+	s.cs = append(s.prune(), weak.Make(c))
 	s.mu.Unlock()
 }
 
 func (s *connSet) remove(c *udpConn) {
+	p := weak.Make(c)
 	s.mu.Lock()
-	if i := slices.Index(s.cs, c); i >= 0 {
-		s.cs = slices.Delete(s.cs, i, i+1)
-	}
+	s.cs = slices.DeleteFunc(s.prune(), func(q weak.Pointer[udpConn]) bool { return q == p })
 	s.mu.Unlock()
+}
+
+// prune drops the Conns that were collected. The caller holds mu.
+func (s *connSet) prune() []weak.Pointer[udpConn] {
+	return slices.DeleteFunc(s.cs, func(q weak.Pointer[udpConn]) bool { return q.Value() == nil })
 }
 
 // kickEpoch is the origin of busyFrom's clock (monotonic).
@@ -79,8 +87,8 @@ func (c *udpConn) kickParked() {
 	r := &c.r
 	fds, conns := r.kickFDs[:0], r.kickConns[:0]
 	receivers.mu.Lock()
-	for _, o := range receivers.cs {
-		if o != c && o.r.parked.Load() && !o.closed.Load() {
+	for _, p := range receivers.cs {
+		if o := p.Value(); o != nil && o != c && o.r.parked.Load() && !o.closed.Load() {
 			fds = append(fds, unix.PollFd{Fd: o.rp.fd, Events: unix.POLLIN})
 			conns = append(conns, o)
 		}

@@ -80,7 +80,10 @@ type Conn interface {
 	// SetTap installs an observer of every packet sent, received and
 	// dropped; nil removes it.
 	SetTap(Tap)
-	// Close releases the Conn's sockets and unblocks Recv.
+	// Close releases the Conn's sockets and unblocks Recv. A Conn of
+	// Listen or ListenGroup dropped without Close is closed when the
+	// garbage collector finds it unreachable, as an *os.File is; Close
+	// releases it at once.
 	Close() error
 }
 
