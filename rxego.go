@@ -135,15 +135,14 @@ type Options struct {
 	// steers every received packet to its QP's shard (its QP number's
 	// block of 16, mod Shards: a shard's QPs take consecutive numbers of
 	// its blocks, the shards in turn). 0 means one per CPU
-	// (runtime.NumCPU), at most MaxShards, or one with BusyPoll; the raw
-	// receive mode (transport.RecvRaw) always has one. A blocked
-	// CQ.PollWait reads its CQ's first shard itself; completions of QPs
-	// on other shards reach it through their shards' receive goroutines,
-	// a wake-up each time it waits. So an application whose many QPs
-	// share one CQ, on a machine with few CPUs, may do better with one
-	// shard: 10,000 QPs on one CQ moved 1.32x with one on two CPUs
-	// (bench/RESULTS.md, session 17), where other workloads gained
-	// nothing or lost.
+	// (runtime.NumCPU), at most MaxShards, but one on a machine of two
+	// CPUs or fewer; one with BusyPoll; the raw receive mode
+	// (transport.RecvRaw) always has one. A blocked CQ.PollWait reads its
+	// CQ's first shard itself; completions of QPs on other shards reach
+	// it through their shards' receive goroutines, a wake-up each time it
+	// waits; so many QPs on one CQ may do better with fewer shards on any
+	// machine (10,000 QPs on one CQ: 1.34x with one shard on two CPUs,
+	// bench/RESULTS.md, session 19).
 	Shards int
 	// SourcePorts is how many UDP source ports each shard sends from, in
 	// 0xC000-0xFFFF as rxe and RNICs do, so that ECMP fabrics and the
@@ -276,9 +275,27 @@ func (o *Options) shardCount() (int, error) {
 		// one per shard (docs/performance.md, fourth round).
 		return 1, nil
 	case n == 0:
-		return min(runtime.NumCPU(), MaxShards), nil
+		return defaultShards(runtime.NumCPU()), nil
 	}
 	return n, nil
+}
+
+// defaultShards is how many shards a device has on a machine of cpus
+// CPUs when Options.Shards is 0: one per CPU, at most MaxShards, but one
+// where there are two CPUs or fewer. There the application's goroutines
+// (posting, polling) and one shard's receive loop already fill the CPUs,
+// and a second shard splits the same work over more wake-ups and
+// sockets. On the two-CPU development machine (bench/RESULTS.md,
+// session 19, sittings A, C and D) one shard per device moved SENDs over
+// 8 and 16 QPs 0.96-1.27x what two did (most rows 1.07-1.27x) and the
+// blocking 64-byte rate over 8 QPs 1.07-1.17x, with WRITEs and READs
+// over many QPs at 0.91-1.12x, inside those sittings' spread; session
+// 17 measured 10,000 QPs on one CQ at 1.32x.
+func defaultShards(cpus int) int {
+	if cpus <= 2 {
+		return 1
+	}
+	return min(cpus, MaxShards)
 }
 
 // Open starts a device on addr ("127.0.0.1", "[::1]:4791", ...): it binds

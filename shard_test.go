@@ -33,6 +33,23 @@ func openTest(t *testing.T, opts *Options) *Device {
 	return nil
 }
 
+// TestDefaultShards: with Options.Shards 0 a device has one shard per
+// CPU up to MaxShards, but one on two CPUs or fewer; Shards set is taken
+// as it is.
+func TestDefaultShards(t *testing.T) {
+	for cpus, want := range map[int]int{1: 1, 2: 1, 3: 3, 4: 4, 16: 16, 64: MaxShards} {
+		if got := defaultShards(cpus); got != want {
+			t.Errorf("%d CPUs: %d shards, want %d", cpus, got, want)
+		}
+	}
+	if got, want := openTest(t, nil).Shards(), defaultShards(runtime.NumCPU()); got != want {
+		t.Errorf("Open with no options: %d shards on %d CPUs, want %d", got, runtime.NumCPU(), want)
+	}
+	if got := openTest(t, &Options{Shards: 3}).Shards(); got != 3 {
+		t.Errorf("Shards 3: the device has %d", got)
+	}
+}
+
 // TestSteering checks that on two devices of four shards each, with 8 QP
 // pairs, every shard's engine takes in its QPs' packets and no packet
 // reaches its shard through another shard's receive loop: the kernel's

@@ -424,7 +424,7 @@ func writeMulti(w io.Writer, rs results) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Each QP keeps max(2, 64/N) messages in flight on its own memory; all complete on one CQ. The devices have the default shards (one per CPU) and source ports.")
+	fmt.Fprintln(w, "Each QP keeps max(2, 64/N) messages in flight on its own memory; all complete on one CQ. The devices have the default shards (one per CPU, but one on two CPUs or fewer) and source ports.")
 	fmt.Fprintln(w)
 	for _, r := range rs {
 		if r.Case.Kind == RxegoRate && r.Case.QPs > 1 && r.Err == "" {

@@ -263,7 +263,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	budget := fs.Duration("budget", 0, "start no case once this much time has passed (0: no limit); cases not run are reported as such, so a sitting with a fixed time ends in it")
 	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20 on every thread of both peers, needs root) so other load on the machine disturbs the figures less")
 	pin := fs.String("pin", "", "run the peers on these CPUs: one Linux CPU list for both (\"1\": both on CPU 1) or the server's and the client's apart (\"0/1\"); a round trip's figure depends on whether its wake-ups cross CPUs, so latency is best compared with the placement fixed")
-	shards := fs.String("shards", "", "the rxego devices' shards: one count for both (\"1\") or the server's and the client's apart (\"4/1\"); default one per CPU each")
+	shards := fs.String("shards", "", "the rxego devices' shards: one count for both (\"1\") or the server's and the client's apart (\"4/1\"); default rxego's (one per CPU, but one on two CPUs or fewer)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rxego-bench [flags]\n\nMeasures rxego, raw UDP and TCP between two processes on loopback and prints a markdown report.")
 		fs.PrintDefaults()

@@ -25,8 +25,9 @@ type Sched struct {
 	// them ("1", "0-7", "0,2"); empty: any.
 	Server, Client string `json:",omitempty"`
 	// ServerShards and ClientShards are the shards of each peer's rxego
-	// device (rxego.Options.Shards; 0: the default, one per CPU), so a
-	// sitting can measure peers whose shard layouts differ (-shards).
+	// device (rxego.Options.Shards; 0: the default, one per CPU but one
+	// on two CPUs or fewer), so a sitting can measure peers whose shard
+	// layouts differ (-shards).
 	ServerShards, ClientShards int `json:",omitempty"`
 }
 
