@@ -41,7 +41,8 @@ func Compare(args []string, stdout, stderr io.Writer) int {
 type tree struct {
 	name  string
 	runs  map[string][]Result
-	order []string // case names in the order first seen
+	from  map[string][]string // the file each run came from, beside runs
+	order []string            // case names in the order first seen
 }
 
 // roundSuffix is the "-N.json" (or ".json") a sitting's file names end in.
@@ -54,7 +55,7 @@ func loadTree(arg string) (tree, error) {
 		files = arg
 		name = roundSuffix.ReplaceAllString(filepath.Base(strings.Split(arg, ",")[0]), "")
 	}
-	t := tree{name: name, runs: map[string][]Result{}}
+	t := tree{name: name, runs: map[string][]Result{}, from: map[string][]string{}}
 	for _, f := range strings.Split(files, ",") {
 		if err := t.read(f); err != nil {
 			return t, err
@@ -91,6 +92,7 @@ func (t *tree) read(path string) error {
 			t.order = append(t.order, n)
 		}
 		t.runs[n] = append(t.runs[n], r)
+		t.from[n] = append(t.from[n], filepath.Base(path))
 	}
 	return sc.Err()
 }
@@ -180,6 +182,39 @@ func writeComparison(w io.Writer, trees []tree) {
 	}
 	fmt.Fprintln(w)
 	writeTargets(w, trees)
+	writeLowRuns(w, trees)
+}
+
+// lowRunShare is how far under its case's median, in its own tree, a
+// bandwidth or rate run must fall to be listed: the collapsed runs of
+// docs/performance.md ("Runs that collapse") move about half.
+const lowRunShare = 0.65
+
+// writeLowRuns lists, for cases with three runs or more in a tree, the
+// bandwidth and rate runs under lowRunShare of that tree's median, with
+// the file each came from: a cluster of them pulls a sitting of few
+// rounds down, and the reader should see it before reading a ratio.
+func writeLowRuns(w io.Writer, trees []tree) {
+	var rows []string
+	for _, t := range trees {
+		for _, c := range t.order {
+			runs := t.runs[c]
+			med := median(runs)
+			if len(runs) < 3 || med.Err != "" || med.Samples > 0 || med.figure() <= 0 {
+				continue
+			}
+			for i, r := range runs {
+				if r.Err == "" && r.figure() < lowRunShare*med.figure() {
+					rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %.2fx |", c, t.name, t.from[c][i], cell(r), r.figure()/med.figure()))
+				}
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n## Runs far under their median\n\n| case | tree | run | figure | of the tree's median |\n|---|---|---|---:|---:|\n%s\n\n", strings.Join(rows, "\n"))
+	fmt.Fprintf(w, "Bandwidth and rate runs under %.2fx their case's median in their tree (cases of three runs or more): runs that collapsed, most likely (docs/performance.md, \"Runs that collapse\"). A sitting of few rounds that holds several reads those rows low.\n", lowRunShare)
 }
 
 // target is one of issue 29's ratios: its value in a tree's medians, or

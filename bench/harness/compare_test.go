@@ -182,3 +182,59 @@ func TestCompareRateFasterWait(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareLowRuns checks the list of runs far under their median: of
+// three WRITE runs at 24, 23 and 11 Gbit/s the third (0.48x of the
+// median 23) is listed with its file, and neither the two others, nor a
+// rate case whose runs lie close, nor a latency case whose slow run is
+// a higher figure, nor a case of two runs.
+func TestCompareLowRuns(t *testing.T) {
+	dir := t.TempDir()
+	bw := func(gbps float64) string {
+		return fmt.Sprintf(`{"Case":{"Kind":"rxego-bw","Op":"write","Size":65536,"MTU":4096,"Depth":64},"Role":"client","Elapsed":1000000000,"Bytes":%.0f,"CPU":1500000000}`, gbps*1e9/8)
+	}
+	rate := func(msgs int) string {
+		return fmt.Sprintf(`{"Case":{"Kind":"rxego-rate","MTU":1024,"Depth":128,"Batch":32},"Role":"client","Elapsed":1000000000,"Msgs":%d}`, msgs)
+	}
+	lat := func(p50 int) string {
+		return fmt.Sprintf(`{"Case":{"Kind":"udp-pp"},"Role":"client","Elapsed":1000000000,"P50":%d,"P99":200000,"Samples":100}`, p50)
+	}
+	tcp := `{"Case":{"Kind":"tcp-bw"},"Role":"client","Elapsed":1000000000,"Bytes":3000000000,"CPU":1500000000}`
+	rounds := [][]string{
+		{bw(24), rate(2000000), lat(50000), tcp},
+		{bw(23), rate(1900000), lat(150000)},
+		{bw(11), rate(1800000), lat(52000), `{"Case":{"Kind":"tcp-bw"},"Role":"client","Elapsed":1000000000,"Bytes":1000000000,"CPU":1500000000}`},
+	}
+	var files []string
+	for i, lines := range rounds {
+		f := filepath.Join(dir, fmt.Sprintf("x-%d.json", i+1))
+		if err := os.WriteFile(f, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	var out, errs bytes.Buffer
+	if code := Compare([]string{"x=" + strings.Join(files, ",")}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	report := out.String()
+	i := strings.Index(report, "## Runs far under their median")
+	if i < 0 {
+		t.Fatalf("no list of low runs:\n%s", report)
+	}
+	list := report[i:]
+	if want := "| rxego write 64 KiB mtu 4096 | x | x-3.json | 11.00 (7.33/CPU) | 0.48x |"; !strings.Contains(list, want) {
+		t.Errorf("list lacks %q:\n%s", want, list)
+	}
+	if n := strings.Count(list, "\n| ") - 1; n != 1 { // the header row, then the runs
+		t.Errorf("%d runs listed, want 1:\n%s", n, list)
+	}
+	// A sitting with no such run prints no list.
+	out.Reset()
+	if code := Compare([]string{"x=" + strings.Join(files[:2], ",")}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	if strings.Contains(out.String(), "Runs far under") {
+		t.Errorf("a list with two rounds:\n%s", out.String())
+	}
+}
