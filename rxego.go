@@ -286,11 +286,10 @@ func (o *Options) shardCount() (int, error) {
 // (posting, polling) and one shard's receive loop already fill the CPUs,
 // and a second shard splits the same work over more wake-ups and
 // sockets. On the two-CPU development machine (bench/RESULTS.md,
-// session 19, sittings A, C and D) one shard per device moved SENDs over
-// 8 and 16 QPs 0.96-1.27x what two did (most rows 1.07-1.27x) and the
-// blocking 64-byte rate over 8 QPs 1.07-1.17x, with WRITEs and READs
-// over many QPs at 0.91-1.12x, inside those sittings' spread; session
-// 17 measured 10,000 QPs on one CQ at 1.32x.
+// session 19) one shard per device moved SENDs over 8 and 16 QPs
+// 0.96-1.27x what two did (most rows 1.07-1.27x), the blocking 64-byte
+// rate over 8 QPs 1.07-1.17x and 10,000 QPs on one CQ 1.34x, with WRITEs
+// and READs over many QPs at 0.91-1.12x, inside the sittings' spread.
 func defaultShards(cpus int) int {
 	if cpus <= 2 {
 		return 1
