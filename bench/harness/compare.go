@@ -199,13 +199,17 @@ func writeLowRuns(w io.Writer, trees []tree) {
 	for _, t := range trees {
 		for _, c := range t.order {
 			runs := t.runs[c]
+			if len(runs) < 3 {
+				continue
+			}
 			med := median(runs)
-			if len(runs) < 3 || med.Err != "" || med.Samples > 0 || med.figure() <= 0 {
+			m := med.figure()
+			if med.Err != "" || med.Samples > 0 || m <= 0 { // latency: lower is better, not listed
 				continue
 			}
 			for i, r := range runs {
-				if r.Err == "" && r.figure() < lowRunShare*med.figure() {
-					rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %.2fx |", c, t.name, t.from[c][i], cell(r), r.figure()/med.figure()))
+				if r.Err == "" && r.figure() < lowRunShare*m {
+					rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %.2fx |", c, t.name, t.from[c][i], cell(r), r.figure()/m))
 				}
 			}
 		}
