@@ -195,7 +195,7 @@ type Engine struct {
 	mu  sync.Mutex
 	cfg Config
 
-	qps     map[uint32]*QP
+	qps     qpTable
 	nextQPN uint32
 
 	outq     []OutPacket
@@ -262,12 +262,13 @@ func (e *Engine) Close() {
 	}
 	e.closed = true
 	e.releaseAcks()
-	for _, q := range e.qps {
+	e.qps.all(func(q *QP) bool {
 		if q.state != Err {
 			q.enterError()
 		}
 		q.destroy()
-	}
+		return true
+	})
 	e.flush()
 }
 
@@ -312,7 +313,7 @@ func NewEngine(cfg Config) (*Engine, error) {
 		cfg.DataTOS |= ECT0 // DCQCN needs switches to mark, so data is ECN-capable
 	}
 	so, ok := cfg.Out.(ScatterOutput)
-	return &Engine{cfg: cfg, cc: cc, qps: map[uint32]*QP{}, nextQPN: 17, scatters: ok && so.Scatters()}, nil
+	return &Engine{cfg: cfg, cc: cc, nextQPN: 17, scatters: ok && so.Scatters()}, nil
 }
 
 // MaxMTU returns the largest path MTU the engine accepts, the port's
@@ -527,18 +528,19 @@ func (e *Engine) NextDeadline() (time.Duration, bool) {
 func (e *Engine) QP(n uint32) (*QP, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	q, ok := e.qps[n]
-	return q, ok
+	q := e.qps.get(n)
+	return q, q != nil
 }
 
 // QPs returns the engine's QPs, in no particular order.
 func (e *Engine) QPs() []*QP {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := make([]*QP, 0, len(e.qps))
-	for _, q := range e.qps {
+	out := make([]*QP, 0, e.qps.len())
+	e.qps.all(func(q *QP) bool {
 		out = append(out, q)
-	}
+		return true
+	})
 	return out
 }
 
@@ -560,7 +562,7 @@ func (e *Engine) SendFailed(pkt *OutPacket) {
 	if in, ok := bth.Lookup(h.Opcode()); !ok || !in.Has(bth.Request) {
 		return
 	}
-	q := e.qps[pkt.QPN]
+	q := e.qps.get(pkt.QPN)
 	if q == nil || q.destroyed || q.sendFailed {
 		return
 	}

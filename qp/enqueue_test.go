@@ -1,7 +1,9 @@
 package qp
 
 import (
+	"bytes"
 	"reflect"
+	"slices"
 	"testing"
 	"unsafe"
 )
@@ -23,8 +25,16 @@ func TestEnqueueResetsWQE(t *testing.T) {
 		slot := &q.sq[q.sqTail%uint64(len(q.sq))]
 		dirtyScalars(reflect.ValueOf(slot).Elem())
 		q.enqueueSend(&wr)
-		want := sendWQE{wr: wr, sgl: slot.sgl, inline: slot.inline, signaled: wr.Flags&SendSignaled != 0}
-		want.wr.SGL, want.wr.Inline = slot.sgl, slot.inline
+		// The slot's buffers (sge1, sgls, inline) may hold what earlier
+		// posts left; what the WQE says must be the request's.
+		if !slices.Equal(slot.sgl, wr.SGL) || !bytes.Equal(slot.wr.Inline, wr.Inline) {
+			t.Errorf("%v: posted SGL %v, inline %v; want %v, %v", wr.Opcode, slot.sgl, slot.wr.Inline, wr.SGL, wr.Inline)
+		}
+		want := sendWQE{wr: wr, sgl: slot.sgl, sge1: slot.sge1, sgls: slot.sgls, inline: slot.inline, signaled: wr.Flags&SendSignaled != 0}
+		want.wr.SGL, want.wr.Inline = slot.sgl, nil
+		if wr.Flags&SendInline != 0 {
+			want.wr.Inline = slot.inline
+		}
 		switch {
 		case wr.Opcode == WRFetchAdd:
 			want.length = 8
@@ -68,4 +78,51 @@ func dirtyScalars(v reflect.Value) {
 // it is an unexported field.
 func settable(v reflect.Value) reflect.Value {
 	return reflect.NewAt(v.Type(), unsafe.Pointer(v.UnsafeAddr())).Elem()
+}
+
+// TestGrowSQKeepsSGEs checks that WQEs in flight when the send ring grows
+// keep their scatter/gather lists, each a list of the WQE's own (a
+// single SGE lives in the WQE: it must not stay pointing into the old
+// ring), and that a list of several SGEs keeps its buffer for the slot's
+// next post.
+func TestGrowSQKeepsSGEs(t *testing.T) {
+	p := newAllocPair(t, MTU1024)
+	q := p.a.qp
+	q.growSQ(4)
+	wrs := []SendWR{
+		{Opcode: WRWrite, SGL: sge(p.amr, 0, 64), RemoteAddr: p.bmr.IOVA(), RKey: p.bmr.RKey()},
+		{Opcode: WRWrite, SGL: append(sge(p.amr, 64, 8), sge(p.amr, 128, 16)...), RemoteAddr: p.bmr.IOVA(), RKey: p.bmr.RKey()},
+		{Opcode: WRWrite, SGL: sge(p.amr, 256, 32), RemoteAddr: p.bmr.IOVA(), RKey: p.bmr.RKey()},
+	}
+	head := q.sqTail
+	for i := range wrs {
+		q.enqueueSend(&wrs[i])
+	}
+	q.growSQ(8)
+	for i := range wrs {
+		w := &q.sq[(head+uint64(i))%uint64(len(q.sq))]
+		if !slices.Equal(w.sgl, wrs[i].SGL) || !slices.Equal(w.wr.SGL, wrs[i].SGL) {
+			t.Errorf("WQE %d after the ring grew: SGL %v (wr %v), want %v", i, w.sgl, w.wr.SGL, wrs[i].SGL)
+		}
+		if len(w.sgl) == 1 && (&w.sgl[0] != &w.sge1[0] || &w.wr.SGL[0] != &w.sge1[0]) {
+			t.Errorf("WQE %d's single SGE lies outside the WQE", i)
+		}
+		if want := uint32(0); len(w.sgl) > 0 {
+			for _, s := range wrs[i].SGL {
+				want += s.Length
+			}
+			if w.length != want {
+				t.Errorf("WQE %d: length %d, want %d", i, w.length, want)
+			}
+		}
+	}
+	// The two-SGE slot's buffer is kept: a later post of two there
+	// reuses it.
+	w := &q.sq[(head+1)%uint64(len(q.sq))]
+	buf := &w.sgls[0]
+	q.sqTail = head + 1
+	q.enqueueSend(&wrs[1])
+	if &w.sgl[0] != buf {
+		t.Error("a post of two SGEs did not reuse its slot's buffer")
+	}
 }

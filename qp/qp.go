@@ -135,7 +135,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 	}
 	now := e.cfg.Clock.Now()
 	if a.QPN != 0 {
-		if _, taken := e.qps[a.QPN]; taken || a.QPN > bth.PSNMask {
+		if a.QPN > bth.PSNMask || e.qps.get(a.QPN) != nil {
 			return nil, fmt.Errorf("%w: %d", ErrQPNTaken, a.QPN)
 		}
 		if a.QPN >= 2 && e.recentlyClosed(a.QPN, now) {
@@ -149,7 +149,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 			if e.nextQPN > 0xffffff {
 				e.nextQPN = 17
 			}
-			if _, taken := e.qps[n]; !taken && !e.recentlyClosed(n, now) {
+			if e.qps.get(n) == nil && !e.recentlyClosed(n, now) {
 				q.num = n
 				break
 			}
@@ -171,7 +171,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 	}
 	q.cc = e.newCC()
 	q.id = newQPID()
-	e.qps[q.num] = q
+	e.qps.set(q.num, q)
 	return q, nil
 }
 
@@ -391,7 +391,7 @@ func (q *QP) destroy() {
 	q.releaseWindows()
 	q.e.releaseAll(q)
 	q.destroyed = true
-	delete(q.e.qps, q.num)
+	q.e.qps.del(q.num)
 	q.e.quarantine(q.num)
 	q.sendCQ.release()
 	if q.recvCQ != q.sendCQ {
@@ -538,18 +538,33 @@ func (q *QP) growSQ(n int) {
 	size := min(max(n, 2*len(q.sq), 4), q.caps.MaxSendWR)
 	sq := make([]sendWQE, size)
 	for i := q.sqHead; i != q.sqTail; i++ {
-		sq[i%uint64(size)] = q.sq[i%uint64(len(q.sq))]
+		w, old := &sq[i%uint64(size)], &q.sq[i%uint64(len(q.sq))]
+		*w = *old
+		if len(w.sgl) == 1 && &w.sgl[0] == &old.sge1[0] {
+			w.sgl = w.sge1[:] // its own, not the old ring's
+			w.wr.SGL = w.sgl
+		}
 	}
 	q.sq = sq
 }
 
 func (q *QP) enqueueSend(wr *SendWR) {
 	w := &q.sq[q.sqTail%uint64(len(q.sq))]
-	sgl := append(w.sgl[:0], wr.SGL...)
-	inline := w.inline[:0]
+	var sgl []SGE
+	switch len(wr.SGL) {
+	case 0:
+	case 1:
+		w.sge1[0] = wr.SGL[0]
+		sgl = w.sge1[:]
+	default:
+		sgl = append(w.sgls[:0], wr.SGL...)
+		w.sgls = sgl
+	}
+	var inline []byte
 	var length uint32
 	if wr.Flags&SendInline != 0 {
-		inline = append(inline, wr.Inline...)
+		inline = append(w.inline[:0], wr.Inline...)
+		w.inline = inline
 		length = uint32(len(inline))
 	} else {
 		for _, s := range sgl {
@@ -566,7 +581,7 @@ func (q *QP) enqueueSend(wr *SendWR) {
 	// and then copies it in.
 	w.wr = *wr
 	w.wr.SGL, w.wr.Inline = sgl, inline
-	w.sgl, w.inline = sgl, inline
+	w.sgl = sgl
 	w.length = length
 	w.signaled = q.sigAll || wr.Flags&SendSignaled != 0
 	w.wqeProgress = wqeProgress{}

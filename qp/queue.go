@@ -10,9 +10,16 @@ import (
 // sendWQE is a send queue entry: the posted request plus the requester's
 // and completer's progress on it.
 type sendWQE struct {
-	wr       SendWR
-	sgl      []SGE  // owned copy of wr.SGL (wr.SGL aliases it)
-	inline   []byte // owned copy of an inline payload
+	wr  SendWR
+	sgl []SGE // owned copy of wr.SGL (wr.SGL aliases it): sge1's or sgls's
+	// sge1 holds a single SGE. With thousands of QPs a post finds its WQE
+	// cold in the CPU's caches, and a post of one SGE (nearly all of
+	// them) then only writes the WQE: reading a buffer's slice header out
+	// of it first cost a cache miss per post (5% of the client's CPU with
+	// 10,000 QPs).
+	sge1     [1]SGE
+	sgls     []SGE  // the buffer for several SGEs, kept for the next post
+	inline   []byte // owned copy of an inline payload (SendInline)
 	length   uint32 // total message length
 	signaled bool
 	wqeProgress

@@ -103,8 +103,8 @@ func (e *Engine) receive(in *InPacket, now time.Duration) {
 		e.drop(DropBadPKey)
 		return
 	}
-	q, ok := e.qps[b.DestQP()]
-	if !ok {
+	q := e.qps.get(b.DestQP())
+	if q == nil {
 		if e.recentlyClosed(b.DestQP(), now) {
 			e.drop(DropClosedQP)
 		} else {
