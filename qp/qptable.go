@@ -3,8 +3,8 @@ package qp
 // qpTable maps QP numbers to an engine's QPs. Every received packet looks
 // its QP up, so the lookup is on the hottest path there is; with thousands
 // of QPs a hash map's groups no longer stay in the CPU's caches, and the
-// lookup cost a cache miss or two per packet (4% of both peers' CPU with
-// 10,000 QPs). Numbers are handed out in sequence (Engine.CreateQP, the
+// lookup cost a cache miss or two per packet (4% of the machine's samples
+// with 10,000 QPs). Numbers are handed out in sequence (Engine.Create, the
 // device's blocks), so a two-level table indexed by the number's bits is
 // dense: a page of qpPage pointers holds a run of consecutive numbers,
 // and 10,000 QPs fill three pages (96 KiB) that the lookups walk in order.
