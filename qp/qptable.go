@@ -9,7 +9,10 @@ package qp
 // dense: a page of qpPage pointers holds a run of consecutive numbers,
 // and 10,000 QPs fill three pages (96 KiB) that the lookups walk in order.
 type qpTable struct {
-	pages [1 << (24 - qpPageBits)]*qpTablePage // by the number's high bits
+	// pages, by the number's high bits, grown to the highest page in use
+	// (an engine with a few QPs holds a pointer or two, not the 4,096 a
+	// whole 24-bit space needs).
+	pages []*qpTablePage
 	n     int
 }
 
@@ -27,22 +30,23 @@ const (
 
 // get returns QP n, or nil.
 func (t *qpTable) get(n uint32) *QP {
-	if n > 0xffffff {
+	i := int(n >> qpPageBits)
+	if i >= len(t.pages) || t.pages[i] == nil {
 		return nil
 	}
-	p := t.pages[n>>qpPageBits]
-	if p == nil {
-		return nil
-	}
-	return p.qps[n&(qpPage-1)]
+	return t.pages[i].qps[n&(qpPage-1)]
 }
 
-// set makes q QP n, in place of any QP n had.
+// set makes q QP n (below 2^24), in place of any QP n had.
 func (t *qpTable) set(n uint32, q *QP) {
-	p := t.pages[n>>qpPageBits]
+	i := int(n >> qpPageBits)
+	if i >= len(t.pages) {
+		t.pages = append(t.pages, make([]*qpTablePage, i+1-len(t.pages))...)
+	}
+	p := t.pages[i]
 	if p == nil {
 		p = new(qpTablePage)
-		t.pages[n>>qpPageBits] = p
+		t.pages[i] = p
 	}
 	if p.qps[n&(qpPage-1)] == nil {
 		p.n++
@@ -53,15 +57,16 @@ func (t *qpTable) set(n uint32, q *QP) {
 
 // del frees number n, and its page once the page holds no QP.
 func (t *qpTable) del(n uint32) {
-	p := t.pages[n>>qpPageBits]
-	if p == nil || p.qps[n&(qpPage-1)] == nil {
+	i := int(n >> qpPageBits)
+	if i >= len(t.pages) || t.pages[i] == nil || t.pages[i].qps[n&(qpPage-1)] == nil {
 		return
 	}
+	p := t.pages[i]
 	p.qps[n&(qpPage-1)] = nil
 	p.n--
 	t.n--
 	if p.n == 0 {
-		t.pages[n>>qpPageBits] = nil
+		t.pages[i] = nil
 	}
 }
 
@@ -71,7 +76,7 @@ func (t *qpTable) len() int { return t.n }
 // all calls f for every QP, in number order, while f returns true. f may
 // delete the QP it is given.
 func (t *qpTable) all(f func(*QP) bool) {
-	for i := range t.pages {
+	for i := 0; i < len(t.pages); i++ {
 		p := t.pages[i]
 		if p == nil {
 			continue
