@@ -26,7 +26,7 @@ type sendWQE struct {
 }
 
 // wqeProgress is a send WQE's requester and completer progress: what
-// posting resets, in one assignment (a WQE is 296 bytes; rebuilding it
+// posting resets, in one assignment (a WQE is 344 bytes; rebuilding it
 // whole cost a 64-byte WRITE's post a fifth of the engine's time).
 type wqeProgress struct {
 	// requester progress
