@@ -106,8 +106,9 @@ func (p *Peer) probeResponder(t *testing.T, pt probeTool, rdmacm bool) {
 	c := Case{Name: name, Role: "rxego probe", Expect: pt.counters, Require: require}
 	if rdmacm {
 		// The guest's requester sends only the exchange's few SENDs over
-		// the CM's comm QP; its timer (about 537 ms under rdma_cm) fires
-		// when an emulated guest stalls before it takes rxego's ACK in.
+		// the CM's comm QP; its timer (about half a second under rdma_cm)
+		// fires when an emulated guest stalls before it takes rxego's ACK
+		// in.
 		c.GuestTimerRetries = "the guest's exchange SENDs under -R; the probe reports no rxego counters"
 	}
 	p.Case(t, c, func(t *testing.T) Outcome {

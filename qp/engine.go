@@ -532,7 +532,7 @@ func (e *Engine) QP(n uint32) (*QP, bool) {
 	return q, q != nil
 }
 
-// QPs returns the engine's QPs, in no particular order.
+// QPs returns the engine's QPs, by number.
 func (e *Engine) QPs() []*QP {
 	e.mu.Lock()
 	defer e.mu.Unlock()
