@@ -486,7 +486,9 @@ const ackHold = time.Millisecond
 // the poller's answer included.
 func (e *Engine) releaseAcks() {
 	e.flushAcks()
-	e.held.Store(false)
+	if e.held.Load() { // a store is a locked exchange; most calls find it clear
+		e.held.Store(false)
+	}
 }
 
 // flushAll sends every pending ACK (releaseAcks), then every packet queued.

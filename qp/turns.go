@@ -81,7 +81,14 @@ func (e *Engine) leaveToBatch() bool {
 	if e.batching.Load() == 0 {
 		return false
 	}
-	e.posted.Store(true)
+	// A mark already set is as good as a new one: the EndBatch that
+	// clears it (after this look at the count, which it lowers) runs
+	// RunBatch, which takes the lock this post holds. Storing it anyway
+	// is a locked exchange on every post of a batch, which waits for the
+	// post's stores into its cold WQE: 5% of a 10,000-QP client's CPU.
+	if !e.posted.Load() {
+		e.posted.Store(true)
+	}
 	return e.batching.Load() > 0
 }
 
