@@ -126,3 +126,62 @@ func TestGrowSQKeepsSGEs(t *testing.T) {
 		t.Error("a post of two SGEs did not reuse its slot's buffer")
 	}
 }
+
+// TestSQRingSizedByUse checks that the send ring is as long as the
+// requests in flight need: a QP that has one request in flight at a time
+// keeps a ring of one WQE, and one that posts several grows it and
+// completes them all, in order, with their bytes placed.
+func TestSQRingSizedByUse(t *testing.T) {
+	p := newAllocPair(t, MTU1024)
+	q := p.a.qp
+	write := func(id uint64, off int) SendWR {
+		return SendWR{ID: id, Opcode: WRWrite, Flags: SendSignaled, SGL: sge(p.amr, off, 64),
+			RemoteAddr: p.bmr.IOVA() + uint64(off), RKey: p.bmr.RKey()}
+	}
+	fill := func(off int, b byte) {
+		for i := range 64 {
+			p.amr.Buffer()[off+i] = b
+		}
+	}
+	for i := range 3 {
+		fill(0, byte(i+1))
+		if err := q.PostSend(write(uint64(i), 0)); err != nil {
+			t.Fatal(err)
+		}
+		p.exchange(t)
+		if wcs := pollAllCheck(t, p.a.scq); len(wcs) != 1 || wcs[0].ID != uint64(i) {
+			t.Fatalf("post %d: completions %+v, want one of ID %d", i, wcs, i)
+		}
+		if n := len(q.sq); n != 1 {
+			t.Fatalf("post %d: a ring of %d WQEs for one request in flight, want 1", i, n)
+		}
+		if got := p.bmr.Buffer()[63]; got != byte(i+1) {
+			t.Fatalf("post %d: byte %d placed, want %d", i, got, i+1)
+		}
+	}
+	const burst = 5
+	var wrs []SendWR
+	for i := range burst {
+		fill(64*(i+1), byte(10+i))
+		wrs = append(wrs, write(uint64(10+i), 64*(i+1)))
+	}
+	if err := q.PostSend(wrs...); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(q.sq); n < burst {
+		t.Fatalf("a ring of %d WQEs for %d requests in flight", n, burst)
+	}
+	p.exchange(t)
+	wcs := pollAllCheck(t, p.a.scq)
+	if len(wcs) != burst {
+		t.Fatalf("%d completions, want %d", len(wcs), burst)
+	}
+	for i, wc := range wcs {
+		if wc.ID != uint64(10+i) {
+			t.Errorf("completion %d: ID %d, want %d", i, wc.ID, 10+i)
+		}
+		if got := p.bmr.Buffer()[64*(i+1)+63]; got != byte(10+i) {
+			t.Errorf("WRITE %d: byte %d placed, want %d", i, got, 10+i)
+		}
+	}
+}

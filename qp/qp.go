@@ -531,11 +531,15 @@ func (q *QP) mtuOrMax() int {
 
 // growSQ makes the send ring hold at least n WQEs (n <= MaxSendWR),
 // doubling it and keeping the WQEs in flight at their sequence numbers.
+// The first post makes it only as long as it needs: a QP with one request
+// in flight at a time (thousands of them, each posted to in turn) then
+// writes one WQE over and over, a quarter of the memory its posts
+// touch with a ring of four, all of it cold by its next turn.
 func (q *QP) growSQ(n int) {
 	if n <= len(q.sq) {
 		return
 	}
-	size := min(max(n, 2*len(q.sq), 4), q.caps.MaxSendWR)
+	size := min(max(n, 2*len(q.sq)), q.caps.MaxSendWR)
 	sq := make([]sendWQE, size)
 	for i := q.sqHead; i != q.sqTail; i++ {
 		w, old := &sq[i%uint64(size)], &q.sq[i%uint64(len(q.sq))]
