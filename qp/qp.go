@@ -531,10 +531,10 @@ func (q *QP) mtuOrMax() int {
 
 // growSQ makes the send ring hold at least n WQEs (n <= MaxSendWR),
 // doubling it and keeping the WQEs in flight at their sequence numbers.
-// The first post makes it only as long as it needs: a QP with one request
-// in flight at a time (thousands of them, each posted to in turn) then
-// writes one WQE over and over, a quarter of the memory its posts
-// touch with a ring of four, all of it cold by its next turn.
+// The first post makes it only as long as that post needs, so a QP with
+// one request in flight at a time reuses one WQE: with thousands of QPs
+// posted to in turn, every WQE is cold by its QP's next post, and a ring
+// of four (the old minimum) spread those posts over four times the memory.
 func (q *QP) growSQ(n int) {
 	if n <= len(q.sq) {
 		return
