@@ -98,7 +98,7 @@ func (e *Engine) newCC() *qpCC {
 // releases changes.
 func (e *Engine) ccAdmit(q *QP, now time.Duration, n int) bool {
 	c := q.cc
-	if c == nil {
+	if c == nil || q.ccQuiet {
 		return true
 	}
 	if c.lapsed {
@@ -128,7 +128,7 @@ func (e *Engine) paceAt(c *qpCC, now time.Duration) time.Duration {
 
 // ccSent feeds the byte counter of q's reaction point.
 func (e *Engine) ccSent(q *QP, now time.Duration, n int) {
-	if c := q.cc; c != nil {
+	if c := q.cc; c != nil && !q.ccQuiet {
 		c.ctrl.OnSent(now, n)
 		e.ccRate(q, now)
 	}
@@ -150,7 +150,8 @@ func (e *Engine) ccRate(q *QP, now time.Duration) {
 			}
 		}
 	}
-	if at, ok := c.ctrl.NextEvent(); ok {
+	at, pending := c.ctrl.NextEvent()
+	if pending {
 		if at <= now {
 			at = now + 1
 		}
@@ -158,6 +159,7 @@ func (e *Engine) ccRate(q *QP, now time.Duration) {
 			e.schedule(q, timerCC, at)
 		}
 	}
+	q.ccQuiet = !pending && c.rate >= e.cc.RP.LineRate && !c.lapsed && q.deadline[timerPace] == 0
 }
 
 // ccTimer runs the controller's due events. A QP with nothing to send
@@ -170,6 +172,7 @@ func (e *Engine) ccTimer(q *QP, now time.Duration) {
 		c.ctrl.Advance(now)
 		if q.sqSend == q.sqTail {
 			c.lapsed = true
+			q.ccQuiet = false // ccAdmit catches the controller up
 			return
 		}
 		e.ccRate(q, now)

@@ -1,6 +1,7 @@
 package qp
 
 import (
+	"bytes"
 	"net/netip"
 	"testing"
 	"time"
@@ -241,23 +242,12 @@ func TestPacingWhileTheRateChanges(t *testing.T) {
 // counted as one cut (two with the one that period defers).
 func TestCNPsOfABatchEachCut(t *testing.T) {
 	f, a, b := ccPair(t, congestion.NVIDIAParams(DefaultLineRate))
-	buf := make([]byte, 64)
-	h := bth.Header{Opcode: bth.CNPOpcode, PKey: bth.DefaultPKey, DestQP: a.qp.Num(), BECN: true}
-	n, err := h.Encode(buf, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pkt, err := bth.Parse(buf[:n])
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := netip.AddrPortFrom(b.n.addr.Addr(), 0xC000)
 	a.n.e.Input(nil) // the previous batch
 	f.clock.now += time.Millisecond
 	const cnps = 20
 	batch := make([]InPacket, cnps)
 	for i := range batch {
-		batch[i] = InPacket{Pkt: pkt, Src: src, Dest: a.n.addr.Addr()}
+		batch[i] = cnpFor(t, a, b)
 	}
 	a.n.e.Input(batch)
 	st, ok := a.qp.CongestionStats()
@@ -269,5 +259,77 @@ func TestCNPsOfABatchEachCut(t *testing.T) {
 	}
 	if st.Rate >= DefaultLineRate/2 {
 		t.Errorf("rate %d after %d cuts, want well under half the line rate %d", st.Rate, cnps, DefaultLineRate)
+	}
+}
+
+// cnpFor returns a CNP for to's QP as from's peer sends it: from a flow's
+// source port, not 4791.
+func cnpFor(t *testing.T, to, from *endpoint) InPacket {
+	t.Helper()
+	buf := make([]byte, 64)
+	h := bth.Header{Opcode: bth.CNPOpcode, PKey: bth.DefaultPKey, DestQP: to.qp.Num(), BECN: true}
+	n, err := h.Encode(buf, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkt, err := bth.Parse(buf[:n])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return InPacket{Pkt: pkt, Src: netip.AddrPortFrom(from.n.addr.Addr(), 0xC000), Dest: to.n.addr.Addr()}
+}
+
+// TestQuietReactionPoint: a QP at line rate with nothing pending leaves
+// its reaction point alone for each packet (ccQuiet); a CNP wakes it and
+// the next message is paced at the cut rate; once time has raised the
+// rate back to line rate, the next message finds it quiet again.
+func TestQuietReactionPoint(t *testing.T) {
+	f, a, b := ccPair(t, congestion.NVIDIAParams(DefaultLineRate))
+	const size = 256 << 10
+	smr, sbuf := a.n.reg(t, size, allAccess)
+	rmr, rbuf := b.n.reg(t, size, allAccess)
+	write := func(seed uint64) time.Duration {
+		t.Helper()
+		fill(sbuf, seed)
+		start := f.clock.now
+		if err := a.qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 1000 && a.scq.Len() == 0; i++ {
+			f.run(time.Millisecond)
+			f.runFor(0)
+		}
+		if wcs := pollAllCheck(t, a.scq); len(wcs) != 1 {
+			t.Fatalf("%d completions", len(wcs))
+		}
+		b.n.e.Sync()
+		if !bytes.Equal(rbuf, sbuf) {
+			t.Fatal("data differs")
+		}
+		return f.clock.now - start
+	}
+	write(1)
+	if !a.qp.ccQuiet {
+		t.Fatal("a QP at line rate is not quiet")
+	}
+	a.n.e.Input([]InPacket{cnpFor(t, a, b)})
+	if a.qp.ccQuiet {
+		t.Fatal("still quiet after a CNP")
+	}
+	st, _ := a.qp.CongestionStats()
+	if st.Rate >= DefaultLineRate || st.RateCuts != 1 {
+		t.Fatalf("after a CNP: %+v", st)
+	}
+	el := write(2)
+	if lineTime := time.Duration(size * 8 * uint64(time.Second) / DefaultLineRate); el < 3*lineTime/2 {
+		t.Fatalf("256 KiB took %v after a cut to %d b/s (%v at line rate): not paced", el, st.Rate, lineTime)
+	}
+	f.runFor(10 * time.Second)
+	if st, _ = a.qp.CongestionStats(); st.Rate != DefaultLineRate {
+		t.Fatalf("rate %d did not recover", st.Rate)
+	}
+	write(3)
+	if !a.qp.ccQuiet {
+		t.Fatal("not quiet again at line rate")
 	}
 }

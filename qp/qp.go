@@ -43,47 +43,33 @@ type InitAttr struct {
 }
 
 // QP is a queue pair. Its methods are safe for concurrent use.
+//
+// The fields are in the order the paths use them: from e to cc, what a
+// request's post, its packets, its ACK and its completion touch; attr,
+// which both directions read; then the responder's; then the rest. With
+// thousands of QPs each is cold in the CPU's caches by its next message,
+// and each cache line a message touches is a miss: spread over the
+// struct, a 4 KiB WRITE's requester touched eleven of its sixteen lines.
 type QP struct {
-	e      *Engine
-	num    uint32
-	typ    Type
-	pd     *mr.PD
-	sendCQ *CQ
-	recvCQ *CQ
-	srq    *SRQ
-	caps   Caps
-	sigAll bool
-	rq     recvQueue
-	// errored mirrors state == ERR for PostRecv, which reads it without
+	// e, num, typ, pd, sendCQ, recvCQ, srq, caps and sigAll are set at
+	// Create; everything else but errored and mcastNoRecv is guarded by
 	// the engine lock.
-	errored atomic.Bool
-	// mcastNoRecv counts multicast datagrams dropped for want of a
-	// receive (DropMcastNoRecvWQE).
-	mcastNoRecv atomic.Uint64
-
-	// Everything below is guarded by the engine lock.
+	e         *Engine
+	num       uint32
+	typ       Type
+	state     State
 	destroyed bool
-	// id names this QP, until it is reset or destroyed, to the type 2
-	// memory windows it binds (see mr.QPID).
-	id       mr.QPID
-	groups   int // multicast groups attached (AttachGroup); Destroy refuses while > 0
-	state    State
-	attr     Attr
-	mtu      int
-	deadline [numTimers]time.Duration // when each timer fires; 0: disarmed
-	queued   [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
-
-	sq       []sendWQE
-	sqHead   uint64 // oldest WQE not completed
-	sqSend   uint64 // WQE the requester works on
-	sqTail   uint64 // next free slot
-	req      requester
-	resp     responder
+	sigAll    bool
+	// turnQueued: q is on the engine's list of QPs waiting for a turn to
+	// send (turns.go).
+	turnQueued bool
+	// ccQuiet: cc's reaction point is at line rate with nothing pending
+	// (no timer event, no pacing), as it stays until a CNP or a timeout
+	// (ccRate sets it when it finds that so). A packet then needs nothing
+	// of it, and ccAdmit and ccSent leave cc alone: with thousands of QPs,
+	// cc and its controller are cold cache lines for every packet.
+	ccQuiet  bool
 	flushing bool
-	cc       *qpCC
-	// sqLive and rqLive are set once the requester (RTR->RTS) and the
-	// responder (INIT->RTR) are seeded from sq_psn and rq_psn, for Query.
-	sqLive, rqLive bool
 	// sendFailed: the Output could not send the packet with PSN
 	// sendFailPSN and never will (see SendFailed).
 	sendFailed  bool
@@ -91,9 +77,39 @@ type QP struct {
 	// readWaiting: q is on the engine's list of QPs waiting for room in
 	// the READ budget.
 	readWaiting bool
-	// turnQueued: q is on the engine's list of QPs waiting for a turn to
-	// send (turns.go).
-	turnQueued bool
+	mtu         int
+	pd          *mr.PD
+	sendCQ      *CQ
+	caps        Caps
+	sq          []sendWQE
+	sqHead      uint64 // oldest WQE not completed
+	sqSend      uint64 // WQE the requester works on
+	sqTail      uint64 // next free slot
+	req         requester
+	cc          *qpCC
+	deadline    [numTimers]time.Duration // when each timer fires; 0: disarmed
+	queued      [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
+
+	attr Attr
+
+	recvCQ *CQ
+	srq    *SRQ
+	rq     recvQueue
+	resp   responder
+
+	// errored mirrors state == ERR for PostRecv, which reads it without
+	// the engine lock.
+	errored atomic.Bool
+	// mcastNoRecv counts multicast datagrams dropped for want of a
+	// receive (DropMcastNoRecvWQE).
+	mcastNoRecv atomic.Uint64
+	// id names this QP, until it is reset or destroyed, to the type 2
+	// memory windows it binds (see mr.QPID).
+	id     mr.QPID
+	groups int // multicast groups attached (AttachGroup); Destroy refuses while > 0
+	// sqLive and rqLive are set once the requester (RTR->RTS) and the
+	// responder (INIT->RTR) are seeded from sq_psn and rq_psn, for Query.
+	sqLive, rqLive bool
 }
 
 // ErrQPNTaken is returned by Create for a QP number in use or out of range.
@@ -170,6 +186,7 @@ func (e *Engine) Create(a InitAttr) (*QP, error) {
 		}
 	}
 	q.cc = e.newCC()
+	q.ccQuiet = q.cc != nil // at line rate, nothing pending
 	q.id = newQPID()
 	e.qps.set(q.num, q)
 	return q, nil

@@ -1,6 +1,10 @@
 package qp
 
-import "github.com/rxego/rxego/bth"
+import (
+	"time"
+
+	"github.com/rxego/rxego/bth"
+)
 
 // Turns: how the requesters of many QPs share the engine's send path.
 //
@@ -114,12 +118,18 @@ func (e *Engine) runTurns() {
 		return // the running loop takes the QP in its next round
 	}
 	e.turning = true
+	now, sent := e.cfg.Clock.Now(), 0
 	for len(e.ready) > 0 {
 		round := e.ready
 		e.ready = e.nextRound[:0]
 		for _, q := range round {
 			q.turnQueued = false
-			if e.turn(q) && !q.turnQueued {
+			if sent >= clockPackets {
+				now, sent = e.cfg.Clock.Now(), 0
+			}
+			more, n := e.turn(q, now)
+			sent += n
+			if more && !q.turnQueued {
 				q.turnQueued = true
 				e.ready = append(e.ready, q)
 			}
@@ -130,25 +140,33 @@ func (e *Engine) runTurns() {
 	e.turning = false
 }
 
-// turn runs q's requester for one turn and reports whether it stopped
-// only because the turn's budget was spent. In SQD it finishes (and
-// retransmits) the messages it had started, and starts none.
-func (e *Engine) turn(q *QP) (more bool) {
+// clockPackets is how many packets the turns send on one reading of the
+// clock. Read for every turn, the clock cost 3.5% of a 10,000-QP client's
+// CPU (one packet a turn); read every 16 packets, a turn's time is at
+// most a few microseconds old, far under anything it times (a
+// retransmission timeout, queueDelay, the pacer's gaps), and no older
+// than a received batch's own reading is by its last packet.
+const clockPackets = 16
+
+// turn runs q's requester for one turn, at time now, and reports whether
+// it stopped only because the turn's budget was spent, and how many
+// packets it sent. In SQD it finishes (and retransmits) the messages it
+// had started, and starts none.
+func (e *Engine) turn(q *QP, now time.Duration) (more bool, sent int) {
 	if q.destroyed || q.state != RTS && q.state != SQD || q.req.rnrWait || q.sqSend == q.sqTail {
-		return false
+		return false, 0
 	}
-	now := e.cfg.Clock.Now()
 	budget := turnPackets(q.mtuOrMax())
-	for n := 0; q.sqSend != q.sqTail && (q.state == RTS || q.state == SQD); n++ {
+	for ; q.sqSend != q.sqTail && (q.state == RTS || q.state == SQD); sent++ {
 		if q.state == SQD && !q.wqe(q.sqSend).started {
 			break
 		}
-		if n == budget {
-			return true
+		if sent == budget {
+			return true, sent
 		}
 		if !e.sendNext(q, now) {
 			break
 		}
 	}
-	return false
+	return false, sent
 }
