@@ -174,7 +174,7 @@ func (e *Engine) acknowledge(q *QP, psn bth.PSN, now time.Duration) {
 // responses come). The retry budget is not reset.
 func (e *Engine) responderAlive(q *QP, now time.Duration) {
 	r := &q.req
-	if q.deadline[timerRetransmit] != 0 && r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
+	if q.timer[timerRetransmit].deadline != 0 && r.compPSN.Before(r.maxSent) && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	}
 }

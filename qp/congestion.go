@@ -106,7 +106,7 @@ func (e *Engine) ccAdmit(q *QP, now time.Duration, n int) bool {
 		c.ctrl.Advance(now)
 		e.ccRate(q, now)
 	}
-	if q.deadline[timerPace] > now {
+	if q.timer[timerPace].deadline > now {
 		return false
 	}
 	ok, _ := c.pacer.Admit(now, n)
@@ -144,7 +144,7 @@ func (e *Engine) ccRate(q *QP, now time.Duration) {
 		// A raised rate may let the next batch leave sooner; a wake-up is
 		// never put off, or rate changes every timer period would keep
 		// restarting the wait for a batch.
-		if d := q.deadline[timerPace]; d != 0 {
+		if d := q.timer[timerPace].deadline; d != 0 {
 			if at := e.paceAt(c, now); at < d {
 				e.schedule(q, timerPace, at)
 			}
@@ -155,11 +155,11 @@ func (e *Engine) ccRate(q *QP, now time.Duration) {
 		if at <= now {
 			at = now + 1
 		}
-		if q.deadline[timerCC] == 0 || at < q.deadline[timerCC] {
+		if q.timer[timerCC].deadline == 0 || at < q.timer[timerCC].deadline {
 			e.schedule(q, timerCC, at)
 		}
 	}
-	q.ccQuiet = !pending && c.rate >= e.cc.RP.LineRate && !c.lapsed && q.deadline[timerPace] == 0
+	q.ccQuiet = !pending && c.rate >= e.cc.RP.LineRate && !c.lapsed && q.timer[timerPace].deadline == 0
 }
 
 // ccTimer runs the controller's due events. A QP with nothing to send

@@ -468,7 +468,7 @@ func (e *Engine) InputPolled(pkts []InPacket) (woke bool) {
 		// Should the poller stop polling, the timer sends them.
 		now := e.cfg.Clock.Now()
 		for _, q := range e.ackList {
-			if q.deadline[timerAck] == 0 {
+			if q.timer[timerAck].deadline == 0 {
 				e.schedule(q, timerAck, now+ackHold)
 			}
 		}

@@ -110,7 +110,7 @@ func dumpQP(q *QP) string {
 	defer q.e.mu.Unlock()
 	r := &q.req
 	s := fmt.Sprintf("state %v req{psn=%d comp=%d max=%d off=%d rdOut=%d retryLeft=%d rnrWait=%v gap=%v/%d} sq head=%d send=%d tail=%d deadlines=%v resp{ePSN=%d inMsg=%v rq=%d}",
-		q.state, r.psn, r.compPSN, r.maxSent, r.off, r.rdOut, r.retryLeft, r.rnrWait, r.gapPending, r.gapPSN, q.sqHead, q.sqSend, q.sqTail, q.deadline, q.resp.ePSN, q.resp.inMsg, q.rq.len())
+		q.state, r.psn, r.compPSN, r.maxSent, r.off, r.rdOut, r.retryLeft, r.rnrWait, r.gapPending, r.gapPSN, q.sqHead, q.sqSend, q.sqTail, q.timer, q.resp.ePSN, q.resp.inMsg, q.rq.len())
 	for i := q.sqHead; i != q.sqTail && i < q.sqHead+6; i++ {
 		w := q.wqe(i)
 		s += fmt.Sprintf("\n  wqe %d id=%d op=%v fl=%d len=%d started=%v first=%d last=%d acked=%v done=%v", i, w.wr.ID, w.wr.Opcode, w.wr.Flags, w.length, w.started, w.firstPSN, w.lastPSN, w.acked, w.done)

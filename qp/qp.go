@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"sync/atomic"
-	"time"
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/mr"
@@ -44,12 +43,13 @@ type InitAttr struct {
 
 // QP is a queue pair. Its methods are safe for concurrent use.
 //
-// The fields are in the order the paths use them: from e to cc, what a
-// request's post, its packets, its ACK and its completion touch; attr,
-// which both directions read; then the responder's; then the rest. With
-// thousands of QPs each is cold in the CPU's caches by its next message,
-// and each cache line a message touches is a miss: spread over the
-// struct, a 4 KiB WRITE's requester touched eleven of its sixteen lines.
+// The fields are in the order the paths use them: from e to timer, what
+// a request's post, its packets, its ACK and its completion touch (attr
+// and the retransmission timer last; the responder reads attr too); then
+// the responder's; then the rest. With thousands of QPs each QP is cold
+// in the CPU's caches by its next message, and each cache line a message
+// touches is a miss: spread over the struct, a 4 KiB WRITE's requester
+// touched eleven of its sixteen lines; in this order, seven.
 type QP struct {
 	// e, num, typ, pd, sendCQ, recvCQ, srq, caps and sigAll are set at
 	// Create; everything else but errored and mcastNoRecv is guarded by
@@ -87,10 +87,8 @@ type QP struct {
 	sqTail      uint64 // next free slot
 	req         requester
 	cc          *qpCC
-	deadline    [numTimers]time.Duration // when each timer fires; 0: disarmed
-	queued      [numTimers]time.Duration // the heap entry speaking for each timer (see timerHeap)
-
-	attr Attr
+	attr        Attr // the requester's last field in use, the responder's first
+	timer       [numTimers]qpTimer
 
 	recvCQ *CQ
 	srq    *SRQ
@@ -333,7 +331,9 @@ func (q *QP) reset() {
 	q.sqHead, q.sqSend, q.sqTail = 0, 0, 0
 	q.req = requester{}
 	q.resp = responder{}
-	q.deadline = [numTimers]time.Duration{}
+	for k := range q.timer {
+		q.timer[k].deadline = 0 // disarmed; the heap's entries are skimmed as orphans
+	}
 	q.rq.drain()
 	q.attr = Attr{}
 	q.mtu = 0

@@ -180,7 +180,7 @@ func (e *Engine) sendNext(q *QP, now time.Duration) bool {
 		r.maxSent = r.psn
 	}
 	e.ccSent(q, now, wire)
-	if q.typ == RC && q.deadline[timerRetransmit] == 0 && q.attr.Timeout != 0 {
+	if q.typ == RC && q.timer[timerRetransmit].deadline == 0 && q.attr.Timeout != 0 {
 		e.schedule(q, timerRetransmit, now+ackTimeout(q.attr.Timeout))
 	}
 	return true

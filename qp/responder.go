@@ -27,6 +27,10 @@ type responder struct {
 	ePSN    bth.PSN // next PSN expected
 	msn     uint32
 	nakSent bool // a sequence-error NAK was sent for the current gap
+	// ackPending: an ACK of ackPSN is owed (next to ePSN: every request
+	// reads both, and with thousands of QPs each line is a cache miss).
+	ackPending bool
+	ackPSN     bth.PSN
 
 	inMsg    bool // a multi-packet message is in progress
 	msgOp    bth.Op
@@ -41,9 +45,6 @@ type responder struct {
 	res      []resource // READ/atomic results kept for duplicates
 	resNext  int
 	resSlots int // len(res) once allocated
-
-	ackPending bool
-	ackPSN     bth.PSN
 
 	rd readStream // a long READ response going out
 	rp readPace   // the pace of READ responses, once a requester lost some

@@ -18,6 +18,14 @@ const (
 	numTimers
 )
 
+// qpTimer is one of a QP's timers. Its two times lie side by side, not
+// in two arrays, so that arming the retransmission timer for each message
+// touches one cache line of a cold QP, not two.
+type qpTimer struct {
+	deadline time.Duration // when the timer fires; 0: disarmed
+	queued   time.Duration // the heap entry speaking for it (see timerHeap)
+}
+
 type timerEntry struct {
 	at   time.Duration
 	qp   *QP
@@ -31,7 +39,7 @@ type timerEntry struct {
 // queued stays, and when it comes due it is pushed again for the
 // deadline the QP holds then. So a retransmission timer restarted by every
 // acknowledgement costs a store, not a heap operation, and the heap holds
-// about one entry per armed timer. q.queued[kind] is the time of the entry
+// about one entry per armed timer. q.timer[kind].queued is the time of the entry
 // that speaks for (q, kind); any other entry for it is an orphan, skipped
 // when it surfaces.
 type timerHeap []timerEntry
@@ -82,23 +90,23 @@ func (e *Engine) schedule(q *QP, kind timerKind, at time.Duration) {
 	if at == 0 {
 		at = 1 // 0 means disarmed
 	}
-	q.deadline[kind] = at
-	if q.queued[kind] != 0 && q.queued[kind] <= at {
+	q.timer[kind].deadline = at
+	if q.timer[kind].queued != 0 && q.timer[kind].queued <= at {
 		return // the queued entry comes first and re-queues itself
 	}
-	q.queued[kind] = at
+	q.timer[kind].queued = at
 	e.timers.push(timerEntry{at, q, kind})
 	if e.wakeFunc != nil && e.timers[0].at == at {
 		e.wakeFunc(at)
 	}
 }
 
-func (e *Engine) cancel(q *QP, kind timerKind) { q.deadline[kind] = 0 }
+func (e *Engine) cancel(q *QP, kind timerKind) { q.timer[kind].deadline = 0 }
 
 // live reports whether heap entry t still speaks for its timer.
 func (t *timerEntry) live() bool {
 	q := t.qp
-	return q.queued[t.kind] == t.at && !q.destroyed && q.deadline[t.kind] != 0
+	return q.timer[t.kind].queued == t.at && !q.destroyed && q.timer[t.kind].deadline != 0
 }
 
 // skim pops entries from the top of the heap that no longer matter: orphans,
@@ -108,16 +116,16 @@ func (e *Engine) skim() {
 	for e.timers.Len() > 0 {
 		t := &e.timers[0]
 		q := t.qp
-		if t.live() && q.deadline[t.kind] <= t.at {
+		if t.live() && q.timer[t.kind].deadline <= t.at {
 			return
 		}
 		x := e.timers.pop()
-		if q.queued[x.kind] != x.at {
+		if q.timer[x.kind].queued != x.at {
 			continue // an orphan
 		}
-		q.queued[x.kind] = 0
-		if d := q.deadline[x.kind]; d != 0 && !q.destroyed {
-			q.queued[x.kind] = d
+		q.timer[x.kind].queued = 0
+		if d := q.timer[x.kind].deadline; d != 0 && !q.destroyed {
+			q.timer[x.kind].queued = d
 			e.timers.push(timerEntry{d, q, x.kind})
 		}
 	}
@@ -133,8 +141,8 @@ func (e *Engine) runTimers(now time.Duration) {
 		}
 		t := e.timers.pop()
 		q := t.qp
-		q.queued[t.kind] = 0
-		q.deadline[t.kind] = 0
+		q.timer[t.kind].queued = 0
+		q.timer[t.kind].deadline = 0
 		switch t.kind {
 		case timerRetransmit:
 			e.retransmitTimeout(q, now)
