@@ -114,8 +114,8 @@ func (e *Engine) releaseTurns() {
 // local operation, which kicks nothing today, but a later change might)
 // gets its turn in the next.
 func (e *Engine) runTurns() {
-	if e.turning {
-		return // the running loop takes the QP in its next round
+	if e.turning || len(e.ready) == 0 {
+		return // nothing to run, or the running loop takes the QP in its next round
 	}
 	e.turning = true
 	now, sent := e.cfg.Clock.Now(), 0
