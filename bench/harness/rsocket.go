@@ -37,7 +37,7 @@ func (c *rsocketConn) Close() error {
 // device on a loopback address of its own; the server listens and tells
 // the client where. rsocket's default buffers (128 KiB each way).
 func rsocketConnect(p *peer) (net.Conn, error) {
-	dev, err := openDevice(false, p.shards())
+	dev, err := openDevice(false, p)
 	if err != nil {
 		return nil, err
 	}

@@ -264,6 +264,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	nice := fs.Bool("nice", false, "raise the measuring processes' CPU priority (nice -20 on every thread of both peers, needs root) so other load on the machine disturbs the figures less")
 	pin := fs.String("pin", "", "run the peers on these CPUs: one Linux CPU list for both (\"1\": both on CPU 1) or the server's and the client's apart (\"0/1\"); a round trip's figure depends on whether its wake-ups cross CPUs, so latency is best compared with the placement fixed")
 	shards := fs.String("shards", "", "the rxego devices' shards: one count for both (\"1\") or the server's and the client's apart (\"4/1\"); default rxego's (one per CPU, but one on two CPUs or fewer)")
+	zeroCopy := fs.Bool("zerocopy", false, "the rxego devices send payloads from registered memory (Options.ZeroCopy) instead of copying them into their slabs")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rxego-bench [flags]\n\nMeasures rxego, raw UDP and TCP between two processes on loopback and prints a markdown report.")
 		fs.PrintDefaults()
@@ -304,6 +305,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "rxego-bench:", err)
 		return 2
 	}
+	sched.ZeroCopy = *zeroCopy
 	if *nice {
 		// A test of the permission only: each peer renices all its own
 		// threads (applySched); a child inherits only the nice value of

@@ -39,11 +39,11 @@ const busyPoll = 200 * time.Microsecond
 // peers such as rxe in an emulated guest.
 const benchWindow = 1024
 
-// openDevice opens an rxego device of the given shards (0: the default)
-// on a random loopback address (port 4791 must be free on it), retrying
-// when the address is taken.
-func openDevice(busy bool, shards int) (*rxego.Device, error) {
-	o := rxego.Options{Window: benchWindow, Shards: shards}
+// openDevice opens p's rxego device (its shards and ZeroCopy as the case's
+// Sched says) on a random loopback address (port 4791 must be free on
+// it), retrying when the address is taken.
+func openDevice(busy bool, p *peer) (*rxego.Device, error) {
+	o := rxego.Options{Window: benchWindow, Shards: p.shards(), ZeroCopy: p.c.Sched.ZeroCopy}
 	if busy {
 		o.BusyPoll = busyPoll
 	}
@@ -96,7 +96,7 @@ func (s *rxSide) close() {
 func rxSetup(p *peer, nqp, memSize, sendWR, recvWR, cqDepth int, measureHeap bool) (*rxSide, rxHello, error) {
 	s := &rxSide{}
 	var err error
-	if s.dev, err = openDevice(p.c.Busy, p.shards()); err != nil {
+	if s.dev, err = openDevice(p.c.Busy, p); err != nil {
 		return s, rxHello{}, err
 	}
 	s.pd, _ = s.dev.AllocPD()

@@ -29,6 +29,9 @@ type Sched struct {
 	// on two CPUs or fewer), so a sitting can measure peers whose shard
 	// layouts differ (-shards).
 	ServerShards, ClientShards int `json:",omitempty"`
+	// ZeroCopy sends from registered memory on both peers' rxego devices
+	// (rxego.Options.ZeroCopy; -zerocopy), so a sitting can weigh it.
+	ZeroCopy bool `json:",omitempty"`
 }
 
 // ParseShards reads -shards: one shard count for both peers' devices
@@ -83,6 +86,9 @@ func (s Sched) String() string {
 	}
 	if s.ServerShards != 0 || s.ClientShards != 0 {
 		parts = append(parts, fmt.Sprintf("rxego devices of %d (server) and %d (client) shards", s.ServerShards, s.ClientShards))
+	}
+	if s.ZeroCopy {
+		parts = append(parts, "rxego devices sending from registered memory (ZeroCopy)")
 	}
 	return strings.Join(parts, ", ")
 }

@@ -41,6 +41,9 @@ func TestParsePin(t *testing.T) {
 	if got := (Sched{Server: "1", Client: "1"}).String(); got != "both peers on CPU 1" {
 		t.Errorf("String: %q", got)
 	}
+	if got := (Sched{Nice: -20, ZeroCopy: true}).String(); got != "nice -20, rxego devices sending from registered memory (ZeroCopy)" {
+		t.Errorf("String: %q", got)
+	}
 }
 
 // TestParseShards checks -shards: one count for both devices or the
