@@ -150,8 +150,9 @@ const clockPackets = 16
 
 // turn runs q's requester for one turn, at time now, and reports whether
 // it stopped only because the turn's budget was spent, and how many
-// packets it sent. In SQD it finishes (and retransmits) the messages it
-// had started, and starts none.
+// packets it sent (a local operation, LOCAL_INV or a bind, counts as
+// one). In SQD it finishes (and retransmits) the messages it had started,
+// and starts none.
 func (e *Engine) turn(q *QP, now time.Duration) (more bool, sent int) {
 	if q.destroyed || q.state != RTS && q.state != SQD || q.req.rnrWait || q.sqSend == q.sqTail {
 		return false, 0
