@@ -7,6 +7,10 @@
 #
 #   bench/sitting.sh [-f] [-n ROUNDS] [-r REGEX] [-p PIN] [-s SHARDS] OUTDIR [name=]BIN [name=]BIN ...
 #
+# A tree may be "[name=]BIN FLAG ..." (one argument): its runs get those
+# rxego-bench flags too ('zc=/tmp/rxego-bench -zerocopy' against
+# 'copy=/tmp/rxego-bench' weighs a flag with one binary).
+#
 #   -f        start even if the load average is 1 or more (the figures are
 #             then not evidence: say so beside them)
 #   -n ROUNDS rounds of every tree (default 3)
@@ -31,26 +35,27 @@ while getopts fn:r:p:s: o; do
 	r) re=$OPTARG ;;
 	p) pin=(-pin "$OPTARG") ;;
 	s) shards=(-shards "$OPTARG") ;;
-	*) sed -n '8,18p' "$0" >&2; exit 2 ;;
+	*) sed -n '8,22p' "$0" >&2; exit 2 ;;
 	esac
 done
 shift $((OPTIND - 1))
 if [ $# -lt 2 ]; then
-	sed -n '8,18p' "$0" >&2
+	sed -n '8,22p' "$0" >&2
 	exit 2
 fi
 out=$1
 shift
-names=() bins=()
+names=() bins=() flags=()
 i=0
 for a in "$@"; do
 	i=$((i + 1))
-	case $a in
+	case ${a%% *} in
 	*=*) n=${a%%=*} b=${a#*=} ;;
 	*) n=$([ $i = 1 ] && echo before || { [ $i = 2 ] && echo after || echo tree$i; }) b=$a ;;
 	esac
-	[ -x "$b" ] || { echo "sitting: $b is not an executable" >&2; exit 2; }
-	names+=("$n") bins+=("$b")
+	read -ra cmd <<<"$b"
+	[ -x "${cmd[0]}" ] || { echo "sitting: ${cmd[0]} is not an executable" >&2; exit 2; }
+	names+=("$n") bins+=("${cmd[0]}") flags+=("${cmd[*]:1}")
 done
 mkdir -p "$out" || exit 1
 log=$out/sitting.log
@@ -77,7 +82,8 @@ for r in $(seq 1 "$rounds"); do
 		n=${names[$k]}
 		# A failed case is in its round's report and JSON; the sitting
 		# goes on.
-		"${bins[$k]}" -nice "${pin[@]}" "${shards[@]}" -multi -repeat 1 -run "$re" -json "$out/$n-$r.json" >"$out/$n-$r.md" 2>"$out/$n-$r.err" ||
+		# shellcheck disable=SC2086 # a tree's flags are words
+		"${bins[$k]}" ${flags[$k]} -nice "${pin[@]}" "${shards[@]}" -multi -repeat 1 -run "$re" -json "$out/$n-$r.json" >"$out/$n-$r.md" 2>"$out/$n-$r.err" ||
 			echo "$n round $r: $(grep -c FAILED "$out/$n-$r.err") failed cases" | tee -a "$log"
 		echo "$n round $r done: $(date -u +%T) load average $(load)" | tee -a "$log"
 	done
