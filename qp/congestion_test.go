@@ -8,6 +8,7 @@ import (
 
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/congestion"
+	"github.com/rxego/rxego/mr"
 )
 
 // TestCNPLoop marks every packet CE on the way to the responder: the
@@ -193,23 +194,7 @@ func TestPacingWhileTheRateChanges(t *testing.T) {
 	const size = 256 << 10
 	smr, _ := a.n.reg(t, size, allAccess)
 	rmr, _ := b.n.reg(t, size, allAccess)
-	write := func() time.Duration {
-		t.Helper()
-		start := f.clock.now
-		if err := a.qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
-			t.Fatal(err)
-		}
-		// run stops when nothing is left to do; the rate timer keeps
-		// ticking while data waits, so bound it by the completion.
-		for i := 0; i < 1000 && a.scq.Len() == 0; i++ {
-			f.run(time.Millisecond)
-			f.runFor(0)
-		}
-		if wcs := pollAllCheck(t, a.scq); len(wcs) != 1 {
-			t.Fatalf("%d completions", len(wcs))
-		}
-		return f.clock.now - start
-	}
+	write := func() time.Duration { t.Helper(); return pacedWrite(t, f, a, smr, rmr, size) }
 	// Marks cut the rate to a few hundred Mb/s.
 	f.mark = func(p wirePkt) bool { return p.dst.Addr() == b.n.addr.Addr() }
 	for i := 0; i < 50; i++ {
@@ -262,6 +247,26 @@ func TestCNPsOfABatchEachCut(t *testing.T) {
 	}
 }
 
+// pacedWrite WRITEs size bytes of smr to rmr from a's QP, signaled, and
+// returns the virtual time until its completion. run stops when nothing is
+// left to do; a rate timer keeps ticking while paced data waits, so the
+// run is bounded by the completion instead.
+func pacedWrite(t *testing.T, f *fabric, a *endpoint, smr, rmr *mr.MR, size int) time.Duration {
+	t.Helper()
+	start := f.clock.now
+	if err := a.qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000 && a.scq.Len() == 0; i++ {
+		f.run(time.Millisecond)
+		f.runFor(0)
+	}
+	if wcs := pollAllCheck(t, a.scq); len(wcs) != 1 {
+		t.Fatalf("%d completions", len(wcs))
+	}
+	return f.clock.now - start
+}
+
 // cnpFor returns a CNP for to's QP as from's peer sends it: from a flow's
 // source port, not 4791.
 func cnpFor(t *testing.T, to, from *endpoint) InPacket {
@@ -291,22 +296,12 @@ func TestQuietReactionPoint(t *testing.T) {
 	write := func(seed uint64) time.Duration {
 		t.Helper()
 		fill(sbuf, seed)
-		start := f.clock.now
-		if err := a.qp.PostSend(SendWR{Opcode: WRWrite, Flags: SendSignaled, SGL: sge(smr, 0, size), RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
-			t.Fatal(err)
-		}
-		for i := 0; i < 1000 && a.scq.Len() == 0; i++ {
-			f.run(time.Millisecond)
-			f.runFor(0)
-		}
-		if wcs := pollAllCheck(t, a.scq); len(wcs) != 1 {
-			t.Fatalf("%d completions", len(wcs))
-		}
+		el := pacedWrite(t, f, a, smr, rmr, size)
 		b.n.e.Sync()
 		if !bytes.Equal(rbuf, sbuf) {
 			t.Fatal("data differs")
 		}
-		return f.clock.now - start
+		return el
 	}
 	write(1)
 	if !a.qp.ccQuiet {

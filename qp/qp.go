@@ -87,7 +87,7 @@ type QP struct {
 	sqTail      uint64 // next free slot
 	req         requester
 	cc          *qpCC
-	attr        Attr // the requester's last field in use, the responder's first
+	attr        Attr // read by both directions: last of the requester's but timer, first of the responder's
 	timer       [numTimers]qpTimer
 
 	recvCQ *CQ
