@@ -10,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/rxego/rxego/cmd/rxego/internal/livecap"
 	"github.com/rxego/rxego/cmd/rxego/internal/progress"
 	"github.com/rxego/rxego/internal/app/trace"
 )
@@ -27,7 +28,7 @@ type traceFlags struct {
 	json, ladder, summary, packets, all, expand, progress bool
 	colorOn                                               bool // colors decided from --color and the output
 	html, write, iface, color, host                       string
-	maxRows, width, count                                 int
+	maxRows, width, count, bufferKiB                      int
 	duration                                              time.Duration
 }
 
@@ -50,7 +51,8 @@ func traceTo(out io.Writer, args []string) error {
 	fs.StringVar(&f.write, "w", "", "live capture: also write the captured frames to this pcapng file")
 	fs.IntVar(&f.count, "count", 0, "live capture: stop after this many RoCEv2 packets")
 	fs.DurationVar(&f.duration, "duration", 0, "live capture: stop after this long (default: until interrupted)")
-	fs.StringVar(&f.host, "host", "", "live capture: only packets to or from this IP address")
+	fs.StringVar(&f.host, "host", "", "live capture: only packets to or from this IP address (filtered in the kernel)")
+	fs.IntVar(&f.bufferKiB, "B", livecap.DefaultBuffer>>10, "live capture: the socket's receive buffer in KiB, as tcpdump -B (beyond net.core.rmem_max as root)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `usage: rxego trace [flags] FILE
        rxego trace -i IFACE [flags]
@@ -75,8 +77,8 @@ flags:
 	if (f.iface == "") != (len(files) == 1) || len(files) > 1 {
 		return usageErrorf("need exactly one capture file, or -i IFACE")
 	}
-	if f.iface == "" && (f.write != "" || f.count != 0 || f.duration != 0 || f.host != "") {
-		return errors.New("-w, --count, --duration and --host are for live capture (-i)")
+	if f.iface == "" && (f.write != "" || f.count != 0 || f.duration != 0 || f.host != "" || f.bufferKiB != livecap.DefaultBuffer>>10) {
+		return errors.New("-w, --count, --duration, --host and -B are for live capture (-i)")
 	}
 	if f.json && (f.ladder || f.summary) {
 		return errors.New("--json and --ladder/--summary conflict: JSON lines and a text ladder would share stdout (use --json with --html for both)")

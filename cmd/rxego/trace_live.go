@@ -36,11 +36,19 @@ func traceLive(w *bufio.Writer, f *traceFlags, each func(trace.Record) error) er
 			return fmt.Errorf("--host: %v", err)
 		}
 	}
-	c, err := livecap.Open(f.iface, livePoll)
+	if f.bufferKiB < 1 || f.bufferKiB > 1<<20 {
+		return fmt.Errorf("-B %d: want a buffer of 1 to 1048576 KiB (1 GiB)", f.bufferKiB)
+	}
+	c, err := livecap.Open(f.iface, livePoll, livecap.Options{Host: host, Buffer: f.bufferKiB << 10})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	filter := "udp port 4791"
+	if host.IsValid() {
+		filter += " and host " + host.String()
+	}
+	start := time.Now()
 	var ng *pcapgo.NgWriter
 	if f.write != "" {
 		fh, err := os.Create(f.write)
@@ -48,7 +56,7 @@ func traceLive(w *bufio.Writer, f *traceFlags, each func(trace.Record) error) er
 			return err
 		}
 		defer fh.Close()
-		intf := pcapgo.NgInterface{Name: f.iface, LinkType: c.LinkType(), Filter: "udp port 4791", OS: "linux"}
+		intf := pcapgo.NgInterface{Name: f.iface, LinkType: c.LinkType(), Filter: filter, OS: "linux"}
 		if ng, err = pcapgo.NewNgWriterInterface(fh, intf, pcapgo.NgWriterOptions{SectionInfo: pcapgo.NgSectionInfo{Application: "rxego trace"}}); err != nil {
 			return err
 		}
@@ -66,7 +74,8 @@ func traceLive(w *bufio.Writer, f *traceFlags, each func(trace.Record) error) er
 		return fmt.Sprintf("rxego trace: capturing on %s: %d RoCE packets", f.iface, n.Load())
 	})
 	defer rep.Stop()
-	fmt.Fprintf(os.Stderr, "rxego trace: capturing on %s (udp port 4791)\n", f.iface)
+	fmt.Fprintf(os.Stderr, "rxego trace: capturing on %s (%s)\n", f.iface, filter)
+	defer func() { reportDrops(c, ng, start, n.Load()) }()
 	link := c.LinkType()
 	said := false
 	for frame := 1; ctx.Err() == nil && (f.count == 0 || int(n.Load()) < f.count); {
@@ -116,6 +125,27 @@ func traceLive(w *bufio.Writer, f *traceFlags, each func(trace.Record) error) er
 		}
 	}
 	return nil
+}
+
+// reportDrops says on stderr, as tcpdump does, how many RoCE packets the
+// capture kept and how many frames the kernel dropped because the socket's
+// buffer was full (those the trace misses), and records both in the
+// pcapng file's interface statistics.
+func reportDrops(c *livecap.Capture, ng *pcapgo.NgWriter, start time.Time, kept int64) {
+	st, err := c.Stats()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "rxego trace: %v\n", err)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "rxego trace: %d RoCE packets kept, %d frames dropped by the kernel\n", kept, st.Dropped)
+	if st.Dropped > 0 {
+		fmt.Fprintln(os.Stderr, "rxego trace: the trace misses the dropped frames (the capture fell behind); a larger -B, or --host, keeps up")
+	}
+	if ng != nil {
+		now := time.Now()
+		ng.WriteInterfaceStats(0, pcapgo.NgInterfaceStatistics{LastUpdate: now, StartTime: start, EndTime: now,
+			PacketsReceived: st.Frames - st.Dropped, PacketsDropped: st.Dropped})
+	}
 }
 
 // gsoSegments returns the frames of the packets in fr: fr itself, or, for

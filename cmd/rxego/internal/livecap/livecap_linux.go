@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -39,6 +40,7 @@ type Capture struct {
 	vnet     bool // frames start with a virtio_net_hdr
 	buf      []byte
 	timeout  time.Duration
+	stats    Stats // the kernel's counters read so far
 }
 
 // Frame is one captured frame.
@@ -61,7 +63,7 @@ const gsoUDPL4 = 5
 
 // RoCEFilter is the kernel filter "udp port 4791" for Ethernet frames
 // (IPv4 without fragments, IPv6 with UDP as the next header), what
-// tcpdump compiles for that expression.
+// tcpdump compiles for that expression. Its last instruction rejects.
 var RoCEFilter = []bpf.Instruction{
 	bpf.LoadAbsolute{Off: 12, Size: 2},                         // EtherType
 	bpf.JumpIf{Cond: bpf.JumpEqual, Val: 0x86dd, SkipFalse: 6}, // IPv6?
@@ -85,17 +87,98 @@ var RoCEFilter = []bpf.Instruction{
 	bpf.RetConstant{Val: 0},
 }
 
+// DefaultBuffer is the socket receive buffer a capture asks for when
+// Options.Buffer is 0: tcpdump's 2 MB is a few milliseconds of a busy
+// loopback, and a capture that falls behind loses frames for good.
+const DefaultBuffer = 8 << 20
+
+// Options are a capture's settings.
+type Options struct {
+	// Host, when valid, keeps only frames to or from this address, in
+	// the kernel filter: other hosts' traffic then never fills the
+	// socket's buffer.
+	Host netip.Addr
+	// Buffer is the socket receive buffer in bytes (0: DefaultBuffer).
+	// As root it is set beyond net.core.rmem_max (SO_RCVBUFFORCE);
+	// otherwise rmem_max caps it.
+	Buffer int
+}
+
+// Stats are a capture's kernel counters since it opened.
+type Stats struct {
+	// Frames is what passed the filter, Dropped included (on loopback
+	// each packet twice: sent and received).
+	Frames uint64
+	// Dropped is what passed the filter but found the socket's buffer
+	// full: frames the capture never saw.
+	Dropped uint64
+}
+
+// Filter returns the kernel filter for "udp port 4791", and when host is
+// valid "and host HOST" (source or destination), for Ethernet frames.
+func Filter(host netip.Addr) []bpf.Instruction {
+	if !host.IsValid() {
+		return RoCEFilter
+	}
+	host = host.Unmap()
+	etherType, src, dst := uint32(0x0800), uint32(14+12), uint32(14+16)
+	if host.Is6() {
+		etherType, src, dst = 0x86dd, 14+8, 14+24
+	}
+	raw := host.AsSlice()
+	words := make([]uint32, len(raw)/4)
+	for i := range words {
+		words[i] = binary.BigEndian.Uint32(raw[4*i:])
+	}
+	// The host check comes first and falls through to RoCEFilter. Jumps
+	// are built with absolute targets, then made relative.
+	n := len(words)
+	prefix := 2 + 2*n + 1 + 2*n // EtherType, source, jump to the ports, destination
+	ports, reject := prefix, prefix+len(RoCEFilter)-1
+	dstCheck := 2 + 2*n + 1
+	type jump struct {
+		at   int
+		val  uint32
+		t, f int // absolute targets
+	}
+	var prog []bpf.Instruction
+	var jumps []jump
+	add := func(in bpf.Instruction) { prog = append(prog, in) }
+	cond := func(val uint32, t, f int) {
+		jumps = append(jumps, jump{at: len(prog), val: val, t: t, f: f})
+		add(nil)
+	}
+	add(bpf.LoadAbsolute{Off: 12, Size: 2})
+	cond(etherType, len(prog)+1, reject)
+	for i, w := range words { // source
+		add(bpf.LoadAbsolute{Off: src + uint32(4*i), Size: 4})
+		cond(w, len(prog)+1, dstCheck)
+	}
+	add(bpf.Jump{Skip: uint32(ports - len(prog) - 1)})
+	for i, w := range words { // destination
+		add(bpf.LoadAbsolute{Off: dst + uint32(4*i), Size: 4})
+		cond(w, len(prog)+1, reject)
+	}
+	for _, j := range jumps {
+		prog[j.at] = bpf.JumpIf{Cond: bpf.JumpEqual, Val: j.val, SkipTrue: uint8(j.t - j.at - 1), SkipFalse: uint8(j.f - j.at - 1)}
+	}
+	return append(prog, RoCEFilter...)
+}
+
 // Open starts capturing on the named interface. Frames are Ethernet
 // frames (the loopback interface has an all-zero Ethernet header). Next
 // waits at most timeout per call.
-func Open(iface string, timeout time.Duration) (*Capture, error) {
+func Open(iface string, timeout time.Duration, o Options) (*Capture, error) {
 	ifi, err := net.InterfaceByName(iface)
 	if err != nil {
 		return nil, noInterface(iface)
 	}
-	prog, err := bpf.Assemble(RoCEFilter)
+	prog, err := bpf.Assemble(Filter(o.Host))
 	if err != nil {
 		return nil, err
+	}
+	if o.Buffer == 0 {
+		o.Buffer = DefaultBuffer
 	}
 	proto := htons(unix.ETH_P_ALL)
 	// Protocol 0: the socket takes in nothing until bind names the
@@ -117,6 +200,9 @@ func Open(iface string, timeout time.Duration) (*Capture, error) {
 	switch {
 	case unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fprog) != nil:
 		err = errors.New("attaching the filter failed")
+	case unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, o.Buffer) != nil &&
+		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, o.Buffer) != nil:
+		err = fmt.Errorf("setting the receive buffer to %d bytes failed", o.Buffer)
 	case unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv) != nil:
 		err = errors.New("setting the receive timeout failed")
 	case kernelAtLeast(6, 2) && unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1) != nil:
@@ -129,6 +215,19 @@ func Open(iface string, timeout time.Duration) (*Capture, error) {
 		return nil, fmt.Errorf("livecap: %s: %w", iface, err)
 	}
 	return c, nil
+}
+
+// Stats returns the kernel's counters since the capture opened.
+func (c *Capture) Stats() (Stats, error) {
+	// PACKET_STATISTICS returns the counts since the last read and
+	// clears them, so the capture keeps the sum.
+	s, err := unix.GetsockoptTpacketStats(c.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS)
+	if err != nil {
+		return c.stats, fmt.Errorf("livecap: PACKET_STATISTICS: %w", err)
+	}
+	c.stats.Frames += uint64(s.Packets)
+	c.stats.Dropped += uint64(s.Drops)
+	return c.stats, nil
 }
 
 // LinkType is the link type of the frames Next returns.

@@ -6,6 +6,7 @@ package livecap
 
 import (
 	"errors"
+	"net/netip"
 	"time"
 
 	"github.com/gopacket/gopacket/layers"
@@ -17,8 +18,23 @@ var ErrTimeout = errors.New("livecap: no frame before the timeout")
 // Capture is an open live capture.
 type Capture struct{}
 
+// DefaultBuffer is the receive buffer a capture asks for by default.
+const DefaultBuffer = 8 << 20
+
+// Options are a capture's settings (see the Linux version).
+type Options struct {
+	Host   netip.Addr
+	Buffer int
+}
+
+// Stats are a capture's kernel counters.
+type Stats struct{ Frames, Dropped uint64 }
+
+// Stats reports nothing captured.
+func (c *Capture) Stats() (Stats, error) { return Stats{}, nil }
+
 // Open fails: live capture needs Linux.
-func Open(iface string, timeout time.Duration) (*Capture, error) {
+func Open(iface string, timeout time.Duration, o Options) (*Capture, error) {
 	return nil, errors.New("livecap: live capture is supported on Linux only")
 }
 

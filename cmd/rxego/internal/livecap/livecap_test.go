@@ -5,6 +5,7 @@ package livecap_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"testing"
@@ -27,7 +28,7 @@ func TestGSOOnLoopback(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("live capture needs root (CAP_NET_RAW)")
 	}
-	c, err := livecap.Open("lo", 50*time.Millisecond)
+	c, err := livecap.Open("lo", 50*time.Millisecond, livecap.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,4 +127,75 @@ func TestGSOOnLoopback(t *testing.T) {
 func netipSrc(ip []byte) (a netip.Addr) {
 	a, _ = netip.AddrFromSlice(ip[12:16])
 	return a
+}
+
+// TestHostFilterAndDrops sends UDP datagrams to port 4791 on loopback
+// from one address while three captures are open without reading: one
+// for another host, whose kernel filter must keep every frame out; one
+// for the sender with a buffer of a few frames, which must count drops;
+// and one for the sender with the default buffer, which must see every
+// datagram and drop none.
+func TestHostFilterAndDrops(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("live capture needs root (CAP_NET_RAW)")
+	}
+	src, dst, other := testaddr.Loopback(), testaddr.Loopback(), testaddr.Loopback()
+	open := func(o livecap.Options) *livecap.Capture {
+		c, err := livecap.Open("lo", 10*time.Millisecond, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	elsewhere := open(livecap.Options{Host: other})
+	small := open(livecap.Options{Host: src, Buffer: 1})
+	whole := open(livecap.Options{Host: src})
+	// Unconnected, so the ICMP errors of a port no one listens on do not
+	// fail the next write.
+	conn, err := net.ListenUDP("udp", &net.UDPAddr{IP: src.AsSlice()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const sent = 200
+	payload := make([]byte, 1000)
+	for range sent {
+		if _, err := conn.WriteToUDP(payload, &net.UDPAddr{IP: dst.AsSlice(), Port: 4791}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats := func(c *livecap.Capture) livecap.Stats {
+		s, err := c.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := stats(elsewhere); s.Frames != 0 {
+		t.Errorf("a capture for %v took in %d frames of %v's traffic", other, s.Frames, src)
+	}
+	if s := stats(small); s.Dropped == 0 || s.Frames < sent {
+		t.Errorf("a capture with a minimal buffer: %+v, want %d frames or more, some dropped", s, sent)
+	}
+	s := stats(whole)
+	if s.Dropped != 0 || s.Frames < sent {
+		t.Errorf("a capture with the default buffer: %+v, want %d frames or more, none dropped", s, sent)
+	}
+	got := 0
+	for {
+		fr, err := whole.Next()
+		if errors.Is(err, livecap.ErrTimeout) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f, ok := capfile.Split(whole.LinkType(), fr.Data); ok && netipSrc(f.IP) == src && len(f.RoCE) == len(payload) {
+			got++
+		}
+	}
+	if got != sent {
+		t.Errorf("read %d of the %d datagrams back", got, sent)
+	}
 }
