@@ -121,12 +121,12 @@ func Split(link layers.LinkType, data []byte) (Frame, bool) {
 		}
 		ihl := int(data[off]&0xf) * 4
 		total := int(binary.BigEndian.Uint16(data[off+2:]))
-		if ihl < 20 || len(data) < off+total || total < ihl {
+		if data[off]>>4 != 4 || ihl < 20 || len(data) < off+total || total < ihl {
 			return Frame{}, false
 		}
 		ip, proto, ipLen = data[off:off+ihl], data[off+9], total
 	case 0x86dd:
-		if len(data) < off+40 {
+		if len(data) < off+40 || data[off]>>4 != 6 {
 			return Frame{}, false
 		}
 		ip, proto, ipLen = data[off:off+40], data[off+6], 40+int(binary.BigEndian.Uint16(data[off+4:]))

@@ -56,9 +56,11 @@ func segment(fr Frame, i int, pay []byte) []byte {
 		binary.BigEndian.PutUint16(ip[4:], uint16(ulen))
 	}
 	if !v4 || binary.BigEndian.Uint16(fr.UDP[6:]) != 0 {
-		addrs := ip[8:40]
+		var addrs []byte
 		if v4 {
 			addrs = ip[12:20]
+		} else {
+			addrs = ip[8:40]
 		}
 		binary.BigEndian.PutUint16(udp[6:], 0)
 		binary.BigEndian.PutUint16(udp[6:], inetsum.UDP(addrs, b[hdr-8:]))
