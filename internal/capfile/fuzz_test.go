@@ -2,7 +2,6 @@ package capfile
 
 import (
 	"bytes"
-	"encoding/binary"
 	"testing"
 
 	"github.com/gopacket/gopacket/layers"
@@ -14,12 +13,7 @@ import (
 // and the segments' payloads must add up to the datagram's.
 func FuzzSplitGSO(f *testing.F) {
 	seg := segFrame(0x00, 7, 64, 100)
-	whole := bytes.Clone(seg[:42])
-	for i := range 3 {
-		whole = append(whole, segFrame(byte(i), 7+uint32(i), 64, 100+uint16(i))[42:]...)
-	}
-	binary.BigEndian.PutUint16(whole[14+2:], uint16(len(whole)-14))
-	binary.BigEndian.PutUint16(whole[34+4:], uint16(len(whole)-34))
+	whole := glue([][]byte{seg, segFrame(0x01, 8, 64, 101), segFrame(0x02, 9, 64, 102)})
 	f.Add(uint8(0), whole, len(seg)-42)
 	f.Add(uint8(0), seg, 16)
 	f.Add(uint8(1), whole[14:], 80)

@@ -81,26 +81,41 @@ func InferGSOSize(link layers.LinkType, data []byte) int {
 	if !ok || len(p) < 2*(bthLen+icrc.Len) {
 		return 0
 	}
-	for s := bthLen + icrc.Len; s < len(p); s += 4 {
-		if follows(p, s) && segmentsCheck(link, SplitGSO(link, data, s)) {
+	for s := bthLen + icrc.Len; s < len(p) && s <= maxSegment; s += 4 {
+		if follows(p, s) && segmentChecks(link, segment(fr, 0, p[:s])) &&
+			segmentsCheck(link, SplitGSO(link, data, s)) {
 			return s
 		}
 	}
 	return 0
 }
 
-// segmentsCheck reports whether every segment's ICRC checks.
+// maxSegment bounds the segment sizes InferGSOSize tries: a RoCE packet
+// carries at most 4096 payload bytes (the largest path MTU) and its
+// headers. The first segment's ICRC is checked before all are cut, so a
+// forged datagram that looks like BTHs at many sizes costs a few
+// megabytes of CRC, not its length squared.
+const maxSegment = 4096 + 128
+
+// segmentsCheck reports whether there are several segments and every
+// one's ICRC checks.
 func segmentsCheck(link layers.LinkType, segs [][]byte) bool {
 	for _, d := range segs {
-		fr, ok := Split(link, d)
-		if !ok {
-			return false
-		}
-		if crc, ok := icrc.FromHeaders(fr.IP, fr.UDP, fr.RoCE); !ok || crc != icrc.Get(fr.RoCE) {
+		if !segmentChecks(link, d) {
 			return false
 		}
 	}
 	return len(segs) > 1
+}
+
+// segmentChecks reports whether the frame d is RoCE with a good ICRC.
+func segmentChecks(link layers.LinkType, d []byte) bool {
+	fr, ok := Split(link, d)
+	if !ok {
+		return false
+	}
+	crc, ok := icrc.FromHeaders(fr.IP, fr.UDP, fr.RoCE)
+	return ok && crc == icrc.Get(fr.RoCE)
 }
 
 // bthLen is the length of the Base Transport Header.

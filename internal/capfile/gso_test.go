@@ -41,6 +41,18 @@ func segFrame(op byte, psn uint32, pay int, id uint16) []byte {
 	return b
 }
 
+// glue makes the datagram a packet socket sees on loopback of the
+// segments' frames: the first's headers with the lengths of the whole.
+func glue(segs [][]byte) []byte {
+	whole := bytes.Clone(segs[0][:42])
+	for _, s := range segs {
+		whole = append(whole, s[42:]...)
+	}
+	binary.BigEndian.PutUint16(whole[14+2:], uint16(len(whole)-14))
+	binary.BigEndian.PutUint16(whole[34+4:], uint16(len(whole)-34))
+	return whole
+}
+
 // TestSplitGSO builds the segments the kernel would send for a GSO
 // datagram of three 1024-byte SEND packets and an ACK (IDs 100..103),
 // glues them into the datagram a packet socket sees on loopback, and
@@ -49,12 +61,7 @@ func segFrame(op byte, psn uint32, pay int, id uint16) []byte {
 func TestSplitGSO(t *testing.T) {
 	segs := [][]byte{segFrame(0x00, 7, 1024, 100), segFrame(0x01, 8, 1024, 101), segFrame(0x02, 9, 1024, 102), segFrame(0x11, 3, 4, 103)}
 	size := len(segs[0]) - 42
-	whole := bytes.Clone(segs[0][:42])
-	for _, s := range segs {
-		whole = append(whole, s[42:]...)
-	}
-	binary.BigEndian.PutUint16(whole[14+2:], uint16(len(whole)-14))
-	binary.BigEndian.PutUint16(whole[34+4:], uint16(len(whole)-34))
+	whole := glue(segs)
 	binary.BigEndian.PutUint16(whole[40:], 0x1234) // a partial sum, as on loopback
 	got := SplitGSO(layers.LinkTypeEthernet, whole, size)
 	if len(got) != len(segs) {
@@ -73,5 +80,18 @@ func TestSplitGSO(t *testing.T) {
 	}
 	if SplitGSO(layers.LinkTypeEthernet, segs[0], size) != nil {
 		t.Error("one packet split")
+	}
+}
+
+// TestInferGSOSizeLargest infers the segment size of datagrams of the
+// largest segments rxego sends (4096 payload bytes behind a BTH and a
+// RETH-sized header), inside the sizes InferGSOSize tries.
+func TestInferGSOSizeLargest(t *testing.T) {
+	for _, pay := range []int{4096, 4096 + 16} {
+		segs := [][]byte{segFrame(0x01, 7, pay, 9), segFrame(0x01, 8, pay, 10), segFrame(0x02, 9, pay, 11)}
+		whole := glue(segs)
+		if s, want := InferGSOSize(layers.LinkTypeEthernet, whole), len(segs[0])-42; s != want {
+			t.Errorf("%d-byte payloads: inferred segment size %d, want %d", pay, s, want)
+		}
 	}
 }
