@@ -96,10 +96,13 @@ func traceFile(path string, forceProgress bool, each func(trace.Record) error) e
 		return fmt.Sprintf("rxego trace: %s: %.0f%%, %d RoCE packets", path, pct, n.Load())
 	})
 	defer rep.Stop()
-	err = trace.Read(cr, func(r trace.Record) error {
+	cs, err := trace.ReadStats(cr, func(r trace.Record) error {
 		n.Add(1)
 		return each(r)
 	})
+	if cs.Dropped > 0 {
+		fmt.Fprintf(os.Stderr, "rxego trace: %s: its capture dropped %d frames (the file's interface statistics): losses the trace shows may be the capture's\n", path, cs.Dropped)
+	}
 	var fe *trace.FileError
 	if errors.As(err, &fe) {
 		return fmt.Errorf("%s: %w", path, err)

@@ -65,28 +65,60 @@ func (e *FileError) Unwrap() []error { return []error{e.Err, e.Cause} }
 
 // Read is ReadFile for a capture already open as r.
 func Read(r io.Reader, fn func(Record) error) error {
-	src, err := open(r)
+	_, err := ReadStats(r, fn)
+	return err
+}
+
+// CaptureStats is what a pcapng file says of its capture in its
+// interface statistics blocks (pcap files say nothing).
+type CaptureStats struct {
+	// Known reports whether some interface's statistics carried a drop
+	// count.
+	Known bool
+	// Dropped is the sum over the interfaces of the last drop count
+	// each reported: frames the capturing side lost (its buffer full),
+	// which the file lacks, so a trace with drops can show losses that
+	// never happened on the wire.
+	Dropped uint64
+}
+
+// ReadStats is Read that also returns what the file says of the frames
+// its capture dropped, read as far as Read got.
+func ReadStats(r io.Reader, fn func(Record) error) (CaptureStats, error) {
+	dropped := map[int]uint64{}
+	src, err := open(r, func(iface int, st pcapgo.NgInterfaceStatistics) {
+		if st.PacketsDropped != pcapgo.NgNoValue64 {
+			dropped[iface] = st.PacketsDropped
+		}
+	})
+	stats := func() CaptureStats {
+		var cs CaptureStats
+		for _, d := range dropped {
+			cs.Known, cs.Dropped = true, cs.Dropped+d
+		}
+		return cs
+	}
 	if err != nil {
-		return err
+		return stats(), err
 	}
 	for n := 1; ; n++ {
 		data, ci, err := src.ReadPacketData()
 		if errors.Is(err, io.EOF) {
-			return nil
+			return stats(), nil
 		}
 		if err != nil {
 			where := fmt.Sprintf("the file ends inside frame %d", n)
 			if !errors.Is(err, io.ErrUnexpectedEOF) {
 				where = fmt.Sprintf("frame %d is damaged", n)
 			}
-			return &FileError{Err: ErrTruncated, Detail: where, Cause: err}
+			return stats(), &FileError{Err: ErrTruncated, Detail: where, Cause: err}
 		}
 		rec, ok := FromFrame(n, ci.Timestamp, src.linkType(ci), data)
 		if !ok {
 			continue
 		}
 		if err := fn(rec); err != nil {
-			return err
+			return stats(), err
 		}
 	}
 }
@@ -105,8 +137,9 @@ const pcapngMagic = 0x0a0d0d0a
 // microsecond and nanosecond resolution, in either byte order.
 var pcapMagics = []uint32{0xa1b2c3d4, 0xd4c3b2a1, 0xa1b23c4d, 0x4d3cb2a1}
 
-// open detects the file format from its first bytes.
-func open(r io.Reader) (source, error) {
+// open detects the file format from its first bytes; a pcapng file's
+// interface statistics go to onStats as they are read.
+func open(r io.Reader, onStats func(int, pcapgo.NgInterfaceStatistics)) (source, error) {
 	br := bufio.NewReader(r)
 	magic, err := br.Peek(4)
 	switch {
@@ -123,7 +156,9 @@ func open(r io.Reader) (source, error) {
 		return source{}, &FileError{Err: ErrNotCapture, Detail: fmt.Sprintf("it starts with %q", head)}
 	}
 	if le == pcapngMagic {
-		ng, err := pcapgo.NewNgReader(br, pcapgo.DefaultNgReaderOptions)
+		opts := pcapgo.DefaultNgReaderOptions
+		opts.StatisticsCallback = onStats
+		ng, err := pcapgo.NewNgReader(br, opts)
 		if err != nil {
 			return source{}, &FileError{Err: ErrTruncated, Detail: "in the pcapng section header", Cause: err}
 		}

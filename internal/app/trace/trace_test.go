@@ -151,6 +151,48 @@ func TestReadPcap(t *testing.T) {
 	}
 }
 
+// TestReadStats reads a pcapng file of two interfaces whose statistics
+// blocks say how many frames each capture dropped (the second twice: its
+// last count counts) and checks the sum, the frames read beside it, and
+// that a file without statistics says nothing.
+func TestReadStats(t *testing.T) {
+	good := frame(t, rocelayer.Port, bth.Header{Opcode: bth.RCAck, PSN: 5, AETH: bth.AETHFields{Syndrome: 0x1f, MSN: 2}}, nil)
+	file := func(drops ...uint64) []byte {
+		var b bytes.Buffer
+		w, err := pcapgo.NewNgWriter(&b, layers.LinkTypeEthernet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.AddInterface(pcapgo.NgInterface{Name: "second", LinkType: layers.LinkTypeEthernet}); err != nil {
+			t.Fatal(err)
+		}
+		ci := gopacket.CaptureInfo{Timestamp: time.Unix(1, 0), CaptureLength: len(good), Length: len(good)}
+		for range 3 {
+			if err := w.WritePacket(ci, good); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, d := range drops {
+			st := pcapgo.NgInterfaceStatistics{LastUpdate: time.Unix(2, 0), PacketsReceived: pcapgo.NgNoValue64, PacketsDropped: d}
+			if err := w.WriteInterfaceStats(min(i, 1), st); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w.Flush()
+		return b.Bytes()
+	}
+	n := 0
+	count := func(trace.Record) error { n++; return nil }
+	cs, err := trace.ReadStats(bytes.NewReader(file(4, 7, 11)), count)
+	if err != nil || n != 3 || !cs.Known || cs.Dropped != 11+4 {
+		t.Errorf("first interface's drops 4, second's 7 then 11: %+v, %d frames, %v", cs, n, err)
+	}
+	n = 0
+	if cs, err := trace.ReadStats(bytes.NewReader(file()), count); err != nil || n != 3 || cs.Known || cs.Dropped != 0 {
+		t.Errorf("no statistics: %+v, %d frames, %v", cs, n, err)
+	}
+}
+
 // TestWireICRC checks the wire form of the example: the value
 // 2229930251 (0x84ea090b) is the bytes 0b 09 ea 84 on the wire, which
 // Wireshark shows as 0x0b09ea84.
