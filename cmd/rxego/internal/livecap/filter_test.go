@@ -16,29 +16,22 @@ import (
 // (IPv4 or IPv6 by the addresses), with fragOff as IPv4's flags and
 // fragment offset field.
 func frame(src, dst netip.Addr, sport, dport uint16, fragOff uint16) []byte {
-	var b []byte
+	// The two versions differ only in where things lie.
+	etherType, ipLen, first, proto, srcAt, dstAt := uint16(0x86dd), 40, byte(0x60), 6, 8, 24
 	if src.Is4() {
-		b = make([]byte, 14+20+8+16)
-		binary.BigEndian.PutUint16(b[12:], 0x0800)
-		ip := b[14:]
-		ip[0] = 0x45
-		binary.BigEndian.PutUint16(ip[6:], fragOff)
-		ip[9] = 17
-		copy(ip[12:], src.AsSlice())
-		copy(ip[16:], dst.AsSlice())
-		binary.BigEndian.PutUint16(ip[20:], sport)
-		binary.BigEndian.PutUint16(ip[22:], dport)
-		return b
+		etherType, ipLen, first, proto, srcAt, dstAt = 0x0800, 20, 0x45, 9, 12, 16
 	}
-	b = make([]byte, 14+40+8+16)
-	binary.BigEndian.PutUint16(b[12:], 0x86dd)
+	b := make([]byte, 14+ipLen+8+16)
+	binary.BigEndian.PutUint16(b[12:], etherType)
 	ip := b[14:]
-	ip[0] = 0x60
-	ip[6] = 17
-	copy(ip[8:], src.AsSlice())
-	copy(ip[24:], dst.AsSlice())
-	binary.BigEndian.PutUint16(ip[40:], sport)
-	binary.BigEndian.PutUint16(ip[42:], dport)
+	ip[0], ip[proto] = first, 17
+	if src.Is4() {
+		binary.BigEndian.PutUint16(ip[6:], fragOff)
+	}
+	copy(ip[srcAt:], src.AsSlice())
+	copy(ip[dstAt:], dst.AsSlice())
+	binary.BigEndian.PutUint16(ip[ipLen:], sport)
+	binary.BigEndian.PutUint16(ip[ipLen+2:], dport)
 	return b
 }
 
