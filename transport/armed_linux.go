@@ -44,11 +44,19 @@ type armedPoll struct {
 	failed    unix.Errno // an arm that failed, for the waiter's caller
 	ctl       unix.EpollEvent
 	ev        [1]unix.EpollEvent
+	// dw, on the receive side, is where a round trip's wait happens
+	// (directWait); parked is set while the waiter is parked in the
+	// runtime's poller instead, and dwErr is a direct wait's result for
+	// the waiter's caller.
+	dw     *directWait
+	parked bool
+	dwErr  error
 }
 
 // newArmedPoll makes the armedPoll of socket fd for events (EPOLLIN or
-// EPOLLOUT), disarmed.
-func newArmedPoll(fd int, events uint32, busyAfter int, name string) (*armedPoll, error) {
+// EPOLLOUT), disarmed. With traffic (the Conn's packet count), waits that
+// follow few packets wait in the kernel instead (directWait).
+func newArmedPoll(fd int, events uint32, busyAfter int, name string, traffic func() uint64) (*armedPoll, error) {
 	efd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)
@@ -69,6 +77,12 @@ func newArmedPoll(fd int, events uint32, busyAfter int, name string) (*armedPoll
 		p.file.Close()
 		return nil, fmt.Errorf("transport: %s: %w", name, err)
 	}
+	if traffic != nil {
+		if p.dw, err = newDirectWait(fd, name+" direct", traffic); err != nil {
+			p.file.Close()
+			return nil, fmt.Errorf("transport: %s: %w", name, err)
+		}
+	}
 	return p, nil
 }
 
@@ -85,9 +99,18 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
 			if p.armed && p.found >= p.busyAfter {
 				p.disarm()
 			}
+			p.parked = false
 			return true
 		}
 		p.found = 0
+		if p.dw != nil && !p.parked && waitPath != waitRuntime && (waitPath == waitDirect || p.dw.roundTrip()) {
+			if p.armed {
+				p.disarm() // the runtime's thread is not to be woken too
+			}
+			p.dwErr = p.dw.wait(try, uintptr(p.fd))
+			return true
+		}
+		p.parked = true
 		if !p.armed {
 			if armHook != nil {
 				armHook()
@@ -131,6 +154,13 @@ func (p *armedPoll) ctlMod(events uint32) unix.Errno {
 // runtime's poller while it waits; an arm that failed is its error.
 func (p *armedPoll) wait(fn func(uintptr) bool) error {
 	err := p.rc.Read(fn)
+	if err != nil {
+		p.parked = false // ended by the deadline or close: the next wait decides afresh
+	}
+	if e := p.dwErr; e != nil {
+		p.dwErr = nil
+		return e
+	}
 	if e := p.failed; e != 0 {
 		p.failed = 0
 		return os.NewSyscallError("epoll_ctl", e)
@@ -144,5 +174,13 @@ func (p *armedPoll) close() error {
 	if p == nil {
 		return nil
 	}
-	return p.file.Close()
+	if p.dw == nil {
+		return p.file.Close()
+	}
+	p.dw.stop()           // a direct wait, which holds the file's read lock, returns
+	err := p.file.Close() // and Close waits for it
+	if e := p.dw.close(); err == nil {
+		err = e
+	}
+	return err
 }

@@ -2,6 +2,8 @@ package transport
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"testing"
@@ -38,8 +40,10 @@ func waitParked(t *testing.T, c *udpConn) {
 // socket's place signals only while the socket is armed: not before the
 // first wait, still after a wait that took one datagram (a request and its
 // reply make no epoll call), and no longer once the reader keeps finding
-// work, though datagrams are queued and more arrive.
+// work, though datagrams are queued and more arrive. Every wait is made
+// in the runtime's poller, as a stream's are.
 func TestArmedOnlyWhileWaiting(t *testing.T) {
+	forceWaits(t, waitRuntime)
 	a := listenAny(t, "127.0.0.1", Options{})
 	c := listenAny(t, "127.0.0.2", Options{BatchSize: 1}).(*udpConn) // one datagram per recvmmsg
 	timer := time.AfterFunc(20*time.Second, func() { c.Close() })    // never hang
@@ -111,11 +115,23 @@ func TestArmedOnlyWhileWaiting(t *testing.T) {
 // wake-up lost between a read that found nothing and the arm that
 // follows would leave a side waiting for good, and the test times out.
 func TestArmedBurstsNeverStall(t *testing.T) {
+	for _, path := range []struct {
+		name string
+		path int
+	}{{"chosen", waitAuto}, {"runtime", waitRuntime}, {"direct", waitDirect}} {
+		t.Run(path.name, func(t *testing.T) {
+			forceWaits(t, path.path)
+			burstsNeverStall(t)
+		})
+	}
+}
+
+func burstsNeverStall(t *testing.T) {
 	a := listenAny(t, "127.0.0.1", Options{})
 	b := listenAny(t, "127.0.0.2", Options{BatchSize: 1})
-	bursts := 3000
+	bursts := 1000
 	if testing.Short() || raceEnabled {
-		bursts = 500
+		bursts = 200
 	}
 	fail := make(chan string, 2)
 	var wg sync.WaitGroup
@@ -172,6 +188,7 @@ func TestArmedBurstsNeverStall(t *testing.T) {
 // the epoll instance signals it only if the socket is not left on the
 // instance's ready list from an earlier wake, which disarm must clear.
 func TestArmRacesArrival(t *testing.T) {
+	forceWaits(t, waitRuntime)
 	a := listenAny(t, "127.0.0.1", Options{})
 	c := listenAny(t, "127.0.0.2", Options{BatchSize: 1}).(*udpConn)
 	send := func() {
@@ -226,6 +243,182 @@ func TestArmRacesArrival(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		c.Close()
 		t.Fatal("a datagram that arrived just before the arm did not wake the waiter in 3 s")
+	}
+}
+
+// forceWaits makes every receive wait of the test take path (waitAuto:
+// as the traffic says).
+func forceWaits(t *testing.T, path int) {
+	waitPath = path
+	t.Cleanup(func() { waitPath = waitAuto })
+}
+
+// TestRoundTripsWaitDirect: waits that follow a round trip's few packets
+// are made in the kernel on the direct instance (the socket left
+// disarmed in the one the runtime watches, so its thread is not woken
+// too); once modeSwitch waits in a row have followed a stream's many,
+// waits park in the runtime's poller, the socket armed, until modeSwitch
+// in a row follow few again.
+func TestRoundTripsWaitDirect(t *testing.T) {
+	a := listenAny(t, "127.0.0.1", Options{})
+	c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
+	timer := time.AfterFunc(20*time.Second, func() { c.Close() }) // never hang
+	defer timer.Stop()
+	send := func(k int) {
+		t.Helper()
+		for i := range k {
+			if n, err := a.Send([]Message{{Buf: rocePacket(128, uint32(i)), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+				t.Fatalf("Send = %d, %v", n, err)
+			}
+		}
+	}
+	msgs := make([]Message, 64)
+	// wait starts a Recv, checks where it waits, then ends it with a
+	// datagram and reads what it was sent.
+	wait := func(direct bool, what string) {
+		t.Helper()
+		done := make(chan int, 1)
+		go func() {
+			n, err := c.Recv(msgs)
+			if err != nil {
+				n = -1
+			}
+			done <- n
+		}()
+		waitParked(t, c)
+		if got := c.rp.dw.sleeping.Load(); got != direct {
+			t.Errorf("%s: waits in the kernel %v, want %v", what, got, direct)
+		}
+		send(1)
+		if n := <-done; n != 1 {
+			t.Fatalf("%s: Recv = %d datagrams", what, n)
+		}
+		// A wait in the runtime's poller that took one datagram leaves
+		// the socket armed there; a direct one leaves it disarmed.
+		if c.rp.armed == direct {
+			t.Errorf("%s: socket armed in the runtime's instance %v, want %v", what, c.rp.armed, !direct)
+		}
+	}
+	stream := func() {
+		t.Helper()
+		send(roundTripPackets + 8)
+		time.Sleep(10 * time.Millisecond)
+		for got := 0; got < roundTripPackets+8; {
+			n, err := c.Recv(msgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+	}
+	wait(true, "first wait")
+	wait(true, "after one datagram")
+	for i := range modeSwitch {
+		stream()
+		wait(i < modeSwitch-1, fmt.Sprintf("after stream burst %d", i+1))
+	}
+	for i := range modeSwitch {
+		wait(i == modeSwitch-1, fmt.Sprintf("after one datagram, %d since the bursts", i+1))
+	}
+}
+
+// TestDirectWaitRacesArrival: a datagram that arrives after a try found
+// the socket empty and just before a direct wait sleeps still wakes it
+// (the socket is in the direct instance for good).
+func TestDirectWaitRacesArrival(t *testing.T) {
+	forceWaits(t, waitDirect)
+	a := listenAny(t, "127.0.0.1", Options{})
+	c := listenAny(t, "127.0.0.2", Options{BatchSize: 1}).(*udpConn)
+	msgs := make([]Message, 1)
+	for i := range 3 {
+		sleepHook = func() {
+			sleepHook = nil
+			if n, err := a.Send([]Message{{Buf: rocePacket(128, 1), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+				t.Errorf("Send = %d, %v", n, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		done := make(chan error, 1)
+		go func() {
+			n, err := c.Recv(msgs)
+			if err == nil && n != 1 {
+				err = errors.New("no datagram")
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(3 * time.Second):
+			c.Close()
+			t.Fatalf("wait %d: a datagram that arrived just before the sleep did not wake the waiter in 3 s", i)
+		}
+	}
+	sleepHook = nil
+}
+
+// TestWaitEndsEarly, on both paths: a Wake ends a RecvWait that waits
+// with no limit, a limit ends one, and Close ends a Recv with
+// net.ErrClosed; the kick that ended a wait does not end the next with
+// nothing to say.
+func TestWaitEndsEarly(t *testing.T) {
+	for _, path := range []struct {
+		name string
+		path int
+	}{{"runtime", waitRuntime}, {"direct", waitDirect}} {
+		t.Run(path.name, func(t *testing.T) {
+			forceWaits(t, path.path)
+			c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
+			msgs := make([]Message, 1)
+			start := func(f func() (int, error)) <-chan error {
+				done := make(chan error, 1)
+				go func() {
+					n, err := f()
+					if err == nil && n != 0 {
+						err = errors.New("a datagram came from nowhere")
+					}
+					done <- err
+				}()
+				return done
+			}
+			wait := func(what string, done <-chan error, want error) {
+				t.Helper()
+				select {
+				case err := <-done:
+					if !errors.Is(err, want) {
+						t.Fatalf("%s: %v, want %v", what, err, want)
+					}
+				case <-time.After(5 * time.Second):
+					c.Close()
+					t.Fatalf("%s: still waiting after 5 s", what)
+				}
+			}
+			for range 3 {
+				seq := c.WakeSeq()
+				done := start(func() (int, error) { return c.RecvWait(msgs, seq, time.Time{}) })
+				waitParked(t, c)
+				if path.path == waitDirect && !c.rp.dw.sleeping.Load() {
+					t.Fatal("a forced direct wait does not wait in the kernel")
+				}
+				c.Wake()
+				wait("RecvWait woken", done, nil)
+			}
+			begin := time.Now()
+			for range 100 {
+				if n, err := c.RecvWait(msgs, c.WakeSeq(), time.Now().Add(100*time.Microsecond)); n != 0 || err != nil {
+					t.Fatalf("RecvWait with a limit = %d, %v", n, err)
+				}
+			}
+			if d := time.Since(begin); d < 10*time.Millisecond {
+				t.Fatalf("100 RecvWaits of 100 µs took %v: the limit did not make them wait", d)
+			}
+			done := start(func() (int, error) { return c.Recv(msgs) })
+			waitParked(t, c)
+			c.Close()
+			wait("Recv at Close", done, net.ErrClosed)
+		})
 	}
 }
 

@@ -263,7 +263,7 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 	}
 	c.s.init(max(opts.BatchSize, MaxSegments))
 	c.s.sockTOS = opts.TOS // openUDP set it
-	if c.wp, err = newArmedPoll(fd, unix.EPOLLOUT, 1, "send wait "+local.String()); err != nil {
+	if c.wp, err = newArmedPoll(fd, unix.EPOLLOUT, 1, "send wait "+local.String(), nil); err != nil {
 		c.closeFiles()
 		return nil, fmt.Errorf("transport: listen %v: %w", local, err)
 	}
@@ -273,7 +273,7 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 		if c.raw != nil {
 			readFD = rfd
 		}
-		if c.rp, err = newArmedPoll(readFD, unix.EPOLLIN, 2, "recv wait "+local.String()); err != nil {
+		if c.rp, err = newArmedPoll(readFD, unix.EPOLLIN, 2, "recv wait "+local.String(), c.ctr.traffic); err != nil {
 			c.closeFiles()
 			return nil, fmt.Errorf("transport: listen %v: %w", local, err)
 		}

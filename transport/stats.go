@@ -134,3 +134,7 @@ type dropRec struct {
 	tos    uint8
 	pkt    []byte
 }
+
+// traffic is how many packets the Conn has sent and received: a wait
+// after few since the last is a round trip's (directWait).
+func (c *counters) traffic() uint64 { return c.sentPackets.Load() + c.recvPackets.Load() }

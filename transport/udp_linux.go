@@ -661,6 +661,7 @@ func (c *udpConn) Wake() {
 	c.wakeSeq.Add(1)
 	c.dlSet.Store(true)
 	_ = c.readFile().SetReadDeadline(pastDeadline)
+	c.rp.dw.setDeadline(pastDeadline)
 }
 
 // RecvWait implements Waker. It sets the read deadline (until, or none)
@@ -687,6 +688,7 @@ func (c *udpConn) setDeadline(until time.Time) error {
 		return nil
 	}
 	c.dlSet.Store(!until.IsZero())
+	c.rp.dw.setDeadline(until)
 	return c.mapClosed(c.readFile().SetReadDeadline(until))
 }
 
