@@ -24,7 +24,9 @@ import (
 // through an epoll instance of the Conn's own (armedPoll) that holds the
 // socket with EPOLLONESHOT and that the runtime's poller watches instead:
 // the socket is armed just before its waiter parks and disarmed as soon
-// as it wakes, so arrivals while the reader works reach nobody.
+// as it wakes, so arrivals while the reader works reach nobody. That is
+// the wait of a stream's reader; a round trip's blocks in the kernel
+// instead (directwait_linux.go).
 
 // armedPoll is an epoll instance that holds one socket with EPOLLONESHOT,
 // armed for events while a waiter is parked on it and disarmed once its
@@ -54,9 +56,10 @@ type armedPoll struct {
 }
 
 // newArmedPoll makes the armedPoll of socket fd for events (EPOLLIN or
-// EPOLLOUT), disarmed. With traffic (the Conn's packet count), waits that
-// follow few packets wait in the kernel instead (directWait).
-func newArmedPoll(fd int, events uint32, busyAfter int, name string, traffic func() uint64) (*armedPoll, error) {
+// EPOLLOUT), disarmed. With traffic (the Conn's packet and byte counts),
+// waits that follow little traffic wait in the kernel instead
+// (directWait).
+func newArmedPoll(fd int, events uint32, busyAfter int, name string, traffic func() (packets, bytes uint64)) (*armedPoll, error) {
 	efd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)

@@ -31,17 +31,20 @@ import (
 // threads put to sleep and woken; the runtime's spinning threads catch a
 // stream's next datagram without that).
 
-// roundTripPackets is the most packets a Conn may have sent and received
-// since its reader last waited for the next wait to look like a round
-// trip's (a SEND ping-pong's side moves four, its echo and the ACK of the
-// SEND it answers each way, and now and then up to about 30; a 64-byte
-// stream posted in lists of 32, one more). modeSwitch waits in a row that
+// roundTripPackets and roundTripBytes are the most packets and bytes a
+// Conn may have sent and received since its reader last waited for the
+// next wait to look like a round trip's (a SEND ping-pong's side moves
+// four packets, its echo and the ACK of the SEND it answers each way, and
+// now and then up to about 30; a 64-byte stream posted in lists of 32,
+// one more; 10,000 QPs' 4 KiB WRITEs, a few per QP and wait, more bytes).
+// modeSwitch waits in a row that
 // look like the other kind switch the kind: a ping-pong's occasional
 // larger count left in the runtime's poller cost as much as its share
 // suggests and more (on the 2-vCPU VM the SEND ping-pong's cross-CPU
 // wake-ups doubled with 4% of its waits there).
 const (
 	roundTripPackets = 32
+	roundTripBytes   = 16 << 10
 	modeSwitch       = 4
 )
 
@@ -55,10 +58,10 @@ type directWait struct {
 	epoll, kickF *os.File
 	efd          uintptr
 	kick         int32
-	// traffic counts the packets the Conn sent and received; lastTraffic
-	// is its count at the last wait.
-	traffic     func() uint64
-	lastTraffic uint64
+	// traffic counts the packets and bytes the Conn sent and received;
+	// lastPackets and lastBytes are its counts at the last wait.
+	traffic                func() (packets, bytes uint64)
+	lastPackets, lastBytes uint64
 	// stream is set while waits are a stream's (they park in the
 	// runtime's poller); streak counts the waits in a row that looked
 	// like the other kind.
@@ -86,12 +89,13 @@ func waitClock() int64 { return int64(time.Since(waitEpoch)) }
 var noPwait2 atomic.Bool
 
 // newDirectWait makes the direct wait of socket fd.
-func newDirectWait(fd int, name string, traffic func() uint64) (*directWait, error) {
+func newDirectWait(fd int, name string, traffic func() (packets, bytes uint64)) (*directWait, error) {
 	efd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, os.NewSyscallError("epoll_create1", err)
 	}
-	w := &directWait{efd: uintptr(efd), traffic: traffic, lastTraffic: traffic()}
+	w := &directWait{efd: uintptr(efd), traffic: traffic}
+	w.lastPackets, w.lastBytes = traffic()
 	w.epoll = os.NewFile(uintptr(efd), name) // blocking: not in the runtime's poller
 	// Blocking too, and still never blocks: it is read only once the
 	// instance reports it readable, by the one waiter, and its count never
@@ -112,12 +116,12 @@ func newDirectWait(fd int, name string, traffic func() uint64) (*directWait, err
 }
 
 // roundTrip reports whether the coming wait is a round trip's: whether
-// few packets moved before the last modeSwitch waits, or before most of
-// the waits since the kind last switched. Waits are serialized.
+// little moved before the last modeSwitch waits, or before most of the
+// waits since the kind last switched. Waits are serialized.
 func (w *directWait) roundTrip() bool {
-	t := w.traffic()
-	big := t-w.lastTraffic > roundTripPackets
-	w.lastTraffic = t
+	p, b := w.traffic()
+	big := p-w.lastPackets > roundTripPackets || b-w.lastBytes > roundTripBytes
+	w.lastPackets, w.lastBytes = p, b
 	if big != w.stream {
 		if w.streak++; w.streak >= modeSwitch {
 			w.stream, w.streak = big, 0

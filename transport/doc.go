@@ -11,7 +11,9 @@
 // may Send while another Recvs. The sockets are not in the Go runtime's
 // poller: a Recv or Send that must wait parks on an epoll instance of the
 // Conn's own that holds the socket armed only while someone waits, so a
-// busy socket's traffic wakes no idle thread (armed_linux.go). UDP GSO (UDP_SEGMENT) sends a Seg run of
+// busy socket's traffic wakes no idle thread (armed_linux.go); a reader
+// in a round trip waits in the kernel on an instance of its own, so the
+// datagram's wake-up reaches it directly (directwait_linux.go). UDP GSO (UDP_SEGMENT) sends a Seg run of
 // equal-size packets in one datagram, and UDP GRO (UDP_GRO) receives
 // coalesced datagrams that Recv splits again; both are probed at Listen and
 // on by default. A scattered Message (Message.Payload set; see

@@ -135,6 +135,8 @@ type dropRec struct {
 	pkt    []byte
 }
 
-// traffic is how many packets the Conn has sent and received: a wait
-// after few since the last is a round trip's (directWait).
-func (c *counters) traffic() uint64 { return c.sentPackets.Load() + c.recvPackets.Load() }
+// traffic is how many packets and bytes the Conn has sent and received:
+// a wait after little since the last is a round trip's (directWait).
+func (c *counters) traffic() (packets, bytes uint64) {
+	return c.sentPackets.Load() + c.recvPackets.Load(), c.sentBytes.Load() + c.recvBytes.Load()
+}
