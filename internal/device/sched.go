@@ -343,8 +343,9 @@ const (
 // Whoever holds mu reads the socket: this goroutine, or an application
 // goroutine blocked in PollWait on one of the device's CQs (cqWaiter).
 // When the application reads, the packet that completes its work wakes
-// the goroutine that wants it straight from the runtime's network poller:
-// no hand-off between goroutines, which on a two-CPU machine cost two
+// the goroutine that wants it straight from its wait (in a round trip, a
+// blocking epoll_pwait2 of its own: transport's directWait): no hand-off
+// between goroutines, which on a two-CPU machine cost two
 // futex calls and a goroutine switch per message. Packets for other QPs
 // and CQs go into the engine all the same.
 //
