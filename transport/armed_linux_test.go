@@ -198,17 +198,7 @@ func TestArmRacesArrival(t *testing.T) {
 		}
 	}
 	msgs := make([]Message, 1)
-	recv := func() <-chan error {
-		done := make(chan error, 1)
-		go func() {
-			n, err := c.Recv(msgs)
-			if err == nil && n != 1 {
-				err = errors.New("no datagram")
-			}
-			done <- err
-		}()
-		return done
-	}
+	recv := func() <-chan error { return recvOne(c, msgs) }
 	// A wait woken by an arrival (the socket joins the instance's ready
 	// list), then reads that find work until the reader counts as busy
 	// and disarms.
@@ -244,6 +234,20 @@ func TestArmRacesArrival(t *testing.T) {
 		c.Close()
 		t.Fatal("a datagram that arrived just before the arm did not wake the waiter in 3 s")
 	}
+}
+
+// recvOne receives on c in a goroutine of its own and reports, on the
+// channel it returns, whether that took exactly one datagram.
+func recvOne(c Conn, msgs []Message) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		n, err := c.Recv(msgs)
+		if err == nil && n != 1 {
+			err = errors.New("no datagram")
+		}
+		done <- err
+	}()
+	return done
 }
 
 // forceWaits makes every receive wait of the test take path (waitAuto:
@@ -338,16 +342,8 @@ func TestDirectWaitRacesArrival(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		done := make(chan error, 1)
-		go func() {
-			n, err := c.Recv(msgs)
-			if err == nil && n != 1 {
-				err = errors.New("no datagram")
-			}
-			done <- err
-		}()
 		select {
-		case err := <-done:
+		case err := <-recvOne(c, msgs):
 			if err != nil {
 				t.Fatal(err)
 			}
