@@ -18,7 +18,7 @@ import (
 // run the woken thread on the waker's CPU. Without it the runtime's
 // thread was woken on its own, idle, CPU: in a round trip on the 2-vCPU
 // VM, 1.4-1.8 inter-processor interrupts per round trip against UDP's
-// 0.2-0.3, and 1.25-1.40x UDP's p50 (docs/performance.md, "Blocking
+// 0.2-0.3, and 1.25-1.55x UDP's p50 (docs/performance.md, "Blocking
 // round trips and nested epoll").
 //
 // So a reader whose Conn moved few packets since its last wait (a round
@@ -27,7 +27,7 @@ import (
 // level-triggered (directWait), as a blocking read would: the socket's
 // wake-up reaches its thread with the hint. A reader of a stream still
 // parks in the runtime's poller: the same direct wait there measured
-// 0.86-0.95x the streams' bandwidth and 0.88x the 64-byte rate (more
+// 0.77-0.92x one QP's streams and 0.87x the 64-byte rate (more
 // threads put to sleep and woken; the runtime's spinning threads catch a
 // stream's next datagram without that).
 
@@ -37,11 +37,10 @@ import (
 // four packets, its echo and the ACK of the SEND it answers each way, and
 // now and then up to about 30; a 64-byte stream posted in lists of 32,
 // one more; 10,000 QPs' 4 KiB WRITEs, a few per QP and wait, more bytes).
-// modeSwitch waits in a row that
-// look like the other kind switch the kind: a ping-pong's occasional
-// larger count left in the runtime's poller cost as much as its share
-// suggests and more (on the 2-vCPU VM the SEND ping-pong's cross-CPU
-// wake-ups doubled with 4% of its waits there).
+// modeSwitch waits in a row that look like the other kind switch the
+// kind: a ping-pong's occasional larger count left in the runtime's
+// poller cost far more than its share (on the 2-vCPU VM the SEND
+// ping-pong's cross-CPU wake-ups doubled with 4% of its waits there).
 const (
 	roundTripPackets = 32
 	roundTripBytes   = 16 << 10
