@@ -323,10 +323,18 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 			note = checkVerdict(t, r, rxeRequesterVerdicts)
 		}
 		slow := strings.HasPrefix(r.Detail, probe.TooSlowToJudge)
-		cnps := 0
+		cnps, restarts := 0, 0
+		var last *bth.PSN // the PSN of the client's last WRITE
 		if err := trace.ReadFile(capPath, func(rec trace.Record) error {
-			if rec.RoCE != nil && rec.Dst.String() == p.Guest.IP() && rec.DestQP == r.PeerQPN && rec.Opcode == bth.CNPOpcode {
+			switch {
+			case rec.RoCE == nil:
+			case rec.Dst.String() == p.Guest.IP() && rec.DestQP == r.PeerQPN && rec.Opcode == bth.CNPOpcode:
 				cnps++
+			case rec.Src.String() == p.Guest.IP() && rec.Opcode.Info() != nil && rec.Opcode.Info().Op == bth.OpWrite:
+				if last != nil && !rec.PSN.After(*last) {
+					restarts++ // went back: a go-back-N starts
+				}
+				last = &rec.PSN
 			}
 			return nil
 		}); err != nil {
@@ -340,7 +348,15 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 		}) {
 			t.Errorf("the bridge saw %d CNPs to the client's QP; the report says %q", cnps, r.Observed)
 		}
-		return Outcome{Note: rep.Summary + " (" + note + "; " + strings.Join(r.Observed, "; ") + ")"}
+		// The 20,000-packet stream shares the host's CPUs with both
+		// emulated guests and the train's spinning sender: rxe's 67 ms
+		// ACK timer can run out while the guest or the probe waits for a
+		// CPU (ci44 and a loaded rerun: the guest silent for 85 ms, then
+		// resending at once the packet it had just sent; the probe's ACKs
+		// up to 105 ms late). The probe judges a rate with resends in its
+		// windows inconclusive; the case accepts as many timeouts as the
+		// bridge saw the client go back.
+		return Outcome{Note: rep.Summary + " (" + note + "; " + strings.Join(r.Observed, "; ") + ")", GuestRestarts: &restarts}
 	})
 }
 
