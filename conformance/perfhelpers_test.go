@@ -222,11 +222,16 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 		proc.Kill()
 	}
 	res, perr := proc.Wait(ctx)
-	if perr != nil && bytes.Contains(res.Stderr, []byte("Can't produce a report")) {
-		// perftest could not calibrate its cycle counter (its clock
-		// regression needs r^2 >= 0.9, which a TCG guest's stalls can spoil)
-		// and so printed no results: a fault of the emulated guest.
-		return Outcome{Retry: true, Note: "perftest: " + strings.TrimSpace(string(res.Stderr))}
+	// perftest calibrates its cycle counter only when it prints its
+	// results, after the run: a regression that needs r^2 >= 0.9, which
+	// a TCG guest's stalls can spoil (ci93: three runs in a row of a
+	// case beside the other kernel's loaded-host case). It then exits
+	// with "Can't produce a report" and no table, having done all its
+	// traffic; everything else is still judged (the data checks, the
+	// hold point's memory, the counters), only its table is not.
+	uncalibrated := perr != nil && bytes.Contains(res.Stderr, []byte(perftestUncalibrated))
+	if uncalibrated {
+		perr = nil
 	}
 	if holdErr != nil || rerr != nil || perr != nil {
 		t.Fatalf("hold: %v\nrxego: %v\n%s\nperftest: %v\nperftest stdout:\n%s\nperftest stderr:\n%s",
@@ -237,7 +242,7 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	if testing.Verbose() {
 		t.Logf("rxego:\n%s\nperftest:\n%s", out, res.Stdout)
 	}
-	measured := p.checkTables(t, r, out, res.Stdout)
+	measured := p.checkTables(t, r, out, res.Stdout, !uncalibrated)
 	// Every run verifies data: rxego's own checks (all must pass) and the
 	// hold point's ranges of perftest's memory; a write_bw client has only
 	// the latter, write_lat only the former.
@@ -274,6 +279,9 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 		}
 	}
 	var note []string
+	if uncalibrated {
+		note = append(note, "perftest could not calibrate its clock and printed no table: "+strings.Join(strings.Fields(string(res.Stderr)), " "))
+	}
 	if m != nil {
 		note = append(note, fmt.Sprintf("rxego checks %s/%s (%s)", m[1], m[2], m[3]))
 	}
@@ -366,6 +374,10 @@ func (p *Peer) checkHold(ctx context.Context, h *hostProc, proc *lab.Proc, file 
 // head returns at most the first 16 bytes of b.
 func head(b []byte) []byte { return b[:min(len(b), 16)] }
 
+// perftestUncalibrated is what perftest prints, and exits 1, when its
+// clock regression fails as it comes to print its results.
+const perftestUncalibrated = "Can't produce a report"
+
 // Perftest's table headers.
 const (
 	bwHeader  = "#bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]"
@@ -378,8 +390,9 @@ const (
 // waits. It returns the measured figures for the report: average
 // bandwidth, or typical latency, as each side printed them (perftest
 // prints inf or -nan when it cannot read the emulated CPU's clock rate;
-// the line still counts).
-func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) string {
+// the line still counts). Perftest's table is not looked for when it
+// could not calibrate its clock (toolReported false).
+func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte, toolReported bool) string {
 	t.Helper()
 	header, iters := bwHeader, r.Iters*max(r.QPs, 1)
 	if r.lat() {
@@ -403,7 +416,7 @@ func (p *Peer) checkTables(t *testing.T, r perfRun, rxego, tool []byte) string {
 	if !(silentServer && r.RxegoServer) {
 		check("rxego", rxego)
 	}
-	if !(silentServer && !r.RxegoServer) {
+	if !(silentServer && !r.RxegoServer) && toolReported {
 		check("perftest", tool)
 	}
 	return strings.Join(figures, ", ")
