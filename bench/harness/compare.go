@@ -106,6 +106,60 @@ func (t tree) results() results {
 	return rs
 }
 
+// rounds is the tree's runs grouped by round: the k-th run of each case
+// in one file (a sitting's round, or the k-th of -repeat's rounds within
+// one run of the harness) is in that file's round k. A round holds the
+// cases one binary measured minutes apart, so a ratio of two of them
+// moves less with the machine's speed than a ratio of their medians over
+// the sitting does.
+func (t tree) rounds() []results {
+	type key struct {
+		file string
+		k    int
+	}
+	var keys []key
+	byRound := map[key]results{}
+	for _, n := range t.order {
+		seen := map[string]int{}
+		for i, r := range t.runs[n] {
+			f := t.from[n][i]
+			k := key{f, seen[f]}
+			seen[f]++
+			if _, ok := byRound[k]; !ok {
+				keys = append(keys, k)
+			}
+			if r.Err == "" {
+				byRound[k] = append(byRound[k], r)
+			}
+		}
+	}
+	var rs []results
+	for _, k := range keys {
+		rs = append(rs, byRound[k])
+	}
+	return rs
+}
+
+// targetValue is a target's value in a tree: the median of its value in
+// each round that has it, where two rounds or more do; else its value
+// from the cases' medians.
+func (t tree) targetValue(value func(results) (float64, bool)) (float64, bool) {
+	var vs []float64
+	for _, rs := range t.rounds() {
+		if v, ok := value(rs); ok {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) < 2 {
+		return value(t.results())
+	}
+	slices.Sort(vs)
+	if len(vs)%2 == 0 {
+		return (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2, true
+	}
+	return vs[len(vs)/2], true
+}
+
 // cell formats a median result for the comparison table: Gbit/s and
 // Gbit/s per busy CPU, M messages/s, or latency p50 / p99.
 func cell(r Result) string {
@@ -366,16 +420,12 @@ func writeTargets(w io.Writer, trees []tree) {
 	fmt.Fprintln(w, "## Issue 29's targets")
 	fmt.Fprintln(w)
 	writeTableHead(w, "| target | want |", "|---|---:|", trees)
-	rss := make([]results, len(trees))
-	for i, t := range trees {
-		rss[i] = t.results()
-	}
 	for _, tg := range issue29Targets() {
 		bound := ">="
 		if tg.atMost {
 			bound = "<="
 		}
-		cells, any := ratioCells(rss, tg.value, func(v float64) string {
+		cells, any := ratioCells(trees, tg.value, func(v float64) string {
 			if (tg.atMost && v > tg.want) || (!tg.atMost && v < tg.want) {
 				return fmt.Sprintf("%.2f **no**", v)
 			}
@@ -386,8 +436,8 @@ func writeTargets(w io.Writer, trees []tree) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Targets no tree measured are left out, and the 16-CPU ones where the runs were on fewer CPUs. Per-CPU efficiency is Gbit/s per busy CPU of both processes, from each case's median run.")
-	writeDiagnostics(w, trees, rss)
+	fmt.Fprintln(w, "Targets no tree measured are left out, and the 16-CPU ones where the runs were on fewer CPUs. Per-CPU efficiency is Gbit/s per busy CPU of both processes. A target's value is the median of its value in each round (both cases of a ratio from the same round, minutes apart), where two rounds or more have it; else it comes from each case's median run.")
+	writeDiagnostics(w, trees)
 }
 
 // writeTableHead prints a table's header: head and rule (its leading
@@ -401,11 +451,12 @@ func writeTableHead(w io.Writer, head, rule string, trees []tree) {
 	fmt.Fprintln(w, rule)
 }
 
-// ratioCells is a row's cells, one per tree: cell of the tree's value,
-// or – where the tree lacks it. any reports whether some tree has it.
-func ratioCells(rss []results, value func(results) (float64, bool), cell func(float64) string) (cells string, any bool) {
-	for _, rs := range rss {
-		v, ok := value(rs)
+// ratioCells is a row's cells, one per tree: cell of the tree's value
+// (targetValue), or – where the tree lacks it. any reports whether some
+// tree has it.
+func ratioCells(trees []tree, value func(results) (float64, bool), cell func(float64) string) (cells string, any bool) {
+	for _, t := range trees {
+		v, ok := t.targetValue(value)
 		if !ok {
 			cells += " – |"
 			continue
@@ -442,10 +493,10 @@ func diagnostics() []diagnostic {
 }
 
 // writeDiagnostics prints the diagnostics some tree measured.
-func writeDiagnostics(w io.Writer, trees []tree, rss []results) {
+func writeDiagnostics(w io.Writer, trees []tree) {
 	var rows []string
 	for _, d := range diagnostics() {
-		if cells, any := ratioCells(rss, d.value, func(v float64) string { return fmt.Sprintf("%.2f", v) }); any {
+		if cells, any := ratioCells(trees, d.value, func(v float64) string { return fmt.Sprintf("%.2f", v) }); any {
 			rows = append(rows, "| "+d.name+" |"+cells)
 		}
 	}
