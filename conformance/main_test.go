@@ -420,8 +420,8 @@ type Outcome struct {
 	Note string
 	// Retry asks Case to run the body again from scratch (at most three
 	// times): the peer tool failed for a reason of its own, such as
-	// mckey's datagram that never reached the bridge, before anything
-	// about rxego was judged.
+	// perftest's clock calibration in an emulated guest before its
+	// traffic ended, before anything about rxego was judged.
 	Retry bool
 	// Rxego is rxego's counters over the case (parseStats), or nil.
 	Rxego map[string]uint64
