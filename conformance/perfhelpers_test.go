@@ -233,8 +233,9 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	// data checks, the hold point's memory, the counters), only its
 	// table is not.
 	uncalibrated := perr != nil && bytes.Contains(res.Stderr, []byte(perftestUncalibrated))
+	perftestSaid := strings.Join(strings.Fields(string(res.Stderr)), " ")
 	if uncalibrated && (rerr != nil || holdErr != nil) {
-		return Outcome{Retry: true, Note: "perftest: " + strings.Join(strings.Fields(string(res.Stderr)), " ")}
+		return Outcome{Retry: true, Note: "perftest: " + perftestSaid}
 	}
 	if uncalibrated {
 		perr = nil
@@ -286,7 +287,7 @@ func (p *Peer) perf(t *testing.T, r perfRun) Outcome {
 	}
 	var note []string
 	if uncalibrated {
-		note = append(note, "perftest could not calibrate its clock and printed no table: "+strings.Join(strings.Fields(string(res.Stderr)), " "))
+		note = append(note, "perftest could not calibrate its clock and printed no table: "+perftestSaid)
 	}
 	if m != nil {
 		note = append(note, fmt.Sprintf("rxego checks %s/%s (%s)", m[1], m[2], m[3]))
@@ -381,7 +382,8 @@ func (p *Peer) checkHold(ctx context.Context, h *hostProc, proc *lab.Proc, file 
 func head(b []byte) []byte { return b[:min(len(b), 16)] }
 
 // perftestUncalibrated is what perftest prints, and exits 1, when its
-// clock regression fails as it comes to print its results.
+// clock regression fails (before its traffic or as it prints its
+// results).
 const perftestUncalibrated = "Can't produce a report"
 
 // Perftest's table headers.

@@ -330,7 +330,7 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 			case rec.RoCE == nil:
 			case rec.Dst.String() == p.Guest.IP() && rec.DestQP == r.PeerQPN && rec.Opcode == bth.CNPOpcode:
 				cnps++
-			case rec.Src.String() == p.Guest.IP() && rec.Opcode.Info() != nil && rec.Opcode.Info().Op == bth.OpWrite:
+			case rec.Src.String() == p.Guest.IP() && isWrite(rec.Opcode):
 				if last != nil && !rec.PSN.After(*last) {
 					restarts++ // went back: a go-back-N starts
 				}
@@ -358,6 +358,12 @@ func (p *Peer) probeRequesterCNPRate(t *testing.T) {
 		// bridge saw the client go back.
 		return Outcome{Note: rep.Summary + " (" + note + "; " + strings.Join(r.Observed, "; ") + ")", GuestRestarts: &restarts}
 	})
+}
+
+// isWrite reports whether op is an RDMA WRITE packet of any position.
+func isWrite(op bth.Opcode) bool {
+	info := op.Info()
+	return info != nil && info.Op == bth.OpWrite
 }
 
 // runRequesterClient runs the peer's perftest client (argv) against the
