@@ -5,12 +5,13 @@
 // a time, what rxego's transport does differently from a connected
 // read/write pair (sendmmsg to an address, recvmmsg of up to 64 with
 // control messages, its socket options, a TOS control message per send,
-// 4 MiB buffers), so the share of a busy-poll round trip that is the
-// socket API's can be told from rxego's own (bench/RESULTS.md, session
-// 10). Linux, two CPUs or more; the 4 MiB buffers need root.
+// 4 MiB buffers, its socket filter, an epoll registration), so the
+// share of a busy-poll round trip that is the socket API's can be told
+// from rxego's own (bench/RESULTS.md, session 10; docs/performance.md,
+// "Round trips by layer"). Linux, two CPUs or more; the 4 MiB buffers need root.
 //
 //	go run ./bench/sockcost                       # connected write/read
-//	go run ./bench/sockcost -sendmmsg -recvmmsg -opts -tos -bigbuf
+//	go run ./bench/sockcost -sendmmsg -recvmmsg -opts -tos -bigbuf -filter -epoll
 package main
 
 import (
@@ -32,6 +33,8 @@ var (
 	tos      = flag.Bool("tos", false, "TOS cmsg per send")
 	bigbuf   = flag.Bool("bigbuf", false, "4 MiB rcvbuf")
 	n        = flag.Int("n", 200000, "round trips")
+	filter   = flag.Bool("filter", false, "attach an accept-all classic BPF socket filter, as rxego's sockets have (SO_ATTACH_FILTER)")
+	epollet  = flag.Bool("epoll", false, "register the socket in an edge-triggered epoll instance, as the Go runtime's poller does")
 )
 
 func sock(port int, peer int) int {
@@ -49,6 +52,24 @@ func sock(port int, peer int) int {
 	if *bigbuf {
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20)
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 4<<20)
+	}
+	if *filter {
+		f := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff}} // keep the whole datagram
+		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: 1, Filter: &f[0]}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if *epollet {
+		// Registered and never waited on: what a registration costs each
+		// datagram is the socket's wait queue, not a wake-up.
+		efd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+		if err != nil {
+			log.Fatal(err)
+		}
+		ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET, Fd: int32(fd)}
+		if err := unix.EpollCtl(efd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			log.Fatal(err)
+		}
 	}
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}, Port: port}); err != nil {
 		log.Fatal(err)
