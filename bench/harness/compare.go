@@ -414,6 +414,20 @@ func onCPUs(r Result, ok bool, n int) bool {
 	return ok && (r.CPUs == 0 || r.CPUs >= n)
 }
 
+// targetCell formats a target's value v against its bound want, marking
+// a value that misses it. Two decimals, or three where two would print
+// the bound itself (0.947 against 0.95 must not read "0.95 **no**").
+func targetCell(v, want float64, atMost bool) string {
+	f := "%.2f"
+	if fmt.Sprintf(f, v) == fmt.Sprintf(f, want) {
+		f = "%.3f"
+	}
+	if (atMost && v > want) || (!atMost && v < want) {
+		f += " **no**"
+	}
+	return fmt.Sprintf(f, v)
+}
+
 // writeTargets prints each target's value in every tree, and whether
 // each tree meets it.
 func writeTargets(w io.Writer, trees []tree) {
@@ -425,12 +439,7 @@ func writeTargets(w io.Writer, trees []tree) {
 		if tg.atMost {
 			bound = "<="
 		}
-		cells, any := ratioCells(trees, tg.value, func(v float64) string {
-			if (tg.atMost && v > tg.want) || (!tg.atMost && v < tg.want) {
-				return fmt.Sprintf("%.2f **no**", v)
-			}
-			return fmt.Sprintf("%.2f", v)
-		})
+		cells, any := ratioCells(trees, tg.value, func(v float64) string { return targetCell(v, tg.want, tg.atMost) })
 		if any {
 			fmt.Fprintf(w, "| %s | %s %.2f |%s\n", tg.name, bound, tg.want, cells)
 		}

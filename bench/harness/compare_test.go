@@ -173,7 +173,8 @@ func TestCompareTargetsPerRound(t *testing.T) {
 	// -repeat 3 writes each round's cases in turn.
 	lines := run(1, 200) + run(8, 190) + run(1, 100) + run(8, 95) + run(1, 190) + run(8, 95)
 	out := compareOne(t, filepath.Join(t.TempDir(), "rounds.json"), lines)
-	want := "| WRITE 64 KiB MTU 4096: per-CPU efficiency, 8 QPs / 1 QP | >= 0.95 | 0.95 |"
+	// 0.95 exactly, at its bound: three decimals say which side (targetCell).
+	want := "| WRITE 64 KiB MTU 4096: per-CPU efficiency, 8 QPs / 1 QP | >= 0.95 | 0.950 |"
 	if !strings.Contains(out.String(), want) {
 		t.Errorf("report lacks %q:\n%s", want, out.String())
 	}
@@ -260,5 +261,28 @@ func TestCompareLowRuns(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "Runs far under") {
 		t.Errorf("a list with two rounds:\n%s", out.String())
+	}
+}
+
+// TestTargetCell checks that a value next to its bound shows which side
+// of it it is on: two decimals, three where two would print the bound.
+func TestTargetCell(t *testing.T) {
+	for _, c := range []struct {
+		v, want float64
+		atMost  bool
+		out     string
+	}{
+		{0.947, 0.95, false, "0.947 **no**"},
+		{0.953, 0.95, false, "0.953"},
+		{0.95, 0.95, false, "0.950"},
+		{0.94, 0.95, false, "0.94 **no**"},
+		{1.02, 0.95, false, "1.02"},
+		{1.204, 1.2, true, "1.204 **no**"},
+		{1.196, 1.2, true, "1.196"},
+		{1.56, 1.2, true, "1.56 **no**"},
+	} {
+		if got := targetCell(c.v, c.want, c.atMost); got != c.out {
+			t.Errorf("targetCell(%v, %v, atMost %v) = %q, want %q", c.v, c.want, c.atMost, got, c.out)
+		}
 	}
 }
