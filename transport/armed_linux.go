@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"os"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -30,9 +31,15 @@ import (
 
 // armedPoll is an epoll instance that holds one socket with EPOLLONESHOT,
 // armed for events while a waiter is parked on it and disarmed once its
-// waiter is found busy (see above). Waits on it are serialized by its
-// file's read lock, which guards armed and found.
+// waiter is found busy (see above). Waits on it are serialized by mu,
+// which guards every field a waiter sets.
 type armedPoll struct {
+	// mu is held for a whole wait. The file's read lock already
+	// serializes the waiters' runs, but a waiter leaves its outcome
+	// (dwErr, failed, parked) for its caller, who reads it after that
+	// lock is released: a WaitReadable and a blocking Recv of one Conn
+	// wait at once, and one must not take the other's.
+	mu     sync.Mutex
 	file   *os.File // the epoll instance, in the runtime's poller
 	rc     syscall.RawConn
 	efd    uintptr
@@ -156,6 +163,8 @@ func (p *armedPoll) ctlMod(events uint32) unix.Errno {
 // wait runs fn, a waiter of p, until it is done, parking in the
 // runtime's poller while it waits; an arm that failed is its error.
 func (p *armedPoll) wait(fn func(uintptr) bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	err := p.rc.Read(fn)
 	if err != nil {
 		p.parked = false // ended by the deadline or close: the next wait decides afresh
