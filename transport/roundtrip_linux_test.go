@@ -14,7 +14,9 @@ import (
 // "Round trips by layer"):
 //
 //   - udp: two connected UDP sockets, write and a non-blocking recvfrom,
-//     as raw system calls (what the harness's UDP yardstick does);
+//     as raw system calls (the harness's UDP yardstick makes the same
+//     calls through the runtime's system call entry, on a socket its
+//     poller watches);
 //   - sockets: the Conns' own sockets (unconnected, with their options,
 //     filter and epoll registrations), driven with the same raw calls
 //     but sendto an address: what RoCE's socket costs the kernel;
