@@ -17,7 +17,8 @@ import (
 // spins on another locked OS thread until the round trips end. Besides
 // ns/op, which a slow outlier inflates, it reports the median round trip
 // (p50-ns) and the median send call (send-p50-ns). A round trip that
-// gets no answer within a minute fails the benchmark.
+// gets no answer within a minute, or an echo that fails, fails the
+// benchmark.
 func Run(b *testing.B, send func() error, recv func() (bool, error), echo func() error) {
 	if runtime.GOMAXPROCS(0) < 2 {
 		b.Skip("needs two CPUs: both sides spin")
@@ -62,7 +63,15 @@ func Run(b *testing.B, send func() error, recv func() (bool, error), echo func()
 			if got {
 				break
 			}
-			if polls%1024 == 0 && time.Now().After(deadline) {
+			if polls%1024 != 0 {
+				continue
+			}
+			select {
+			case err := <-echoed: // the echo side stopped: no answer will come
+				b.Fatalf("round trip %d: the answering side stopped: %v", i, err)
+			default:
+			}
+			if time.Now().After(deadline) {
 				close(stop)
 				b.Fatalf("round trip %d: no answer within a minute", i)
 			}
