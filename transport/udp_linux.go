@@ -708,6 +708,13 @@ func (c *udpConn) deadlineHit(err error, how recvHow) (retry bool, _ error) {
 		c.dlSet.Store(true)
 		return false, errNothing
 	}
+	// Clear it whatever dlSet says: a Wake racing with an earlier clear
+	// can leave its deadline in the past with dlSet false (Wake's store
+	// of true before the clear's of false, its deadline after the
+	// clear's), and setDeadline would then skip the call, the reader
+	// meeting the deadline again at once, for ever, with datagrams
+	// queued (TestDeadlineLeftByWake).
+	c.dlSet.Store(true)
 	return true, c.setDeadline(time.Time{})
 }
 
