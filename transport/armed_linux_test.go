@@ -251,6 +251,20 @@ func recvOne(c Conn, msgs []Message) <-chan error {
 	return done
 }
 
+// forEachWaitPath runs f as a subtest with every wait forced into the
+// kernel ("direct"), then into the runtime's poller ("runtime").
+func forEachWaitPath(t *testing.T, f func(t *testing.T)) {
+	for _, p := range []struct {
+		name string
+		path int
+	}{{"direct", waitDirect}, {"runtime", waitRuntime}} {
+		t.Run(p.name, func(t *testing.T) {
+			forceWaits(t, p.path)
+			f(t)
+		})
+	}
+}
+
 // forceWaits makes every receive wait of the test take path (waitAuto:
 // as the traffic says).
 func forceWaits(t *testing.T, path int) {
@@ -447,63 +461,60 @@ func TestSendOnlyConnRefusesReads(t *testing.T) {
 // both end, and (under the race detector) what one wait leaves for its
 // caller is not read by the other's.
 func TestWaitReadableBesideRecv(t *testing.T) {
-	for _, path := range []int{waitDirect, waitRuntime} {
-		t.Run(map[int]string{waitDirect: "direct", waitRuntime: "runtime"}[path], func(t *testing.T) {
-			forceWaits(t, path)
-			a := listenAny(t, "127.0.0.1", Options{})
-			c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
-			timer := time.AfterFunc(20*time.Second, func() { c.Close() }) // never hang
-			defer timer.Stop()
-			const total = 300
-			var stop atomic.Bool
-			watched := make(chan error, 1)
-			go func() { // waits, reads nothing
-				for !stop.Load() {
-					if err := c.WaitReadable(); err != nil {
-						watched <- err
+	forEachWaitPath(t, func(t *testing.T) {
+		a := listenAny(t, "127.0.0.1", Options{})
+		c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
+		timer := time.AfterFunc(20*time.Second, func() { c.Close() }) // never hang
+		defer timer.Stop()
+		const total = 300
+		var stop atomic.Bool
+		watched := make(chan error, 1)
+		go func() { // waits, reads nothing
+			for !stop.Load() {
+				if err := c.WaitReadable(); err != nil {
+					watched <- err
+					return
+				}
+				time.Sleep(50 * time.Microsecond) // let the reader take it
+			}
+			watched <- nil
+		}()
+		read := make(chan error, 1)
+		go func() {
+			msgs := make([]Message, 8)
+			for got := 0; got < total; {
+				n, err := c.Recv(msgs)
+				if err != nil {
+					read <- fmt.Errorf("after %d datagrams: %w", got, err)
+					return
+				}
+				for _, m := range msgs[:n] {
+					if psnOf(m.Buf) != uint32(got) {
+						read <- fmt.Errorf("datagram %d has PSN %d", got, psnOf(m.Buf))
 						return
 					}
-					time.Sleep(50 * time.Microsecond) // let the reader take it
+					got++
 				}
-				watched <- nil
-			}()
-			read := make(chan error, 1)
-			go func() {
-				msgs := make([]Message, 8)
-				for got := 0; got < total; {
-					n, err := c.Recv(msgs)
-					if err != nil {
-						read <- fmt.Errorf("after %d datagrams: %w", got, err)
-						return
-					}
-					for _, m := range msgs[:n] {
-						if psnOf(m.Buf) != uint32(got) {
-							read <- fmt.Errorf("datagram %d has PSN %d", got, psnOf(m.Buf))
-							return
-						}
-						got++
-					}
-				}
-				read <- nil
-			}()
-			for i := range total {
-				if n, err := a.Send([]Message{{Buf: rocePacket(128, uint32(i)), Peer: c.LocalAddr()}}); n != 1 || err != nil {
-					t.Fatalf("Send = %d, %v", n, err)
-				}
-				time.Sleep(100 * time.Microsecond) // both wait again
 			}
-			if err := <-read; err != nil {
-				t.Fatal(err)
+			read <- nil
+		}()
+		for i := range total {
+			if n, err := a.Send([]Message{{Buf: rocePacket(128, uint32(i)), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+				t.Fatalf("Send = %d, %v", n, err)
 			}
-			stop.Store(true)
-			// The watcher may be waiting on an empty socket: one more
-			// datagram ends its wait.
-			if _, err := a.Send([]Message{{Buf: rocePacket(128, total), Peer: c.LocalAddr()}}); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-watched; err != nil {
-				t.Fatalf("WaitReadable: %v", err)
-			}
-		})
-	}
+			time.Sleep(100 * time.Microsecond) // both wait again
+		}
+		if err := <-read; err != nil {
+			t.Fatal(err)
+		}
+		stop.Store(true)
+		// The watcher may be waiting on an empty socket: one more
+		// datagram ends its wait.
+		if _, err := a.Send([]Message{{Buf: rocePacket(128, total), Peer: c.LocalAddr()}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-watched; err != nil {
+			t.Fatalf("WaitReadable: %v", err)
+		}
+	})
 }

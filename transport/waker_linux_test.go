@@ -178,52 +178,49 @@ func TestKickParked(t *testing.T) {
 // it again and again (seen in reliability's TestRKeyFlood under load:
 // a reader spinning for 10 s beside a queued datagram). Both wait paths.
 func TestDeadlineLeftByWake(t *testing.T) {
-	for _, path := range []int{waitDirect, waitRuntime} {
-		t.Run(map[int]string{waitDirect: "direct", waitRuntime: "runtime"}[path], func(t *testing.T) {
-			forceWaits(t, path)
-			a := listenAny(t, "127.0.0.1", Options{})
-			c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
-			leave := func() { // the state the race leaves
-				c.Wake()
-				c.dlSet.Store(false)
+	forEachWaitPath(t, func(t *testing.T) {
+		a := listenAny(t, "127.0.0.1", Options{})
+		c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
+		leave := func() { // the state the race leaves
+			c.Wake()
+			c.dlSet.Store(false)
+		}
+		send := func(psn uint32) {
+			t.Helper()
+			if n, err := a.Send([]Message{{Buf: rocePacket(128, psn), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+				t.Fatalf("Send = %d, %v", n, err)
 			}
-			send := func(psn uint32) {
-				t.Helper()
-				if n, err := a.Send([]Message{{Buf: rocePacket(128, psn), Peer: c.LocalAddr()}}); n != 1 || err != nil {
-					t.Fatalf("Send = %d, %v", n, err)
+		}
+		within := func(what string, f func() error) {
+			t.Helper()
+			done := make(chan error, 1)
+			go func() { done <- f() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
 				}
+			case <-time.After(5 * time.Second):
+				c.Close()
+				<-done
+				t.Fatalf("%s: still waiting after 5 s with a datagram queued", what)
 			}
-			within := func(what string, f func() error) {
-				t.Helper()
-				done := make(chan error, 1)
-				go func() { done <- f() }()
-				select {
-				case err := <-done:
-					if err != nil {
-						t.Fatalf("%s: %v", what, err)
-					}
-				case <-time.After(5 * time.Second):
-					c.Close()
-					<-done
-					t.Fatalf("%s: still waiting after 5 s with a datagram queued", what)
-				}
+		}
+		msgs := make([]Message, 8)
+		leave()
+		send(1)
+		within("Recv", func() error {
+			n, err := c.Recv(msgs)
+			if err == nil && (n != 1 || psnOf(msgs[0].Buf) != 1) {
+				err = fmt.Errorf("read %d datagrams, the first with PSN %d", n, psnOf(msgs[0].Buf))
 			}
-			msgs := make([]Message, 8)
-			leave()
-			send(1)
-			within("Recv", func() error {
-				n, err := c.Recv(msgs)
-				if err == nil && (n != 1 || psnOf(msgs[0].Buf) != 1) {
-					err = fmt.Errorf("read %d datagrams, the first with PSN %d", n, psnOf(msgs[0].Buf))
-				}
-				return err
-			})
-			leave()
-			send(2)
-			within("WaitReadable", c.WaitReadable)
-			if n, err := c.TryRecv(msgs); n != 1 || err != nil || psnOf(msgs[0].Buf) != 2 {
-				t.Fatalf("TryRecv after WaitReadable = %d, %v", n, err)
-			}
+			return err
 		})
-	}
+		leave()
+		send(2)
+		within("WaitReadable", c.WaitReadable)
+		if n, err := c.TryRecv(msgs); n != 1 || err != nil || psnOf(msgs[0].Buf) != 2 {
+			t.Fatalf("TryRecv after WaitReadable = %d, %v", n, err)
+		}
+	})
 }
