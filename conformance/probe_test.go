@@ -441,6 +441,12 @@ func (p *Peer) probeRequester(t *testing.T, tool string, rdmacm bool) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+		for _, r := range rep.Results {
+			if r.MyQPN != 0 && !resentEarlyBy61(p.Kernel, r) && expectedVerdict(rxeRequesterVerdicts, r.Name) == probe.Conforms && resentByGuestDelay(r) {
+				logResult(t, r)
+				return Outcome{Retry: true, Note: fmt.Sprintf("%s %s, under %v before T: the emulated guest's transmit delay", r.Name, r.Observed[1], guestTxDelay)}
+			}
+		}
 		var notes []string
 		for _, r := range rep.Results {
 			if r.MyQPN == 0 {
@@ -599,6 +605,9 @@ func (p *Peer) probePingpongRequester(t *testing.T, name string) {
 		logResult(t, r)
 		want := expectedVerdict(rxeRequesterVerdicts, name)
 		early := resentEarlyBy61(p.Kernel, r)
+		if r.Verdict != want && !early && want == probe.Conforms && resentByGuestDelay(r) {
+			return Outcome{Retry: true, Note: fmt.Sprintf("%s %s, under %v before T: the emulated guest's transmit delay", name, r.Observed[1], guestTxDelay)}
+		}
 		if r.Verdict != want && !early {
 			t.Errorf("%s: verdict %s (%s), want %s", name, r.Verdict, r.Detail, want)
 		}
@@ -619,12 +628,43 @@ func (p *Peer) probePingpongRequester(t *testing.T, name string) {
 // last response's, the tool's posting delay earlier (ci88: 61.4 ms). A
 // deviation whenever that delay exceeds the slack (docs/probe.md).
 func resentEarlyBy61(kernel string, r probe.Result) bool {
-	if kernel != "6.1" || r.Name != "ack-timeout" && r.Name != "read-timeout" || r.Verdict != probe.Deviates || len(r.Observed) < 2 {
-		return false
+	d, ok := resentAfter(r)
+	return kernel == "6.1" && ok && r.Verdict == probe.Deviates && d < labAckTimeout
+}
+
+// labAckTimeout is T for the lab's QPs: 4.096 us x 2^14.
+const labAckTimeout = 67108864 * time.Nanosecond
+
+// guestTxDelay is how long after rxe arms its timer for +5 the emulated
+// guest may put +5 on the lab's wire: rxe starts the timer as it hands
+// the packet to the guest's network stack, the probe measures from the
+// bridge, and on the lab's loaded host the emulated NIC has taken more
+// than the probe's 5 ms slack (ci99: rxe 6.12 resent 61.2 ms after the
+// probe saw +5).
+const guestTxDelay = 15 * time.Millisecond
+
+// resentByGuestDelay reports whether r's deviation is an ack-timeout or
+// read-timeout resend at most guestTxDelay before T, which the emulated
+// guest's transmit delay can explain: the case is measured again
+// (Outcome.Retry), and a kernel that resends early every time fails after
+// three.
+func resentByGuestDelay(r probe.Result) bool {
+	d, ok := resentAfter(r)
+	return ok && r.Verdict == probe.Deviates && d < labAckTimeout && d >= labAckTimeout-guestTxDelay
+}
+
+// resentAfter is how long after the probe saw +5 go out the peer resent
+// it, in an ack-timeout or read-timeout result (its second observation).
+func resentAfter(r probe.Result) (time.Duration, bool) {
+	if r.Name != "ack-timeout" && r.Name != "read-timeout" || len(r.Observed) < 2 {
+		return 0, false
 	}
 	after, ok := strings.CutPrefix(r.Observed[1], "resent after ")
+	if !ok {
+		return 0, false
+	}
 	d, err := time.ParseDuration(after)
-	return ok && err == nil && d < 67*time.Millisecond // before T = 4.096 us x 2^14
+	return d, err == nil
 }
 
 // expectedVerdict is the verdict table records for scenario name:
@@ -679,6 +719,31 @@ func TestResentEarlyBy61(t *testing.T) {
 	} {
 		if got := resentEarlyBy61(c.kernel, c.r); got != c.want {
 			t.Errorf("%s %s %s %v: %v, want %v", c.kernel, c.r.Name, c.r.Verdict, c.r.Observed, got, c.want)
+		}
+	}
+}
+
+// TestResentByGuestDelay checks which early resends are measured again as
+// the emulated guest's transmit delay: only the two timer scenarios, only
+// a deviation, only a resend before T and at most guestTxDelay before it.
+func TestResentByGuestDelay(t *testing.T) {
+	res := func(name string, v probe.Verdict, after string) probe.Result {
+		return probe.Result{Name: name, Verdict: v, Observed: []string{"psn=+5 sent", "resent after " + after}}
+	}
+	for _, c := range []struct {
+		r    probe.Result
+		want bool
+	}{
+		{res("ack-timeout", probe.Deviates, "61.2ms"), true}, // ci99, rxe 6.12
+		{res("read-timeout", probe.Deviates, "53ms"), true},
+		{res("ack-timeout", probe.Deviates, "50ms"), false},  // too early for a transmit delay
+		{res("ack-timeout", probe.Deviates, "300ms"), false}, // late, not early
+		{res("ack-timeout", probe.Conforms, "66ms"), false},
+		{res("rnr-wait", probe.Deviates, "61ms"), false},
+		{probe.Result{Name: "ack-timeout", Verdict: probe.Deviates, Observed: []string{"psn=+5 sent", "psn=+5 never resent"}}, false},
+	} {
+		if got := resentByGuestDelay(c.r); got != c.want {
+			t.Errorf("%s %s %v: %v, want %v", c.r.Name, c.r.Verdict, c.r.Observed, got, c.want)
 		}
 	}
 }
