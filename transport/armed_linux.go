@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -60,6 +61,11 @@ type armedPoll struct {
 	dw     *directWait
 	parked bool
 	dwErr  error
+	// quiet is set while the socket is out of the instance and of dw's
+	// (quieten), until a waiter that must block puts it back (rejoin);
+	// quiets and rejoins count those moves.
+	quiet           bool
+	quiets, rejoins atomic.Uint64
 }
 
 // newArmedPoll makes the armedPoll of socket fd for events (EPOLLIN or
@@ -113,6 +119,15 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
 			return true
 		}
 		p.found = 0
+		if p.quiet {
+			if rejoinHook != nil {
+				rejoinHook()
+			}
+			if e := p.rejoin(); e != 0 {
+				p.failed = e
+				return true // wait reports it
+			}
+		}
 		if p.dw != nil && !p.parked && waitPath != waitRuntime && (waitPath == waitDirect || p.dw.roundTrip()) {
 			if p.armed {
 				p.disarm() // the runtime's thread is not to be woken too
@@ -133,6 +148,61 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
 		}
 		return false
 	}
+}
+
+// rejoinHook, set by tests only, runs between a try that found nothing
+// and the rejoin of a quiet socket that follows: a datagram that arrives
+// then must still end the wait.
+var rejoinHook func()
+
+// quieten takes the socket out of the instance, and out of the direct
+// wait's, so that the kernel's wake-up for each datagram the socket is
+// given or frees finds no entry of ours to run (Quieter). A waiter that
+// holds p now keeps it as it is, and so does a closing Conn (the
+// instance's read reference keeps it open meanwhile). On a failure the
+// socket stays in whatever instance it could not leave, and waits go on
+// as before.
+func (p *armedPoll) quieten() {
+	if !p.mu.TryLock() {
+		return
+	}
+	defer p.mu.Unlock()
+	if p.quiet {
+		return
+	}
+	_ = p.rc.Control(func(efd uintptr) {
+		if ctl(efd, unix.EPOLL_CTL_DEL, p.fd, nil) != 0 {
+			return
+		}
+		p.armed = false
+		if p.dw != nil && ctl(p.dw.efd, unix.EPOLL_CTL_DEL, p.fd, nil) != 0 {
+			p.ctl.Events = unix.EPOLLONESHOT // disarmed, as it was
+			ctl(efd, unix.EPOLL_CTL_ADD, p.fd, &p.ctl)
+			return
+		}
+		p.quiet = true
+		p.quiets.Add(1)
+	})
+}
+
+// rejoin puts a quiet socket back into the instance, disarmed, and into
+// the direct wait's, before a waiter blocks. Both instances look at the
+// socket as it joins: a datagram queued while it was out is seen by the
+// arm or the direct wait that follows. The waiter runs it, under p.mu.
+func (p *armedPoll) rejoin() unix.Errno {
+	p.ctl.Events = unix.EPOLLONESHOT
+	if e := ctl(p.efd, unix.EPOLL_CTL_ADD, p.fd, &p.ctl); e != 0 && e != unix.EEXIST {
+		return e
+	}
+	if p.dw != nil {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: p.fd}
+		if e := ctl(p.dw.efd, unix.EPOLL_CTL_ADD, p.fd, &ev); e != 0 && e != unix.EEXIST {
+			return e
+		}
+	}
+	p.quiet = false
+	p.rejoins.Add(1)
+	return 0
 }
 
 // armHook, set by tests only, runs between a try that found nothing and
@@ -156,7 +226,12 @@ func (p *armedPoll) disarm() {
 // are: neither waits.
 func (p *armedPoll) ctlMod(events uint32) unix.Errno {
 	p.ctl.Events = events
-	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, p.efd, unix.EPOLL_CTL_MOD, uintptr(p.fd), uintptr(unsafe.Pointer(&p.ctl)), 0, 0)
+	return ctl(p.efd, unix.EPOLL_CTL_MOD, p.fd, &p.ctl)
+}
+
+// ctl is a raw epoll_ctl(2) on instance efd for socket fd.
+func ctl(efd uintptr, op int, fd int32, ev *unix.EpollEvent) unix.Errno {
+	_, _, e := unix.RawSyscall6(unix.SYS_EPOLL_CTL, efd, uintptr(op), uintptr(fd), uintptr(unsafe.Pointer(ev)), 0, 0)
 	return e
 }
 

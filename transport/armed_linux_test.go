@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -517,4 +521,231 @@ func TestWaitReadableBesideRecv(t *testing.T) {
 			t.Fatalf("WaitReadable: %v", err)
 		}
 	})
+}
+
+// watches reports whether epoll instance efd holds descriptor fd, from
+// /proc/self/fdinfo (a "tfd:" line for each descriptor it watches).
+func watches(t *testing.T, efd uintptr, fd int32) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", efd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "tfd:" && f[1] == strconv.Itoa(int(fd)) {
+			return true
+		}
+	}
+	return false
+}
+
+// inWaitQueues reports which of c's three wait instances hold its
+// sockets: the receive wait's, the direct wait's, the send wait's.
+func inWaitQueues(t *testing.T, c *udpConn) [3]bool {
+	t.Helper()
+	return [3]bool{watches(t, c.rp.efd, c.rp.fd), watches(t, c.rp.dw.efd, c.rp.fd), watches(t, c.wp.efd, c.wp.fd)}
+}
+
+// TestQuiet: Quiet takes a Conn's sockets out of all three of its wait
+// instances; datagrams still arrive and TryRecv and a Recv that need not
+// block read them without putting the sockets back; a receive that must
+// block (Recv, WaitReadable) puts the receiving socket back first and is
+// woken, by a datagram sent while it waits and by one that arrived
+// between its empty read and its return to the instances; a Quiet while a
+// reader waits changes nothing.
+func TestQuiet(t *testing.T) {
+	for _, how := range []string{"Recv", "WaitReadable"} {
+		t.Run(how, func(t *testing.T) {
+			forEachWaitPath(t, func(t *testing.T) {
+				a := listenAny(t, "127.0.0.1", Options{})
+				c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
+				timer := time.AfterFunc(20*time.Second, func() { c.Close() }) // never hang
+				defer timer.Stop()
+				psn := uint32(0)
+				send := func() {
+					t.Helper()
+					if n, err := a.Send([]Message{{Buf: rocePacket(128, psn), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+						t.Fatalf("Send = %d, %v", n, err)
+					}
+					psn++
+				}
+				msgs := make([]Message, 4)
+				got := uint32(0)
+				take := func(n int, err error) {
+					t.Helper()
+					if n != 1 || err != nil {
+						t.Fatalf("receive = %d, %v; want the datagram with PSN %d", n, err, got)
+					}
+					if p := psnOf(msgs[0].Buf); p != got {
+						t.Fatalf("datagram has PSN %d, want %d", p, got)
+					}
+					got++
+				}
+				// blocking waits as how says, then reads what woke it.
+				blocking := func() (int, error) {
+					if how == "WaitReadable" {
+						if err := c.WaitReadable(); err != nil {
+							return 0, err
+						}
+						return c.TryRecv(msgs)
+					}
+					return c.Recv(msgs)
+				}
+				if q := inWaitQueues(t, c); q != [3]bool{true, true, true} {
+					t.Fatalf("new Conn: sockets in the wait instances %v, want all", q)
+				}
+				c.Quiet()
+				if q := inWaitQueues(t, c); q != [3]bool{} {
+					t.Fatalf("after Quiet: sockets in the wait instances %v, want none", q)
+				}
+				c.Quiet() // already out: nothing to do
+				if s := c.Stats(); s.Quiets != 1 || s.Rejoins != 0 {
+					t.Fatalf("Quiets, Rejoins = %d, %d; want 1, 0", s.Quiets, s.Rejoins)
+				}
+				// Spinning reads and a wait that need not block.
+				send()
+				for end := time.Now().Add(5 * time.Second); ; {
+					n, err := c.TryRecv(msgs)
+					if n > 0 || err != nil {
+						take(n, err)
+						break
+					}
+					if time.Now().After(end) {
+						t.Fatal("TryRecv never read the datagram sent to a quiet socket")
+					}
+				}
+				send()
+				take(blocking())
+				if s := c.Stats(); s.Rejoins != 0 || inWaitQueues(t, c) != [3]bool{} {
+					t.Fatalf("after reads that did not block: Rejoins %d, in wait instances %v; want 0, none", s.Rejoins, inWaitQueues(t, c))
+				}
+				// A wait that blocks: the socket rejoins, and a datagram
+				// sent meanwhile ends the wait.
+				type result struct {
+					n   int
+					err error
+				}
+				done := make(chan result, 1)
+				go func() { n, err := blocking(); done <- result{n, err} }()
+				waitParked(t, c)
+				if s := c.Stats(); s.Rejoins != 1 {
+					t.Fatalf("a blocked wait: Rejoins %d, want 1", s.Rejoins)
+				}
+				if q := inWaitQueues(t, c); !q[0] || !q[1] {
+					t.Fatalf("a blocked wait: receiving socket in the receive and direct instances %v, want both", q[:2])
+				}
+				// A Quiet now leaves the waiting socket where it is.
+				c.Quiet()
+				if q := inWaitQueues(t, c); !q[0] || !q[1] || c.Stats().Quiets != 1 {
+					t.Fatalf("Quiet beside a blocked wait: in the instances %v, Quiets %d; want in both, 1", q[:2], c.Stats().Quiets)
+				}
+				send()
+				r := <-done
+				take(r.n, r.err)
+				// A datagram that arrives between the empty read and the
+				// rejoin ends the wait too.
+				c.Quiet()
+				rejoinHook = func() { rejoinHook = nil; send() }
+				defer func() { rejoinHook = nil }()
+				n, err := blocking()
+				take(n, err)
+				if rejoinHook != nil {
+					t.Fatal("the wait never rejoined")
+				}
+			})
+		})
+	}
+}
+
+// TestQuietBesideRoundTrips: two Conns ping-pong 5,000 datagrams with
+// blocking receives while a third goroutine keeps quieting both: every
+// wait must put its socket back in time, or a side waits for good.
+func TestQuietBesideRoundTrips(t *testing.T) {
+	forEachWaitPath(t, func(t *testing.T) {
+		a := listenAny(t, "127.0.0.1", Options{}).(*udpConn)
+		c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
+		timer := time.AfterFunc(30*time.Second, func() { a.Close(); c.Close() }) // never hang
+		defer timer.Stop()
+		const rounds = 5000
+		var stop atomic.Bool
+		quieted := make(chan struct{})
+		go func() {
+			defer close(quieted)
+			for !stop.Load() {
+				a.Quiet()
+				c.Quiet()
+				runtime.Gosched()
+			}
+		}()
+		defer func() { stop.Store(true); <-quieted }()
+		echoed := make(chan error, 1)
+		go func() {
+			msgs := make([]Message, 4)
+			for range rounds {
+				n, err := c.Recv(msgs)
+				if n != 1 || err != nil {
+					echoed <- fmt.Errorf("echo Recv = %d, %v", n, err)
+					return
+				}
+				if _, err := c.Send([]Message{{Buf: rocePacket(128, psnOf(msgs[0].Buf)), Peer: a.LocalAddr()}}); err != nil {
+					echoed <- err
+					return
+				}
+			}
+			echoed <- nil
+		}()
+		msgs := make([]Message, 4)
+		for i := range uint32(rounds) {
+			if _, err := a.Send([]Message{{Buf: rocePacket(128, i), Peer: c.LocalAddr()}}); err != nil {
+				t.Fatal(err)
+			}
+			n, err := a.Recv(msgs)
+			if n != 1 || err != nil {
+				t.Fatalf("round trip %d: Recv = %d, %v", i, n, err)
+			}
+			if p := psnOf(msgs[0].Buf); p != i {
+				t.Fatalf("round trip %d: answer has PSN %d", i, p)
+			}
+		}
+		if err := <-echoed; err != nil {
+			t.Fatal(err)
+		}
+		s := a.Stats()
+		s.Add(c.Stats())
+		if s.Quiets == 0 || s.Rejoins == 0 {
+			t.Fatalf("Quiets %d, Rejoins %d: the sockets never left or rejoined the wait instances", s.Quiets, s.Rejoins)
+		}
+		t.Logf("Quiets %d, Rejoins %d", s.Quiets, s.Rejoins)
+	})
+}
+
+// TestQuietSourcePorts: Quiet on a Conn with source ports takes every
+// pool socket out of its send wait's instance as well, and packets for
+// many QPs still leave from the pool and arrive.
+func TestQuietSourcePorts(t *testing.T) {
+	src := listenAny(t, "127.0.0.1", Options{SourcePorts: 4}).(*portsConn)
+	dst := listenAny(t, "127.0.0.1", Options{})
+	src.Quiet()
+	for i, s := range append([]*udpConn{src.udpConn}, src.pool...) {
+		if watches(t, s.wp.efd, s.wp.fd) {
+			t.Fatalf("socket %d of the Conn still in its send wait's instance after Quiet", i)
+		}
+	}
+	const qps = 16
+	var msgs []Message
+	for q := range qps {
+		p := rocePacket(128, 0)
+		p[5], p[6], p[7] = 0, 0, byte(q)
+		msgs = append(msgs, Message{Buf: p, Peer: dst.LocalAddr()})
+	}
+	if n, err := src.Send(msgs); err != nil || n != qps {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	ports := map[uint16]bool{}
+	for _, m := range recvN(t, dst, qps, 5*time.Second) {
+		ports[m.Peer.Port()] = true
+	}
+	if len(ports) < 2 {
+		t.Fatalf("%d QPs' packets came from %d source ports", qps, len(ports))
+	}
 }

@@ -183,6 +183,15 @@ func (p *portsConn) closePool() {
 	}
 }
 
+// Quiet implements Quieter: the pool's sockets leave their send waits'
+// instances too.
+func (p *portsConn) Quiet() {
+	p.udpConn.Quiet()
+	for _, s := range p.pool {
+		s.Quiet()
+	}
+}
+
 // SourcePorts returns the pool's ports, in pool order (SourcePorter).
 func (p *portsConn) SourcePorts() []uint16 {
 	out := make([]uint16, len(p.pool))

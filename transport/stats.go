@@ -25,7 +25,11 @@ type Stats struct {
 	// woke because those sockets held datagrams the Go runtime had not
 	// reported while this Conn's reads kept finding work (kickParked).
 	ParkedKicks uint64
-	Drops       [NumDropReasons]uint64
+	// Quiets counts the times Quiet took the receiving socket out of the
+	// Conn's wait instances (a goroutine busy-polled it), and Rejoins the
+	// times a wait that had to block put it back (Quieter).
+	Quiets, Rejoins uint64
+	Drops           [NumDropReasons]uint64
 
 	GSO, GRO bool     // offloads in use
 	Mode     RecvMode // receive mode in use
@@ -57,6 +61,8 @@ func (s *Stats) Add(o Stats) {
 	s.GROBatches += o.GROBatches
 	s.GROSegments += o.GROSegments
 	s.ParkedKicks += o.ParkedKicks
+	s.Quiets += o.Quiets
+	s.Rejoins += o.Rejoins
 	for i, d := range o.Drops {
 		s.Drops[i] += d
 	}

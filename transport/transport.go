@@ -179,6 +179,23 @@ type Poller interface {
 	WaitReadable() error
 }
 
+// Quieter is implemented by Conns whose sockets can leave the kernel's
+// wait queues while a goroutine busy-polls them (the Conns of Listen on
+// Linux). A socket that may be waited on has entries there, which the
+// kernel runs, with interrupts off, for every datagram the socket is
+// given and every one it frees, on the sending CPU: on loopback that is
+// 0.4-0.8 µs of a busy-polled round trip (docs/performance.md, "Round
+// trips by layer"), and nobody waits on a socket a goroutine spins on.
+type Quieter interface {
+	// Quiet takes the Conn's sockets out of its wait instances until a
+	// Recv, RecvWait, WaitReadable or Send has to block, which puts them
+	// back before it blocks (so no datagram is missed: one queued
+	// meanwhile ends that wait at once). A socket a goroutine waits on
+	// now stays as it is. Call it from any goroutine; it is cheap when
+	// the sockets are already out.
+	Quiet()
+}
+
 // Waker is implemented by Conns whose blocking receive another goroutine
 // can cut short, for receive loops that let an application goroutine
 // waiting for a completion read the socket itself (so that the goroutine

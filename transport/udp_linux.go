@@ -71,8 +71,23 @@ func (c *udpConn) SetTap(t Tap) { c.tap.Set(t) }
 
 func (c *udpConn) Stats() Stats {
 	s := c.ctr.snapshot()
+	if c.rp != nil {
+		s.Quiets, s.Rejoins = c.rp.quiets.Load(), c.rp.rejoins.Load()
+	}
 	s.GSO, s.GRO, s.Mode = c.gso.Load(), c.gro, c.mode
 	return s
+}
+
+// Quiet implements Quieter: the receiving socket leaves the receive
+// waits' two instances, the sending socket the send wait's.
+func (c *udpConn) Quiet() {
+	if c.closed.Load() {
+		return
+	}
+	if c.rp != nil {
+		c.rp.quieten()
+	}
+	c.wp.quieten()
 }
 
 // RecvBuffer returns the reading socket's SO_RCVBUF (RecvBufferer): the

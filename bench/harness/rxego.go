@@ -234,7 +234,7 @@ func counters(d *rxego.Device) map[string]uint64 {
 		"window_cuts": e.WindowCuts, "read_budget_waits": e.ReadBudgetWaits,
 		"gso_sends": t.GSOSends, "gso_segments": t.GSOSegments, "gro_batches": t.GROBatches,
 		"send_calls": t.SendCalls, "recv_calls": t.RecvCalls, "overflow_drops": t.Drops[transport.DropOverflow],
-		"parked_kicks": t.ParkedKicks,
+		"parked_kicks": t.ParkedKicks, "quiets": t.Quiets, "rejoins": t.Rejoins,
 	}
 }
 

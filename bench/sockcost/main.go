@@ -5,7 +5,8 @@
 // a time, what rxego's transport does differently from a connected
 // read/write pair (sendmmsg to an address, recvmmsg of up to 64 with
 // control messages, its socket options, a TOS control message per send,
-// 4 MiB buffers, its socket filter, an epoll registration), so the
+// 4 MiB buffers, its socket filter, an epoll registration; -sendmsg and
+// -recvmsg swap the vector calls for one-message ones), so the
 // share of a busy-poll round trip that is the socket API's can be told
 // from rxego's own (bench/RESULTS.md, session 10; docs/performance.md,
 // "Round trips by layer"). Linux, two CPUs or more; the 4 MiB buffers need root.
@@ -29,6 +30,8 @@ import (
 var (
 	mmsgSend = flag.Bool("sendmmsg", false, "send with sendmmsg+addr (unconnected)")
 	mmsgRecv = flag.Bool("recvmmsg", false, "recv with recvmmsg vlen 64 + cmsg")
+	oneSend  = flag.Bool("sendmsg", false, "with -sendmmsg: send the same message with sendmsg instead (one message, no vector)")
+	oneRecv  = flag.Bool("recvmsg", false, "with -recvmmsg: receive with recvmsg into the first slot instead (one message, no vector)")
 	opts     = flag.Bool("opts", false, "rxego socket options (RECVTOS, RXQ_OVFL, GRO, FRAGSIZE, PMTUDISC_DO)")
 	tos      = flag.Bool("tos", false, "TOS cmsg per send")
 	bigbuf   = flag.Bool("bigbuf", false, "4 MiB rcvbuf")
@@ -143,6 +146,13 @@ func newEP(fd, peer int) *ep {
 }
 
 func (e *ep) send() {
+	if *mmsgSend && *oneSend {
+		_, _, errno := unix.Syscall(unix.SYS_SENDMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&e.shdr[0].hdr)), 0)
+		if errno != 0 {
+			log.Fatal("sendmsg: ", errno)
+		}
+		return
+	}
 	if *mmsgSend {
 		_, _, errno := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&e.shdr[0])), 1, 0, 0, 0)
 		if errno != 0 {
@@ -161,6 +171,13 @@ func (e *ep) recv() {
 			h := &e.rhdr[0].hdr
 			h.Namelen = unix.SizeofSockaddrInet4
 			h.SetControllen(128)
+			if *oneRecv {
+				r, _, errno := unix.Syscall(unix.SYS_RECVMSG, uintptr(e.fd), uintptr(unsafe.Pointer(h)), unix.MSG_DONTWAIT)
+				if errno == 0 && r > 0 {
+					return
+				}
+				continue
+			}
 			r, _, errno := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(e.fd), uintptr(unsafe.Pointer(&e.rhdr[0])), 64, unix.MSG_DONTWAIT, 0, 0)
 			if errno == 0 && r > 0 {
 				return

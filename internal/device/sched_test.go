@@ -199,6 +199,14 @@ func TestBusyPollStandBack(t *testing.T) {
 			t.Fatalf("packet %d has PSN %d (taken twice or lost)", i, p)
 		}
 	}
+	// Standing back, the receive goroutine took the socket out of the
+	// kernel's wait queues (transport.Quieter).
+	for end := time.Now().Add(5 * time.Second); b.Stats().Quiets == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("while an application polled, the socket never left the wait queues")
+		}
+		cq.Poll(wcs)
+	}
 
 	// Stop polling: the receive goroutine takes the next packet in.
 	sendFrom(t, a, b, sent)
@@ -209,6 +217,19 @@ func TestBusyPollStandBack(t *testing.T) {
 	}
 	if woke, _ := in.paths(); woke != 1 {
 		t.Fatalf("after polling stopped the receive goroutine took %d packets, want 1", woke)
+	}
+	// Its wait for the next puts the socket back in the wait queues, and
+	// a packet sent then wakes it.
+	for end := time.Now().Add(5 * time.Second); b.Stats().Rejoins == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the receive goroutine's wait never put the socket back in the wait queues")
+		}
+	}
+	sendFrom(t, a, b, sent+1)
+	for end := time.Now().Add(5 * time.Second); in.count() < sent+2; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the receive goroutine, waiting, was not woken by a packet")
+		}
 	}
 
 	// Poll again, and close the device meanwhile: Run returns, whether
