@@ -32,3 +32,17 @@ func BenchmarkRoundTrip(b *testing.B) {
 		},
 		func() error { _, err := p.cqs[1].Poll(echoWCs); return err })
 }
+
+// BenchmarkEmptyPoll is one CQ.Poll of a busy-polling device with nothing
+// in flight: the look at the socket (transport's BenchmarkEmptyPoll) plus
+// the device's and the CQ's own work, the interval at which a spinning
+// application can notice a reply.
+func BenchmarkEmptyPoll(b *testing.B) {
+	p := newPairOpts(b, rxego.MTU1024, 4096, 16, &rxego.Options{BusyPoll: 200 * time.Microsecond})
+	wcs := make([]rxego.WC, 4)
+	for range b.N {
+		if n, err := p.cqs[0].Poll(wcs); n != 0 || err != nil {
+			b.Fatalf("Poll = %d, %v with nothing posted", n, err)
+		}
+	}
+}

@@ -21,7 +21,10 @@ import (
 //     filter and epoll registrations), driven with the same raw calls
 //     but sendto an address: what RoCE's socket costs the kernel;
 //   - conn: Conn.Send and Poller.TryRecv: the ICRC both ways, the
-//     batch's headers and control messages, the runtime poller's wrapper.
+//     batch's headers and control messages, the runtime poller's wrapper;
+//   - quiet: conn with both Conns quieted (Quieter), as a busy-polling
+//     device's are while its application polls: the sockets out of the
+//     kernel's wait queues.
 //
 // Each side spins on a locked OS thread (pingpong.Run, which reports the
 // median round trip and the median send call). Compare the rows within
@@ -46,22 +49,36 @@ func BenchmarkRoundTrip(b *testing.B) {
 		ra, rr := rawSockaddr(a.LocalAddr()), rawSockaddr(r.LocalAddr())
 		rawRoundTrips(b, connFD(b, a), connFD(b, r), &rr, &ra)
 	})
-	b.Run("conn", func(b *testing.B) {
-		a, r := listenAny(b, "127.0.0.1", Options{}), listenAny(b, "127.0.0.2", Options{})
-		in, echoIn := make([]Message, 64), make([]Message, 64)
-		out := []Message{{Buf: rocePacket(64, 1), Peer: r.LocalAddr()}}
-		back := []Message{{Buf: rocePacket(64, 2), Peer: a.LocalAddr()}}
-		send := func() error { _, err := a.Send(out); return err }
-		recv := func() (bool, error) { n, err := a.(Poller).TryRecv(in); return n > 0, err }
-		echo := func() error {
-			n, err := r.(Poller).TryRecv(echoIn)
-			if n > 0 && err == nil {
-				_, err = r.Send(back)
-			}
-			return err
+	for _, quiet := range []bool{false, true} {
+		name := "conn"
+		if quiet {
+			name = "quiet"
 		}
-		pingpong.Run(b, send, recv, echo)
-	})
+		b.Run(name, func(b *testing.B) { connRoundTrips(b, quiet) })
+	}
+}
+
+// connRoundTrips ping-pongs a 64-byte packet between two Conns with
+// Send and TryRecv, quieted first if quiet is set.
+func connRoundTrips(b *testing.B, quiet bool) {
+	a, r := listenAny(b, "127.0.0.1", Options{}), listenAny(b, "127.0.0.2", Options{})
+	if quiet {
+		a.(Quieter).Quiet()
+		r.(Quieter).Quiet()
+	}
+	in, echoIn := make([]Message, 64), make([]Message, 64)
+	out := []Message{{Buf: rocePacket(64, 1), Peer: r.LocalAddr()}}
+	back := []Message{{Buf: rocePacket(64, 2), Peer: a.LocalAddr()}}
+	send := func() error { _, err := a.Send(out); return err }
+	recv := func() (bool, error) { n, err := a.(Poller).TryRecv(in); return n > 0, err }
+	echo := func() error {
+		n, err := r.(Poller).TryRecv(echoIn)
+		if n > 0 && err == nil {
+			_, err = r.Send(back)
+		}
+		return err
+	}
+	pingpong.Run(b, send, recv, echo)
 }
 
 // plainSocket is a non-blocking UDP socket bound to addr, closed with b.
@@ -131,4 +148,34 @@ func rawRoundTrips(b *testing.B, a, r int, toR, toA *unix.RawSockaddrInet4) {
 			}
 			return err
 		})
+}
+
+// BenchmarkEmptyPoll is what one look at an empty socket costs a busy
+// poller, the interval at which it can notice a datagram: raw recvfrom
+// and recvmmsg (one message, with room for control messages) on a Conn's
+// socket, and TryRecv. bench's BenchmarkEmptyPoll adds the device and
+// the CQ.
+func BenchmarkEmptyPoll(b *testing.B) {
+	c := listenAny(b, "127.0.0.1", Options{})
+	fd := connFD(b, c)
+	buf := make([]byte, 2048)
+	b.Run("recvfrom", func(b *testing.B) {
+		for range b.N {
+			unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)), unix.MSG_DONTWAIT, 0, 0)
+		}
+	})
+	b.Run("recvmmsg", func(b *testing.B) {
+		r := &c.(*udpConn).r
+		for range b.N {
+			mmsgSyscall(unix.SYS_RECVMMSG, uintptr(fd), r.hdrs[:1])
+		}
+	})
+	b.Run("tryrecv", func(b *testing.B) {
+		msgs := make([]Message, 64)
+		for range b.N {
+			if n, err := c.(Poller).TryRecv(msgs); n != 0 || err != nil {
+				b.Fatalf("TryRecv = %d, %v on a socket nobody sends to", n, err)
+			}
+		}
+	})
 }
