@@ -606,16 +606,14 @@ func (r *recvState) init(batch, slot int) {
 		r.iovs[i].Base = &r.buf[i*slot]
 		r.iovs[i].SetLen(slot)
 	}
-	r.fn = func(fd uintptr) bool {
+	read := func(fd uintptr) bool {
 		for range maxEINTR {
 			n, e := mmsgSyscall(unix.SYS_RECVMMSG, fd, r.hdrs[:r.vlen])
 			switch {
 			case e == unix.EINTR:
 				continue
 			case e == unix.EAGAIN, e == 0 && n == 0:
-				r.wouldWait = true
-				r.parked.Store(true) // cleared when the read returns (readBatch)
-				return false         // wait until readable
+				return false
 			}
 			r.n, r.errno = n, e
 			return true
@@ -623,7 +621,17 @@ func (r *recvState) init(batch, slot int) {
 		r.n, r.errno = 0, unix.EINTR
 		return true
 	}
-	r.try = func(fd uintptr) { r.got = r.fn(fd) }
+	r.fn = func(fd uintptr) bool {
+		if read(fd) {
+			return true
+		}
+		r.wouldWait = true
+		r.parked.Store(true) // cleared when the read returns (readBatch)
+		return false         // wait until readable
+	}
+	// A TryRecv that finds nothing does not count as parked: its
+	// goroutine spins, and kickParked must not Wake it.
+	r.try = func(fd uintptr) { r.got = read(fd) }
 	r.ready = func(fd uintptr) bool {
 		r.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
 		if n, err := unix.Poll(r.pfd[:], 0); err == nil && n == 0 {

@@ -168,6 +168,27 @@ func TestKickParked(t *testing.T) {
 	if w := b.(Waker).WakeSeq(); w != seq {
 		t.Errorf("reader not parked: %d more wakes; want none", w-seq)
 	}
+	// A busy poller of b whose TryRecv finds nothing spins: it is not
+	// parked, and the busy reads leave it alone.
+	for {
+		n, err := parked.TryRecv(msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if parked.r.parked.Load() {
+		t.Fatal("a TryRecv that found nothing marked its Conn's reader parked")
+	}
+	send(b, 101)
+	time.Sleep(5 * time.Millisecond)
+	seq = b.(Waker).WakeSeq()
+	keepBusy()
+	if w := b.(Waker).WakeSeq(); w != seq {
+		t.Errorf("busy poller between TryRecvs: %d wakes; want none", w-seq)
+	}
 }
 
 // TestDeadlineLeftByWake: a Wake racing with a reader's clearing of an
