@@ -183,9 +183,10 @@ type Poller interface {
 // wait queues while a goroutine busy-polls them (the Conns of Listen on
 // Linux). A socket that may be waited on has entries there, which the
 // kernel runs, with interrupts off, for every datagram the socket is
-// given and every one it frees, on the sending CPU: on loopback that is
-// 0.4-0.8 µs of a busy-polled round trip (docs/performance.md, "Round
-// trips by layer"), and nobody waits on a socket a goroutine spins on.
+// given and every one it frees, on the sending CPU: on loopback that
+// cost busy-polled round trips 2-18% and busy-polled 64-byte rates up
+// to half (docs/performance.md, "Busy-polled sockets out of the wait
+// queues"), and nobody waits on a socket a goroutine spins on.
 type Quieter interface {
 	// Quiet takes the Conn's sockets out of its wait instances until a
 	// Recv, RecvWait, WaitReadable or Send has to block, which puts them

@@ -252,8 +252,9 @@ func (r *Receiver) pollLoop() {
 // when the device closes. Meanwhile nobody waits on the socket, so it
 // leaves the kernel's wait queues (transport.Quieter), where each
 // datagram it is given or frees would run an entry of every wait
-// instance on the sender's CPU: 0.4-0.8 µs of a busy-polled round trip
-// on loopback. The receive goroutine's next wait puts it back.
+// instance on the sender's CPU (docs/performance.md, "Busy-polled
+// sockets out of the wait queues"). The receive goroutine's next wait
+// puts it back.
 func (r *Receiver) standBack() bool {
 	for {
 		last := r.lastPoll.Load()
@@ -262,7 +263,7 @@ func (r *Receiver) standBack() bool {
 			return true
 		}
 		if r.quieter != nil {
-			r.quieter.Quiet() // cheap once out; retried while a send waits
+			r.quieter.Quiet() // cheap once out; retried if a send held the socket
 		}
 		time.Sleep(r.busy - idle)
 		select {
