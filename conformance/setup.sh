@@ -62,6 +62,7 @@ programs=(
 	chromium                                                 # chromium
 	gcc                                                      # gcc: builds conformance/mwpeer, mcpeer, rspoll
 	sh bash dd cat echo true sleep rm sha256sum stdbuf             # base system, stdbuf from coreutils
+	awk                                                      # base system, mawk: scripts/failed-output.sh
 	git                                                      # git: the conformance report names the commit it tested
 	curl                                                     # curl: under librspreload (librdmacm1) against rxego's HTTP over rsocket
 )

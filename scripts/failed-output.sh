@@ -25,6 +25,7 @@ awk -v head="$head" -v tail="$tail" '
   # Pass 2: attribute each line to the test whose header came last.
   /^=== (RUN|NAME|CONT) / { cur = $3; next }
   /^=== / || /^ *--- (PASS|FAIL|SKIP)/ { next }
+  /^(FAIL|ok|PASS)([ \t]|$)/ { cur = ""; next } # a package summary
   cur in leaf {
     if (!(cur in started)) { started[cur] = 1; order[++k] = cur }
     out[cur, ++said[cur]] = substr($0, 1, 400)

@@ -71,7 +71,7 @@ RXEGO_GUEST_DEATHS=$deaths go test -timeout 60m -v ./conformance/ 2>&1 | tee $lo
 for try in 1 2; do
   grep -q '^ok' $log && break
   tail -100 $log
-  scripts/failed-output.sh $log
+  scripts/failed-output.sh $log || true # a report only: the decision is below
   if ! rerun=$(scripts/guest-deaths.sh $log "$deaths"); then
     exit 1
   fi
@@ -83,7 +83,7 @@ for try in 1 2; do
 done
 if ! grep -q '^ok' $log; then
   tail -100 $log
-  scripts/failed-output.sh $log
+  scripts/failed-output.sh $log || true # a report only: the decision is below
   echo "conformance: a guest kernel died in the second rerun too, or the rerun failed otherwise" >&2
   exit 1
 fi
