@@ -61,6 +61,10 @@ type armedPoll struct {
 	dw     *directWait
 	parked bool
 	dwErr  error
+	// slept is set while waits are a round trip's and the last one slept
+	// in dw (so dw is not nil): the next sleeps before its first look
+	// unless much moved since (directwait_linux.go).
+	slept bool
 	// quiet is set while the socket is out of the instance and of dw's
 	// (quieten), until a waiter that must block puts it back (rejoin);
 	// quiets and rejoins count those moves.
@@ -107,9 +111,22 @@ func newArmedPoll(fd int, events uint32, busyAfter int, name string, traffic fun
 // when tries keep finding work (busyAfter), it disarms it. A reader that
 // wakes, takes one datagram and waits again (a request and its reply)
 // leaves the socket armed and makes no epoll call at all. Made once per
-// try, since a closure made per call would allocate.
-func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
+// try, since a closure made per call would allocate. waits, run before
+// a wait that sleeps without trying first, does what try does when it
+// finds nothing; it is needed only where p has a direct wait.
+func (p *armedPoll) waiter(try func(fd uintptr) bool, waits func()) func(uintptr) bool {
 	return func(uintptr) bool {
+		if p.slept && waits != nil && !p.parked && !p.quiet && waitPath != waitRuntime &&
+			(p.dw.fewSince() || waitPath == waitDirect) {
+			// The last wait slept in dw and little moved since: this one
+			// sleeps before it looks (directwait_linux.go).
+			if p.armed {
+				p.disarm()
+			}
+			waits()
+			p.dwErr = p.dw.wait(try, uintptr(p.fd))
+			return true
+		}
 		if try(uintptr(p.fd)) {
 			p.found++
 			if p.armed && p.found >= p.busyAfter {
@@ -132,9 +149,11 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool) func(uintptr) bool {
 			if p.armed {
 				p.disarm() // the runtime's thread is not to be woken too
 			}
+			p.slept = true
 			p.dwErr = p.dw.wait(try, uintptr(p.fd))
 			return true
 		}
+		p.slept = false
 		p.parked = true
 		if !p.armed {
 			if armHook != nil {

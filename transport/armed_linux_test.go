@@ -374,6 +374,96 @@ func TestDirectWaitRacesArrival(t *testing.T) {
 	sleepHook = nil
 }
 
+// TestRoundTripWaitSleepsFirst: once a round trip's wait has slept in the
+// kernel, the next sleeps before its first look, and a datagram already
+// queued then ends that sleep at once (the direct instance is
+// level-triggered); once more than a round trip's packets have moved
+// since a reader last came to wait, the first look comes first again.
+func TestRoundTripWaitSleepsFirst(t *testing.T) {
+	a := listenAny(t, "127.0.0.1", Options{})
+	c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
+	timer := time.AfterFunc(20*time.Second, func() { c.Close() }) // never hang
+	defer timer.Stop()
+	t.Cleanup(func() { sleepHook = nil })
+	var fd int
+	if err := c.rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	queued := func() bool {
+		return pollNow([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}) == 1
+	}
+	send := func() {
+		t.Helper()
+		if n, err := a.Send([]Message{{Buf: rocePacket(128, 1), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+			t.Fatalf("Send = %d, %v", n, err)
+		}
+		for i := 0; !queued(); i++ {
+			if i == 1000 {
+				t.Fatal("a datagram sent on loopback not queued after 1 s")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	msgs := make([]Message, 64)
+	recv := func(what string) {
+		t.Helper()
+		if n, err := c.Recv(msgs); n != 1 || err != nil {
+			t.Fatalf("%s: Recv = %d, %v", what, n, err)
+		}
+	}
+	// The first wait looks, finds nothing and sleeps until the datagram
+	// sent as it sleeps.
+	sleeps, queuedAtSleep, late := 0, false, make(chan struct{})
+	sleepHook = func() {
+		sleeps++
+		queuedAtSleep = queued()
+		if late != nil {
+			go func(done chan struct{}) {
+				defer close(done)
+				time.Sleep(20 * time.Millisecond)
+				if n, err := a.Send([]Message{{Buf: rocePacket(128, 1), Peer: c.LocalAddr()}}); n != 1 || err != nil {
+					t.Errorf("Send = %d, %v", n, err)
+				}
+			}(late)
+			late = nil
+		}
+	}
+	done := late
+	recv("first wait")
+	<-done
+	if sleeps != 1 || queuedAtSleep {
+		t.Fatalf("first wait: slept %d times, socket queued as it slept %v; want once, with nothing queued", sleeps, queuedAtSleep)
+	}
+	// The next sleeps at once, though a datagram is queued, and takes it.
+	send()
+	sleeps = 0
+	recv("queued before the wait")
+	if sleeps != 1 || !queuedAtSleep {
+		t.Fatalf("queued before the wait: slept %d times, socket queued as it slept %v; want once, queued", sleeps, queuedAtSleep)
+	}
+	// Bursts of more than roundTripPackets datagrams, each read at once:
+	// a datagram queued before the next wait is found by the first look,
+	// with no sleep.
+	for range modeSwitch + 1 {
+		for range roundTripPackets + 1 {
+			send()
+		}
+		for got := 0; got < roundTripPackets+1; {
+			n, err := c.Recv(msgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got += n
+		}
+	}
+	send()
+	sleeps = 0
+	recv("after a stream")
+	if sleeps != 0 {
+		t.Fatalf("after a stream: a datagram queued before the wait slept %d times first, want none", sleeps)
+	}
+}
+
 // TestWaitEndsEarly, on both paths: a Wake ends a RecvWait that waits
 // with no limit, a limit ends one, and Close ends a Recv with
 // net.ErrClosed; the kick that ended a wait does not end the next with

@@ -267,7 +267,7 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 		c.closeFiles()
 		return nil, fmt.Errorf("transport: listen %v: %w", local, err)
 	}
-	c.s.wait = c.wp.waiter(c.s.fn)
+	c.s.wait = c.wp.waiter(c.s.fn, nil)
 	if role != sockSend {
 		readFD := fd
 		if c.raw != nil {
@@ -278,7 +278,7 @@ func listenUDP(local netip.AddrPort, scope uint32, opts Options, role sockRole) 
 			return nil, fmt.Errorf("transport: listen %v: %w", local, err)
 		}
 		c.r.init(opts.BatchSize, slot)
-		c.r.wait, c.r.readyWait = c.rp.waiter(c.r.fn), c.rp.waiter(c.r.ready)
+		c.r.wait, c.r.readyWait = c.rp.waiter(c.r.fn, c.r.fnWaits), c.rp.waiter(c.r.ready, c.r.readyWaits)
 		receivers.add(c)
 	}
 	return c, nil

@@ -569,8 +569,11 @@ type recvState struct {
 	got       bool             // try's result
 	ready     func(fd uintptr) bool
 	pfd       [1]unix.PollFd // for ready
-	// wait and readyWait are fn and ready waiting on the Conn's rp.
-	wait, readyWait func(uintptr) bool
+	// wait and readyWait are fn and ready waiting on the Conn's rp;
+	// fnWaits and readyWaits mark the reader waiting, as fn and ready do
+	// when they find nothing, for a wait that sleeps before it looks.
+	wait, readyWait     func(uintptr) bool
+	fnWaits, readyWaits func()
 
 	next     int    // next datagram to start
 	data     []byte // packets of the current datagram not yet delivered
@@ -621,22 +624,28 @@ func (r *recvState) init(batch, slot int) {
 		r.n, r.errno = 0, unix.EINTR
 		return true
 	}
+	r.fnWaits = func() {
+		r.wouldWait = true
+		r.parked.Store(true) // cleared when the read returns (readBatch)
+	}
 	r.fn = func(fd uintptr) bool {
 		if read(fd) {
 			return true
 		}
-		r.wouldWait = true
-		r.parked.Store(true) // cleared when the read returns (readBatch)
-		return false         // wait until readable
+		r.fnWaits()
+		return false // wait until readable
 	}
 	// A TryRecv that finds nothing does not count as parked: its
 	// goroutine spins, and kickParked must not Wake it.
 	r.try = func(fd uintptr) { r.got = read(fd) }
+	r.readyWaits = func() {
+		r.busyFrom.Store(0)
+		r.parked.Store(true) // cleared when WaitReadable's read returns
+	}
 	r.ready = func(fd uintptr) bool {
 		r.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
 		if n, err := unix.Poll(r.pfd[:], 0); err == nil && n == 0 {
-			r.busyFrom.Store(0)
-			r.parked.Store(true) // cleared when WaitReadable's read returns
+			r.readyWaits()
 			return false
 		}
 		return true // readable; on an error, let the read report it
