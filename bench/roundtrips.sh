@@ -24,7 +24,7 @@ if [ ${#cases[@]} -eq 0 ]; then
 		'rxego read 64 B latency, busy-poll' 'rxego atomic 64 B latency, busy-poll')
 fi
 events=(raw_syscalls:sys_enter syscalls:sys_enter_recvmmsg syscalls:sys_enter_sendmmsg
-	syscalls:sys_enter_read syscalls:sys_enter_write syscalls:sys_enter_epoll_pwait
+	syscalls:sys_enter_read syscalls:sys_enter_write syscalls:sys_enter_epoll_pwait syscalls:sys_enter_epoll_pwait2
 	syscalls:sys_enter_nanosleep syscalls:sys_enter_futex context-switches)
 perfargs=()
 for e in "${events[@]}"; do perfargs+=(-e "$e"); done
@@ -33,8 +33,8 @@ for e in "${events[@]}"; do perfargs+=(-e "$e"); done
 # returned data apart.
 perfargs+=(-e syscalls:sys_enter_futex --filter 'op == 129'
 	-e syscalls:sys_exit_recvmmsg --filter 'ret > 0' -e syscalls:sys_exit_read --filter 'ret > 0')
-printf '| case | side | round trips | syscalls | recvmmsg | with data | sendmmsg | read | with data | write | epoll_pwait | nanosleep | futex | futex wake | ctx switches | goroutine switches | unblocks |\n'
-printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+printf '| case | side | round trips | syscalls | recvmmsg | with data | sendmmsg | read | with data | write | epoll_pwait | epoll_pwait2 | nanosleep | futex | futex wake | ctx switches | goroutine switches | unblocks |\n'
+printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 for c in "${cases[@]}"; do
 	dir=$(mktemp -d)
 	RXEGO_BENCH_TRACE=$dir "$bin" -multi -repeat 1 -duration 2s -run "^${c}\$" -json "$dir/r.json" >/dev/null 2>&1 &
@@ -72,8 +72,8 @@ for line in open(path):
 per = lambda v: '%.2f' % (v / rate) if rate else '-'
 tr = lambda v: '%.2f' % (v / logs) if logs else '-'
 # perf's order: the events as given, the filtered ones last.
-sysc, recvmmsg, sendmmsg, read, write, epoll, nanosleep, futex, ctx, wake, recvdata, readdata = (vals + [0] * 12)[:12]
-cols = [sysc, recvmmsg, recvdata, sendmmsg, read, readdata, write, epoll, nanosleep, futex, wake, ctx]
+sysc, recvmmsg, sendmmsg, read, write, epoll, epoll2, nanosleep, futex, ctx, wake, recvdata, readdata = (vals + [0] * 13)[:13]
+cols = [sysc, recvmmsg, recvdata, sendmmsg, read, readdata, write, epoll, epoll2, nanosleep, futex, wake, ctx]
 print('| %s | %s | %d | %s | %s | %s |' % (case, role, rate, ' | '.join(per(v) for v in cols), tr(sw), tr(ub)))
 EOF
 	done
