@@ -3,6 +3,7 @@ package harness
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,24 +14,40 @@ import (
 	"time"
 )
 
-// Compare is "rxego-bench compare TREE...": each TREE is the -json output
-// of one tree's runs (files separated by commas, every round of a
-// sitting; "name=files" labels it, else the first file's name less its
-// "-N.json" round suffix does). It prints a markdown table of each case's
-// median per tree with every later tree's ratio to the first, then the
-// targets of issue 29 for each tree.
+// Compare is "rxego-bench compare [-cpus N] TREE...": each TREE is the
+// -json output of one tree's runs (files separated by commas, every round
+// of a sitting; "name=files" labels it, else the first file's name less
+// its "-N.json" round suffix does). It prints a markdown table of each
+// case's median per tree with every later tree's ratio to the first, then
+// the targets of issue 29 for each tree. -cpus gives the CPU count of
+// runs that record none (harnesses older than Result.CPUs); without it
+// such runs are judged against no 16-CPU target.
 func Compare(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "-help" {
-		fmt.Fprintln(stderr, "usage: rxego-bench compare [name=]before.json[,more.json] [name=]after.json[,more.json] ...\n\nPrints each case's median per tree (the -json files of its rounds), the ratio of each later tree to the first, and issue 29's target ratios.")
+	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cpus := fs.Int("cpus", 0, "the CPU count of runs that record none (older harnesses); 0: unknown, and such runs count for no 16-CPU target")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: rxego-bench compare [-cpus N] [name=]before.json[,more.json] [name=]after.json[,more.json] ...\n\nPrints each case's median per tree (the -json files of its rounds), the ratio of each later tree to the first, and issue 29's target ratios.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 || *cpus < 0 {
+		if *cpus < 0 {
+			fmt.Fprintf(stderr, "rxego-bench compare: -cpus %d: a CPU count is 1 or more (0: unknown)\n", *cpus)
+		}
+		fs.Usage()
 		return 2
 	}
 	var trees []tree
-	for _, a := range args {
+	for _, a := range fs.Args() {
 		t, err := loadTree(a)
 		if err != nil {
 			fmt.Fprintln(stderr, "rxego-bench compare:", err)
 			return 1
 		}
+		t.assumeCPUs(*cpus)
 		trees = append(trees, t)
 	}
 	writeComparison(stdout, trees)
@@ -95,6 +112,18 @@ func (t *tree) read(path string) error {
 		t.from[n] = append(t.from[n], filepath.Base(path))
 	}
 	return sc.Err()
+}
+
+// assumeCPUs records n as the CPU count of every run that records none
+// (n 0: leaves them unknown).
+func (t tree) assumeCPUs(n int) {
+	for _, rs := range t.runs {
+		for i := range rs {
+			if rs[i].CPUs == 0 {
+				rs[i].CPUs = n
+			}
+		}
+	}
 }
 
 // results is the tree's median result of each case (see median).
@@ -407,11 +436,11 @@ func issue29Targets() []target {
 	return ts
 }
 
-// onCPUs reports whether r is there and ran on at least n CPUs, or on a
-// number not recorded (runs older than Result.CPUs): a 16-CPU target
-// means nothing for a sitting on 2.
+// onCPUs reports whether r is there and ran on at least n CPUs: a 16-CPU
+// target means nothing for a sitting on 2, nor for runs whose CPU count
+// is not known (older than Result.CPUs, unless compare's -cpus gave it).
 func onCPUs(r Result, ok bool, n int) bool {
-	return ok && (r.CPUs == 0 || r.CPUs >= n)
+	return ok && r.CPUs >= n
 }
 
 // targetCell formats a target's value v against its bound want, marking
@@ -445,7 +474,7 @@ func writeTargets(w io.Writer, trees []tree) {
 		}
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Targets no tree measured are left out, and the 16-CPU ones where the runs were on fewer CPUs. Per-CPU efficiency is Gbit/s per busy CPU of both processes. A target's value is the median of its value in each round (both cases of a ratio from the same round, minutes apart), where two rounds or more have it; else it comes from each case's median run.")
+	fmt.Fprintln(w, "Targets no tree measured are left out, and the 16-CPU ones where the runs were on fewer CPUs or recorded no CPU count (-cpus gives one). Per-CPU efficiency is Gbit/s per busy CPU of both processes. A target's value is the median of its value in each round (both cases of a ratio from the same round, minutes apart), where two rounds or more have it; else it comes from each case's median run.")
 	writeDiagnostics(w, trees)
 }
 

@@ -118,8 +118,9 @@ func TestCompareDiagnostics(t *testing.T) {
 }
 
 // TestCompare16CPUTargets checks that the 16-CPU targets count only runs
-// recorded on 16 CPUs or more (or on a number not recorded): the same
-// runs give the rows on 16 CPUs, and neither row nor value on 2.
+// recorded on 16 CPUs or more, or that record none where -cpus says 16:
+// the same runs give the rows on 16 CPUs, and neither row nor value on 2
+// or on a count not known.
 func TestCompare16CPUTargets(t *testing.T) {
 	dir := t.TempDir()
 	runs := func(cpus int) string {
@@ -130,31 +131,36 @@ func TestCompare16CPUTargets(t *testing.T) {
 `, cpus)
 	}
 	for _, c := range []struct {
-		cpus int
-		want bool
-	}{{16, true}, {0, true}, {2, false}} {
-		out := compareOne(t, filepath.Join(dir, fmt.Sprintf("cpus%d-1.json", c.cpus)), runs(c.cpus))
+		cpus  int
+		flags []string
+		want  bool
+	}{{16, nil, true}, {2, nil, false}, {0, nil, false}, {0, []string{"-cpus", "16"}, true}, {0, []string{"-cpus", "2"}, false}, {2, []string{"-cpus", "16"}, false}} {
+		out := compareOne(t, filepath.Join(dir, fmt.Sprintf("cpus%d-1.json", c.cpus)), runs(c.cpus), c.flags...)
 		for _, row := range []string{
 			"| WRITE 64 KiB MTU 4096, 8 QPs / 8 TCP streams (16 CPUs) | >= 1.00 | 0.40 **no** |",
 			"| WRITE 64 KiB MTU 4096, 8 QPs / 8 UDP GSO 4 KiB flows (16 CPUs) | >= 0.70 | 0.50 **no** |",
 			"| WRITE 64 KiB MTU 4096, 16 QPs / 8 QPs (16 CPUs) | >= 1.00 | 1.25 |",
 		} {
 			if got := strings.Contains(out.String(), row); got != c.want {
-				t.Errorf("runs on %d CPUs: row %q present %v, want %v:\n%s", c.cpus, row, got, c.want, out.String())
+				t.Errorf("runs on %d CPUs, flags %q: row %q present %v, want %v:\n%s", c.cpus, c.flags, row, got, c.want, out.String())
 			}
 		}
+	}
+	var out, errs bytes.Buffer
+	if code := Compare([]string{"-cpus", "-1", filepath.Join(dir, "cpus0-1.json")}, &out, &errs); code != 2 || !strings.Contains(errs.String(), "-cpus -1") || out.Len() > 0 {
+		t.Errorf("-cpus -1: exit %d, stderr %q, stdout %q; want exit 2 naming the flag, nothing printed", code, errs.String(), out.String())
 	}
 }
 
 // compareOne writes lines (a sitting's JSON runs) to path and returns
-// what Compare prints for them as one tree.
-func compareOne(t *testing.T, path, lines string) *bytes.Buffer {
+// what Compare, given flags, prints for them as one tree.
+func compareOne(t *testing.T, path, lines string, flags ...string) *bytes.Buffer {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var out, errs bytes.Buffer
-	if code := Compare([]string{"one=" + path}, &out, &errs); code != 0 {
+	if code := Compare(append(flags, "one="+path), &out, &errs); code != 0 {
 		t.Fatalf("exit %d: %s", code, errs.String())
 	}
 	return &out
