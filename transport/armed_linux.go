@@ -124,7 +124,7 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool, waits func()) func(uintptr
 				p.disarm()
 			}
 			waits()
-			p.dwErr = p.dw.wait(try, uintptr(p.fd))
+			p.dwErr = p.dw.wait(try, uintptr(p.fd), false)
 			return true
 		}
 		if try(uintptr(p.fd)) {
@@ -150,7 +150,7 @@ func (p *armedPoll) waiter(try func(fd uintptr) bool, waits func()) func(uintptr
 				p.disarm() // the runtime's thread is not to be woken too
 			}
 			p.slept = true
-			p.dwErr = p.dw.wait(try, uintptr(p.fd))
+			p.dwErr = p.dw.wait(try, uintptr(p.fd), true)
 			return true
 		}
 		p.slept = false

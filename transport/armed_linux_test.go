@@ -377,8 +377,9 @@ func TestDirectWaitRacesArrival(t *testing.T) {
 // TestRoundTripWaitSleepsFirst: once a round trip's wait has slept in the
 // kernel, the next sleeps before its first look, and a datagram already
 // queued then ends that sleep at once (the direct instance is
-// level-triggered); once more than a round trip's packets have moved
-// since a reader last came to wait, the first look comes first again.
+// level-triggered), as does a time limit that passes before it sleeps;
+// once more than a round trip's packets have moved since a reader last
+// came to wait, the first look comes first again.
 func TestRoundTripWaitSleepsFirst(t *testing.T) {
 	a := listenAny(t, "127.0.0.1", Options{})
 	c := listenAny(t, "127.0.0.2", Options{}).(*udpConn)
@@ -441,6 +442,16 @@ func TestRoundTripWaitSleepsFirst(t *testing.T) {
 	if sleeps != 1 || !queuedAtSleep {
 		t.Fatalf("queued before the wait: slept %d times, socket queued as it slept %v; want once, queued", sleeps, queuedAtSleep)
 	}
+	// A time limit that passes before that first sleep: the wait still
+	// looks once, as one that looked first would have, and takes the
+	// datagram queued.
+	send()
+	counting := sleepHook
+	sleepHook = func() { time.Sleep(30 * time.Millisecond) }
+	if n, err := c.RecvWait(msgs, c.WakeSeq(), time.Now().Add(10*time.Millisecond)); n != 1 || err != nil {
+		t.Fatalf("a limit passed before the first sleep, a datagram queued: RecvWait = %d, %v; want the datagram", n, err)
+	}
+	sleepHook = counting
 	// Bursts of more than roundTripPackets datagrams, each read at once:
 	// a datagram queued before the next wait is found by the first look,
 	// with no sleep.

@@ -166,12 +166,19 @@ func (w *directWait) fewSince() bool {
 
 // wait sleeps and runs try on socket fd until try reports done. It
 // returns os.ErrDeadlineExceeded when the deadline passes while try finds
-// nothing, and net.ErrClosed once close has begun.
-func (w *directWait) wait(try func(fd uintptr) bool, fd uintptr) error {
+// nothing, and net.ErrClosed once close has begun. looked says whether
+// try ran just before: a wait that sleeps first and meets its deadline
+// before any sleep still looks once, as one that looked first would
+// have.
+func (w *directWait) wait(try func(fd uintptr) bool, fd uintptr, looked bool) error {
 	for {
 		if err := w.sleep(); err != nil {
+			if err == os.ErrDeadlineExceeded && !looked && try(fd) {
+				return nil
+			}
 			return err
 		}
+		looked = true
 		if try(fd) {
 			return nil
 		}
