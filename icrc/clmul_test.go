@@ -7,11 +7,11 @@ import (
 	"testing"
 )
 
-// TestUpdateMatchesCRC32 checks update against hash/crc32 for every length
+// TestRunMatchesCRC32 checks run against hash/crc32 for every length
 // up to a jumbo frame's and beyond, at aligned and unaligned starts, from
 // several registers: with the wide fold where this CPU has it, and with it
 // switched off.
-func TestUpdateMatchesCRC32(t *testing.T) {
+func TestRunMatchesCRC32(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	buf := make([]byte, 9300)
 	for i := range buf {
@@ -35,8 +35,8 @@ func TestUpdateMatchesCRC32(t *testing.T) {
 			for _, off := range []int{0, 1, 3, 8, 13} {
 				for _, c := range []uint32{0, ^uint32(0), 0x9ad1e7c3} {
 					p := buf[off : off+n]
-					if got, want := update(c, p), crc32.Update(c, table, p); got != want {
-						t.Fatalf("wide=%v n=%d off=%d crc=%#x: update %08x, hash/crc32 %08x", wide, n, off, c, got, want)
+					if got, want := ^run(^c, p), crc32.Update(c, table, p); got != want {
+						t.Fatalf("wide=%v n=%d off=%d crc=%#x: run %08x, hash/crc32 %08x", wide, n, off, c, got, want)
 					}
 				}
 			}
@@ -44,17 +44,17 @@ func TestUpdateMatchesCRC32(t *testing.T) {
 	}
 }
 
-// TestUpdateChains checks that update over pieces equals update over the
+// TestRunChains checks that run over pieces equals run over the
 // whole, for cuts on and off the 16-byte grid the wide fold works in.
-func TestUpdateChains(t *testing.T) {
+func TestRunChains(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
 	buf := make([]byte, 4128)
 	for i := range buf {
 		buf[i] = byte(rng.Uint32())
 	}
-	whole := update(^uint32(0), buf)
+	whole := run(^uint32(0), buf)
 	for cut := 0; cut <= len(buf); cut += 37 {
-		if got := update(update(^uint32(0), buf[:cut]), buf[cut:]); got != whole {
+		if got := run(run(^uint32(0), buf[:cut]), buf[cut:]); got != whole {
 			t.Fatalf("cut at %d: %08x, whole %08x", cut, got, whole)
 		}
 	}

@@ -174,7 +174,7 @@ func sum(ipudp, pkt []byte) uint32 { return sumFrom(prefix(ipudp), pkt) }
 // sumFrom returns the ICRC of pkt given the register s after the LRH
 // stand-in and the masked IP and UDP headers.
 //
-// The bulk goes through update in one call. When BTH byte 4 is zero (no
+// The bulk goes through run in one call. When BTH byte 4 is zero (no
 // FECN, BECN or reserved bits: nearly every packet) that call covers the
 // whole packet as it is, ICRC included, so its length is a multiple of
 // four and all but a few bytes go through the wide fold. The ICRC's four bytes are then
@@ -184,53 +184,56 @@ func sum(ipudp, pkt []byte) uint32 { return sumFrom(prefix(ipudp), pkt) }
 func sumFrom(s uint32, pkt []byte) uint32 {
 	after := len(pkt) - Len - bthHead // bytes between byte 4 and the ICRC
 	if pkt[4] == 0 && after < maxShifted {
-		// update takes and returns the inverted (final) form.
 		// Register after pkt[:len-4] = unzero(R ^ ICRC bytes' terms);
 		// the terms and the mask fix do not depend on R, so they are
 		// looked up while crc32 runs.
 		c := pkt[len(pkt)-Len:]
 		fix := icrcBytes[0][c[0]] ^ icrcBytes[1][c[1]] ^ icrcBytes[2][c[2]] ^ icrcBytes[3][c[3]] ^ maskFix[after]
-		r := ^update(^s, pkt)
+		r := run(s, pkt)
 		return ^(unzero(r) ^ fix)
 	}
 	var h [bthHead]byte
 	copy(h[:4], pkt)
 	h[4] = 0xff
 	s = feed(s, h[:])
-	return update(^s, pkt[bthHead:len(pkt)-Len])
+	return ^run(s, pkt[bthHead:len(pkt)-Len])
 }
 
 // sumScattered is sumFrom for a packet in three pieces: hdr (at least the
 // BTH), payload and trailer (pad and ICRC, at least the ICRC). The CRC
-// runs on across the pieces (update chains), so the result is
+// runs on across the pieces, so the result is
 // sumFrom's for the pieces gathered.
 func sumScattered(s uint32, hdr, payload, trailer []byte) uint32 {
 	var h [bthHead]byte
 	copy(h[:4], hdr)
 	h[4] = 0xff
 	s = feed(s, h[:])
-	c := update(^s, hdr[bthHead:])
-	c = update(c, payload)
-	return update(c, trailer[:len(trailer)-Len])
+	s = run(s, hdr[bthHead:])
+	s = run(s, payload)
+	return ^run(s, trailer[:len(trailer)-Len])
 }
 
-// update is crc32.Update(crc, table, p): crc and the result are in the
-// inverted (final) form. Where the CPU has 256-bit VPCLMULQDQ, all but
-// the last len(p)%16 bytes go through foldWide, about twice as fast as
+// run feeds p through the CRC register s (not inverted) and returns the
+// register after it. Where the CPU has 256-bit VPCLMULQDQ, all but the
+// last len(p)%16 bytes go through foldWide, about twice as fast as
 // hash/crc32's 128-bit kernel (BenchmarkICRC4K against
-// BenchmarkCRC32IEEE4K); hash/crc32 takes the rest, and everything on
-// other CPUs.
-func update(crc uint32, p []byte) uint32 {
-	if hasWide && len(p) >= wideMin {
+// BenchmarkCRC32IEEE4K); elsewhere hash/crc32 takes what is long enough
+// for its kernel. Short inputs and the rest go through feed, which skips
+// hash/crc32's dispatch (an ACK's ICRC covers 15 bytes after the BTH head).
+func run(s uint32, p []byte) uint32 {
+	if len(p) >= wideMin {
+		if !hasWide {
+			return ^crc32.Update(^s, table, p)
+		}
 		n := len(p) &^ 15
-		crc = ^foldWide(^crc, p[:n])
+		s = foldWide(s, p[:n])
 		p = p[n:]
 	}
-	return crc32.Update(crc, table, p)
+	return feed(s, p)
 }
 
-// wideMin is the shortest input foldWide takes: one load of its two
-// 32-byte accumulators.
+// wideMin is the shortest input foldWide takes (one load of its two
+// 32-byte accumulators) and hash/crc32 folds.
 const wideMin = 64
 
 // Put stores crc in the last four bytes of pkt.
