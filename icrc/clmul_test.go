@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestRunMatchesCRC32 checks run against hash/crc32 for every length
+// TestRunMatchesCRC32 checks run and ChecksumIEEE against hash/crc32 for every length
 // up to a jumbo frame's and beyond, at aligned and unaligned starts, from
 // several registers: with the wide fold where this CPU has it, and with it
 // switched off.
@@ -35,6 +35,9 @@ func TestRunMatchesCRC32(t *testing.T) {
 			for _, off := range []int{0, 1, 3, 8, 13} {
 				for _, c := range []uint32{0, ^uint32(0), 0x9ad1e7c3} {
 					p := buf[off : off+n]
+					if c == 0 && ChecksumIEEE(p) != crc32.ChecksumIEEE(p) {
+						t.Fatalf("wide=%v n=%d off=%d: ChecksumIEEE %08x, hash/crc32 %08x", wide, n, off, ChecksumIEEE(p), crc32.ChecksumIEEE(p))
+					}
 					if got, want := ^run(^c, p), crc32.Update(c, table, p); got != want {
 						t.Fatalf("wide=%v n=%d off=%d crc=%#x: run %08x, hash/crc32 %08x", wide, n, off, c, got, want)
 					}

@@ -197,7 +197,7 @@ func WriteReport(w io.Writer, list []Result, sched Sched, repeat int) {
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "UDP: a CRC-32 over every datagram (GSO: every segment) on send and receive, as rxego's ICRC; received rate. single = one datagram per system call, mmsg = sendmmsg/recvmmsg of 64, gso = 64 KiB GSO sends with GRO on receive, gso-runs = gso with the datagrams cut as a 64 KiB WRITE's at MTU 4096 must be (per 16 segments one alone and one of 15: a WRITE's FIRST packet carries a RETH and cannot share a GSO datagram with the rest).")
+	fmt.Fprintln(w, "UDP: a CRC-32 over every datagram (GSO: every segment) on send and receive, as rxego's ICRC and with its CRC kernel (icrc.ChecksumIEEE); received rate. single = one datagram per system call, mmsg = sendmmsg/recvmmsg of 64, gso = 64 KiB GSO sends with GRO on receive, gso-runs = gso with the datagrams cut as a 64 KiB WRITE's at MTU 4096 must be (per 16 segments one alone and one of 15: a WRITE's FIRST packet carries a RETH and cannot share a GSO datagram with the rest).")
 	fmt.Fprintln(w)
 
 	tcp, tcpOK := rs.kind(TCPBW)
