@@ -92,6 +92,8 @@ type Collector struct {
 	udpBytes  *prometheus.Desc
 	udpCalls  *prometheus.Desc
 	udpKicks  *prometheus.Desc
+	udpQuiets *prometheus.Desc
+	udpRejoin *prometheus.Desc
 	qpRate    *prometheus.Desc
 	qpTarget  *prometheus.Desc
 	qpAlpha   *prometheus.Desc
@@ -122,6 +124,8 @@ func NewCollectorOptions(o Options, devs ...*rxego.Device) *Collector {
 		udpBytes:  prometheus.NewDesc("rxego_transport_bytes_total", "UDP payload bytes through the transport, by direction.", []string{"device", "dir"}, nil),
 		udpCalls:  prometheus.NewDesc("rxego_transport_syscalls_total", "sendmmsg/recvmmsg calls, by direction.", []string{"device", "dir"}, nil),
 		udpKicks:  prometheus.NewDesc("rxego_transport_parked_kicks_total", "Readers of the process's other sockets that this device's busy reads woke: parked while a datagram waited for them (transport.Stats.ParkedKicks).", []string{"device"}, nil),
+		udpQuiets: prometheus.NewDesc("rxego_transport_quiets_total", "Times the device's receive goroutine took its socket out of the kernel's wait queues because the application busy-polled it (transport.Stats.Quiets).", []string{"device"}, nil),
+		udpRejoin: prometheus.NewDesc("rxego_transport_rejoins_total", "Times a wait that had to block put the socket back in the kernel's wait queues (transport.Stats.Rejoins).", []string{"device"}, nil),
 		qpRate:    prometheus.NewDesc("rxego_qp_rate_bits_per_second", "DCQCN current rate of a QP.", qpl, nil),
 		qpTarget:  prometheus.NewDesc("rxego_qp_target_rate_bits_per_second", "DCQCN target rate of a QP.", qpl, nil),
 		qpAlpha:   prometheus.NewDesc("rxego_qp_alpha", "DCQCN alpha of a QP.", qpl, nil),
@@ -148,7 +152,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.engine {
 		ch <- d
 	}
-	for _, d := range []*prometheus.Desc{c.drops, c.udpDrops, c.udpPkts, c.udpBytes, c.udpCalls, c.udpKicks,
+	for _, d := range []*prometheus.Desc{c.drops, c.udpDrops, c.udpPkts, c.udpBytes, c.udpCalls, c.udpKicks, c.udpQuiets, c.udpRejoin,
 		c.qpRate, c.qpTarget, c.qpAlpha, c.qpCNPSent, c.qpCNPRcvd, c.qpCE, c.qpCuts, c.ccQPs} {
 		ch <- d
 	}
@@ -185,6 +189,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.udpCalls, ts.SendCalls, name, "out")
 		counter(c.udpCalls, ts.RecvCalls, name, "in")
 		counter(c.udpKicks, ts.ParkedKicks, name)
+		counter(c.udpQuiets, ts.Quiets, name)
+		counter(c.udpRejoin, ts.Rejoins, name)
 		c.collectQPs(dev, name, counter, gauge)
 	}
 }

@@ -51,8 +51,14 @@ func scrape(t *testing.T, url string) map[string]float64 {
 // them, each QP with its own CQ entries and a 16 KiB MR.
 func connectedPairs(t *testing.T, n int) (devs [2]*rxego.Device, qps [2][]*rxego.QP, mrs [2]*rxego.MR, cqs [2]*rxego.CQ) {
 	t.Helper()
+	return connectedPairsWith(t, n, nil)
+}
+
+// connectedPairsWith is connectedPairs with the devices opened with opts.
+func connectedPairsWith(t *testing.T, n int, opts *rxego.Options) (devs [2]*rxego.Device, qps [2][]*rxego.QP, mrs [2]*rxego.MR, cqs [2]*rxego.CQ) {
+	t.Helper()
 	for i := range devs {
-		d := testaddr.Open(t, nil)
+		d := testaddr.Open(t, opts)
 		pd, _ := d.AllocPD()
 		cqs[i], _ = d.CreateCQ(64)
 		for range n {
@@ -231,5 +237,67 @@ func TestPerQPSeries(t *testing.T) {
 	}
 	if _, ok := m[fmt.Sprintf(`rxego_qp_cnps_sent_total{device=%q,qp=%q}`, a, metrics.OtherQPs)]; !ok {
 		t.Error("no qp=other CNP counter")
+	}
+}
+
+// TestQuietsAndRejoins busy-polls a CQ of a device in busy-poll mode until its receive
+// goroutine takes its socket out of the kernel's wait queues, then stops
+// polling until the goroutine's own wait puts it back, and checks that a
+// scrape reports both as the transport counted them.
+func TestQuietsAndRejoins(t *testing.T) {
+	// Busy polling on: a receive goroutine stands back only then.
+	devs, qpl, mrs, cqs := connectedPairsWith(t, 1, &rxego.Options{BusyPoll: 200 * time.Millisecond})
+	c := metrics.NewCollector(devs[0])
+	srv := httptest.NewServer(metrics.Handler(c))
+	defer srv.Close()
+	a := devs[0].Addr().String()
+	before := scrape(t, srv.URL)
+	for _, name := range []string{"rxego_transport_quiets_total", "rxego_transport_rejoins_total"} {
+		if _, ok := before[fmt.Sprintf(`%s{device=%q}`, name, a)]; !ok {
+			t.Fatalf("metric %s missing", name)
+		}
+	}
+	wcs := make([]rxego.WC, 4)
+	// Busy-poll: WRITEs whose completions are taken by Poll alone, then
+	// polling on with nothing to take, as a busy-polling application does.
+	for k, end := 0, time.Now().Add(5*time.Second); devs[0].Transport().Stats().Quiets == 0; k++ {
+		if time.Now().After(end) {
+			t.Fatal("busy polling never took the socket out of the wait queues")
+		}
+		if k < 20 {
+			if err := qpl[0][0].PostSend(rxego.SendWR{ID: uint64(k), Opcode: rxego.WRWrite, Flags: rxego.SendSignaled,
+				SGL:        []rxego.SGE{{Addr: mrs[0].IOVA(), Length: 64, LKey: mrs[0].LKey()}},
+				RemoteAddr: mrs[1].IOVA(), RKey: mrs[1].RKey()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 50 {
+			if _, err := cqs[0].Poll(wcs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	// Stop polling for longer than BusyPoll: the receive goroutine takes
+	// the socket back, and its next wait that blocks rejoins. WRITEs from
+	// the peer give it packets to take in and then nothing to wait for.
+	time.Sleep(300 * time.Millisecond)
+	for k, end := 0, time.Now().Add(5*time.Second); devs[0].Transport().Stats().Rejoins == 0; k++ {
+		if time.Now().After(end) {
+			t.Fatal("the receive goroutine's waits never put the socket back in the wait queues")
+		}
+		writeWait(t, qpl[1][0], cqs[1], [2]*rxego.MR{mrs[1], mrs[0]}, k, 64, 0)
+		time.Sleep(10 * time.Millisecond)
+	}
+	after := scrape(t, srv.URL)
+	st := devs[0].Transport().Stats()
+	for _, m := range []struct {
+		name string
+		now  uint64
+	}{{"rxego_transport_quiets_total", st.Quiets}, {"rxego_transport_rejoins_total", st.Rejoins}} {
+		key := fmt.Sprintf(`%s{device=%q}`, m.name, a)
+		if got := after[key] - before[key]; got < 1 || after[key] > float64(m.now) {
+			t.Errorf("%s moved by %v to %v; the transport counts %d now, and moved at least once", m.name, got, after[key], m.now)
+		}
 	}
 }
