@@ -181,17 +181,17 @@ func sum(ipudp, pkt []byte) uint32 { return sumFrom(prefix(ipudp), pkt) }
 //
 // The bulk goes through run in one call. When BTH byte 4 is zero (no
 // FECN, BECN or reserved bits: nearly every packet) that call covers the
-// whole packet as it is, ICRC included, so its length is a multiple of
-// four and all but a few bytes go through the wide fold. The ICRC's four bytes are then
-// taken back out and the mask of byte 4 added as the precomputed
-// difference maskFix. Otherwise the masked BTH head is fed by hand and the
+// whole packet as it is, ICRC included, so all but its last len%16 bytes
+// go through the wide fold where the CPU has it. The ICRC's four bytes
+// are then taken back out and the mask of byte 4 added as the
+// precomputed difference maskFix. Otherwise the masked BTH head is fed by hand and the
 // call starts after it.
 func sumFrom(s uint32, pkt []byte) uint32 {
 	after := len(pkt) - Len - bthHead // bytes between byte 4 and the ICRC
 	if pkt[4] == 0 && after < maxShifted {
 		// Register after pkt[:len-4] = unzero(R ^ ICRC bytes' terms);
 		// the terms and the mask fix do not depend on R, so they are
-		// looked up while crc32 runs.
+		// looked up before the fold runs.
 		c := pkt[len(pkt)-Len:]
 		fix := icrcBytes[0][c[0]] ^ icrcBytes[1][c[1]] ^ icrcBytes[2][c[2]] ^ icrcBytes[3][c[3]] ^ maskFix[after]
 		r := run(s, pkt)
