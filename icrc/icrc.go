@@ -16,6 +16,11 @@
 // which is sound because the CRC is linear in the ID bits (see its doc for
 // what that costs in detection strength).
 //
+// A [Flow] folds a flow's addresses and ports into the register once; the
+// many packets of a GSO run or a GRO batch then add only their lengths
+// and ID, a few table lookups each, since the CRC is affine in every
+// header byte.
+//
 // On amd64 CPUs with 256-bit VPCLMULQDQ the CRC runs in this package's own
 // assembly, about twice hash/crc32's rate where the CPU lacks AVX-512;
 // elsewhere, and in builds tagged purego, it runs in hash/crc32.

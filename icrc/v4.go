@@ -36,55 +36,36 @@ var v4Base = func() (b [2]uint32) {
 	return b
 }()
 
-// Sum returns the ICRC of pkt (BTH through ICRC) sent with IP ID id.
-func (v *V4) Sum(id uint16, pkt []byte) uint32 {
-	if !valid(pkt) {
-		return 0
-	}
-	return sumFrom(v.head(id, len(pkt)), pkt)
-}
-
-// SumScattered returns the ICRC of the packet hdr, payload, trailer laid
-// end to end (BTH through ICRC, as Sum's pkt) sent with IP ID id, without
-// gathering it: for a packet whose payload is sent from where it lies.
-// hdr must hold at least the BTH and trailer at least the ICRC.
-func (v *V4) SumScattered(id uint16, hdr, payload, trailer []byte) uint32 {
-	if len(hdr) < bthLen || len(trailer) < Len {
-		return 0
-	}
-	return sumScattered(v.head(id, len(hdr)+len(payload)+len(trailer)), hdr, payload, trailer)
-}
-
-// head returns the register after the LRH stand-in and the masked IPv4
-// and UDP headers of an n-byte packet sent with IP ID id.
-func (v *V4) head(id uint16, n int) uint32 {
-	ipLen, udpLen := uint16(20+8+n), uint16(8+n)
+// Flow returns v's addresses, ports and DF bit folded in ahead, for many
+// packets of the flow.
+func (v *V4) Flow() Flow {
 	df := 0
 	if v.DF {
 		df = 1
 	}
-	// wide[j] for header byte k is wide[27-k]: IP total length (k 2-3),
-	// ID (4-5), addresses (12-19), ports (20-23), UDP length (24-25).
+	// wide[j] for header byte k is wide[27-k]: addresses (k 12-19),
+	// ports (20-23); Flow.head adds the lengths and the ID.
 	w := wide
-	r := v4Base[df] ^ w[25][ipLen>>8] ^ w[24][byte(ipLen)] ^ w[23][id>>8] ^ w[22][byte(id)]
+	r := v4Base[df]
 	r ^= w[15][v.Src[0]] ^ w[14][v.Src[1]] ^ w[13][v.Src[2]] ^ w[12][v.Src[3]]
 	r ^= w[11][v.Dst[0]] ^ w[10][v.Dst[1]] ^ w[9][v.Dst[2]] ^ w[8][v.Dst[3]]
 	r ^= w[7][v.SrcPort>>8] ^ w[6][byte(v.SrcPort)] ^ w[5][v.DstPort>>8] ^ w[4][byte(v.DstPort)]
-	r ^= w[3][udpLen>>8] ^ w[2][byte(udpLen)]
-	return r
+	return Flow{reg: r}
+}
+
+// Sum returns the ICRC of pkt (BTH through ICRC) sent with IP ID id.
+func (v *V4) Sum(id uint16, pkt []byte) uint32 { return v.Flow().Sum(id, pkt) }
+
+// SumScattered is Flow.SumScattered for one packet of v's flow.
+func (v *V4) SumScattered(id uint16, hdr, payload, trailer []byte) uint32 {
+	return v.Flow().SumScattered(id, hdr, payload, trailer)
 }
 
 // Fill computes the ICRC for IP ID id and stores it in pkt.
-func (v *V4) Fill(id uint16, pkt []byte) {
-	if valid(pkt) {
-		Put(pkt, v.Sum(id, pkt))
-	}
-}
+func (v *V4) Fill(id uint16, pkt []byte) { v.Flow().Fill(id, pkt) }
 
 // Check reports whether pkt's ICRC is right for IP ID id.
-func (v *V4) Check(id uint16, pkt []byte) bool {
-	return valid(pkt) && v.Sum(id, pkt) == Get(pkt)
-}
+func (v *V4) Check(id uint16, pkt []byte) bool { return v.Flow().Check(id, pkt) }
 
 // Recover finds the IPv4 Identification that makes pkt's stored ICRC
 // correct, for receivers that read through a UDP socket and cannot see the
@@ -102,25 +83,7 @@ func (v *V4) Check(id uint16, pkt []byte) bool {
 // so over a 1040-byte packet 15 of its 264,945 single-byte errors pass
 // (about 2^-14). Receive paths that see the IP header (raw sockets,
 // captures) use Check instead.
-func (v *V4) Recover(pkt []byte) (id uint16, ok bool) {
-	if !valid(pkt) {
-		return 0, false
-	}
-	got := Get(pkt)
-	c0 := v.Sum(0, pkt)
-	if c0 == got {
-		return 0, true
-	}
-	// Bytes processed after the two ID bytes: the rest of the IP header
-	// (14), the UDP header (8) and the packet up to the ICRC.
-	n := 14 + 8 + len(pkt) - Len
-	u := unshift(n, got^c0)
-	b0, b1, ok := solveID(u)
-	if !ok {
-		return 0, false
-	}
-	return uint16(b0)<<8 | uint16(b1), true
-}
+func (v *V4) Recover(pkt []byte) (id uint16, ok bool) { return v.Flow().Recover(pkt) }
 
 // The CRC register after a message is linear in the message bits once the
 // init and final xor cancel (they do in a difference of two equal-length

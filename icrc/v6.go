@@ -10,43 +10,28 @@ type V6 struct {
 	SrcPort, DstPort uint16
 }
 
-// Sum returns the ICRC of pkt (BTH through ICRC).
-func (v *V6) Sum(pkt []byte) uint32 {
-	if !valid(pkt) {
-		return 0
-	}
-	return sumFrom(v.head(len(pkt)), pkt)
-}
-
-// SumScattered returns the ICRC of the packet hdr, payload, trailer laid
-// end to end (BTH through ICRC, as Sum's pkt), without gathering it: for
-// a packet whose payload is sent from where it lies. hdr must hold at
-// least the BTH and trailer at least the ICRC.
-func (v *V6) SumScattered(hdr, payload, trailer []byte) uint32 {
-	if len(hdr) < bthLen || len(trailer) < Len {
-		return 0
-	}
-	return sumScattered(v.head(len(hdr)+len(payload)+len(trailer)), hdr, payload, trailer)
-}
-
-// head returns the register after the LRH stand-in and the masked IPv6
-// and UDP headers of an n-byte packet.
-func (v *V6) head(n int) uint32 {
+// Flow returns v's addresses and ports folded in ahead, for many packets
+// of the flow.
+func (v *V6) Flow() Flow {
 	var h [iphdr.IPv6Len + iphdr.UDPLen]byte
-	// Traffic class, flow label and hop limit masked to all ones.
+	// Traffic class, flow label and hop limit masked to all ones; the
+	// lengths are left zero for Flow.head to add.
 	iphdr.IPv6(h[:]).Encode(&iphdr.IPv6Fields{TrafficClass: 0xff, FlowLabel: 0xfffff,
-		PayloadLength: uint16(iphdr.UDPLen + n), NextHeader: iphdr.ProtoUDP, HopLimit: 0xff,
-		Src: v.Src, Dst: v.Dst})
-	putUDP(h[iphdr.IPv6Len:], v.SrcPort, v.DstPort, iphdr.UDPLen+n)
-	return prefix(h[:])
+		NextHeader: iphdr.ProtoUDP, HopLimit: 0xff, Src: v.Src, Dst: v.Dst})
+	putUDP(h[iphdr.IPv6Len:], v.SrcPort, v.DstPort, 0)
+	return Flow{reg: prefix(h[:]), v6: true}
+}
+
+// Sum returns the ICRC of pkt (BTH through ICRC).
+func (v *V6) Sum(pkt []byte) uint32 { return v.Flow().Sum(0, pkt) }
+
+// SumScattered is Flow.SumScattered for one packet of v's flow.
+func (v *V6) SumScattered(hdr, payload, trailer []byte) uint32 {
+	return v.Flow().SumScattered(0, hdr, payload, trailer)
 }
 
 // Fill computes and stores pkt's ICRC.
-func (v *V6) Fill(pkt []byte) {
-	if valid(pkt) {
-		Put(pkt, v.Sum(pkt))
-	}
-}
+func (v *V6) Fill(pkt []byte) { v.Flow().Fill(0, pkt) }
 
 // Check reports whether pkt's ICRC is right.
-func (v *V6) Check(pkt []byte) bool { return valid(pkt) && v.Sum(pkt) == Get(pkt) }
+func (v *V6) Check(pkt []byte) bool { return v.Flow().Check(0, pkt) }

@@ -59,24 +59,38 @@ func v6(src, dst netip.AddrPort) icrc.V6 {
 	return icrc.V6{Src: src.Addr().As16(), Dst: dst.Addr().As16(), SrcPort: src.Port(), DstPort: dst.Port()}
 }
 
+// flow returns the ICRC flow (icrc.Flow) of packets from src to dst in
+// this endpoint's family: what their ICRCs cover besides the packets,
+// folded once for many packets.
+func (e *endpoint) flow(src, dst netip.AddrPort) icrc.Flow {
+	if e.v6 {
+		v := v6(src, dst)
+		return v.Flow()
+	}
+	v := v4(src, dst)
+	return v.Flow()
+}
+
+// outbound returns the ICRC flow of packets from this endpoint to peer.
+func (e *endpoint) outbound(peer netip.AddrPort) icrc.Flow { return e.flow(e.local, peer) }
+
+// inbound returns the ICRC flow of packets from peer to this endpoint.
+func (e *endpoint) inbound(peer netip.AddrPort) icrc.Flow { return e.flow(peer, e.local) }
+
 // fill writes the ICRC of pkt, sent from this endpoint to peer with IPv4
 // ID id (ignored for IPv6).
 func (e *endpoint) fill(pkt []byte, peer netip.AddrPort, id uint16) {
-	if e.v6 {
-		v := v6(e.local, peer)
-		icrc.Put(pkt, v.Sum(pkt))
-		return
-	}
-	v := v4(e.local, peer)
-	v.Fill(id, pkt)
+	e.outbound(peer).Fill(id, pkt)
 }
 
 // fillRun fills every segment of a Seg run. gso says the run goes out as
 // one GSO datagram, whose segments the kernel numbers id, id+1, ...; sent
-// as separate datagrams every one carries id.
+// as separate datagrams every one carries id. The flow is folded once for
+// the run.
 func (e *endpoint) fillRun(buf []byte, seg int, peer netip.AddrPort, id uint16, gso bool) {
+	flow := e.outbound(peer)
 	for off := 0; off < len(buf); off += seg {
-		e.fill(buf[off:min(off+seg, len(buf))], peer, id)
+		flow.Fill(id, buf[off:min(off+seg, len(buf))])
 		if gso {
 			id++
 		}
@@ -117,23 +131,9 @@ func classify(pkt []byte) (bth.Packet, DropReason, bool) {
 
 // recover checks a packet that came through a UDP socket, where the IPv4
 // ID is not visible: IPv4 recovers the ID that makes the ICRC match, IPv6
-// checks in full.
+// checks in full. It is recoverFrom without a guess or a flow made ahead.
 func (e *endpoint) recover(pkt []byte, peer netip.AddrPort) (p bth.Packet, id uint16, reason DropReason, ok bool) {
-	if p, reason, ok = classify(pkt); !ok {
-		return p, 0, reason, false
-	}
-	if e.v6 {
-		v := v6(peer, e.local)
-		if v.Sum(pkt) != icrc.Get(pkt) {
-			return p, 0, DropBadICRC, false
-		}
-		return p, 0, 0, true
-	}
-	v := v4(peer, e.local)
-	if id, ok = v.Recover(pkt); !ok {
-		return p, 0, noDF(&v, pkt), false
-	}
-	return p, id, 0, true
+	return e.recoverFrom(pkt, peer, e.inbound(peer), 0)
 }
 
 // noDF gives the reason to drop an IPv4 packet through a UDP socket whose
@@ -180,22 +180,24 @@ func (w *noDFWitness) observe(peer netip.AddrPort, reason DropReason) DropReason
 	return DropBadICRC
 }
 
-// recoverFrom is recover for a packet whose IPv4 ID is likely guess: that
-// ID is checked first, and only when it fails is the ID solved for. The
-// outcome is the same as recover's (one ID at most makes the ICRC match);
-// a right guess saves the solving.
-func (e *endpoint) recoverFrom(pkt []byte, peer netip.AddrPort, guess uint16) (p bth.Packet, id uint16, reason DropReason, ok bool) {
-	if e.v6 || guess == 0 {
-		return e.recover(pkt, peer)
-	}
+// recoverFrom is recover for a packet whose IPv4 ID is likely guess (0:
+// no guess): that ID is checked first, and only when it fails is the ID
+// solved for. The outcome is the same as recover's (one ID at most makes
+// the ICRC match); a right guess saves the solving. flow is inbound(peer),
+// made once for the packets that come from peer in a row. IPv6 has no ID
+// to guess: its packets are checked in full and carry ID 0.
+func (e *endpoint) recoverFrom(pkt []byte, peer netip.AddrPort, flow icrc.Flow, guess uint16) (p bth.Packet, id uint16, reason DropReason, ok bool) {
 	if p, reason, ok = classify(pkt); !ok {
 		return p, 0, reason, false
 	}
-	v := v4(peer, e.local)
-	if v.Check(guess, pkt) {
+	if guess != 0 && !e.v6 && flow.Check(guess, pkt) {
 		return p, guess, 0, true
 	}
-	if id, ok = v.Recover(pkt); !ok {
+	if id, ok = flow.Recover(pkt); !ok {
+		if e.v6 {
+			return p, 0, DropBadICRC, false
+		}
+		v := v4(peer, e.local)
 		return p, 0, noDF(&v, pkt), false
 	}
 	return p, id, 0, true
@@ -207,15 +209,7 @@ func (e *endpoint) check(pkt []byte, peer netip.AddrPort, id uint16) (bth.Packet
 	if !ok {
 		return p, reason, false
 	}
-	var good bool
-	if e.v6 {
-		v := v6(peer, e.local)
-		good = v.Sum(pkt) == icrc.Get(pkt)
-	} else {
-		v := v4(peer, e.local)
-		good = v.Check(id, pkt)
-	}
-	if !good {
+	if !e.inbound(peer).Check(id, pkt) {
 		return p, DropBadICRC, false
 	}
 	return p, 0, true

@@ -116,6 +116,7 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	r.tos = b[1]
 	r.id = binary.BigEndian.Uint16(b[4:])
 	r.v4 = icrc.V4{Src: [4]byte(b[12:16]), Dst: [4]byte(b[16:20]), SrcPort: sport, DstPort: c.ep.local.Port(), DF: b[6]&0x40 != 0}
+	r.flow, r.flowPeer = r.v4.Flow(), r.peer
 	r.first = false
 	if len(p) == 0 {
 		return DropShort, p, true
@@ -135,7 +136,7 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	// A datagram longer than any one RoCE packet must be a GSO batch: skip
 	// the whole-datagram check, which could only fail.
 	if len(p) <= maxRoCEPacket {
-		if pk, _, ok := classify(p); ok && r.v4.Check(r.id, p) {
+		if pk, _, ok := classify(p); ok && r.flow.Check(r.id, p) {
 			r.first, r.firstPkt = true, pk
 			return 0, nil, false
 		}
@@ -144,7 +145,7 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	// veth pass GSO packets through) and the raw socket sees it whole, with
 	// the first segment's ID. Find the segment size: the size at which the
 	// first packet's ICRC checks.
-	if s, pk := findSegment(&r.v4, r.id, p); s > 0 {
+	if s, pk := findSegment(r.flow, r.id, p); s > 0 {
 		r.seg, r.first, r.firstPkt = s, true, pk
 		c.ctr.groBatches.Add(1)
 		c.ctr.groSegments.Add(uint64((len(p) + s - 1) / s))
@@ -156,7 +157,7 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 // packets with IDs id, id+1, ..., and that packet parsed, or 0. Candidates are 4-byte multiples
 // (every RoCE packet is one) where a plausible BTH starts: a known opcode,
 // TVer 0 and the first packet's P_Key.
-func findSegment(v *icrc.V4, id uint16, p []byte) (int, bth.Packet) {
+func findSegment(flow icrc.Flow, id uint16, p []byte) (int, bth.Packet) {
 	tries := 0
 	for s := minPacket; s+minPacket <= len(p) && tries < maxSplitTries; s += 4 {
 		q := p[s:]
@@ -167,7 +168,7 @@ func findSegment(v *icrc.V4, id uint16, p []byte) (int, bth.Packet) {
 			continue
 		}
 		tries++
-		if pk, _, ok := classify(p[:s]); ok && v.Check(id, p[:s]) {
+		if pk, _, ok := classify(p[:s]); ok && flow.Check(id, p[:s]) {
 			return s, pk
 		}
 	}
@@ -187,7 +188,7 @@ func (c *udpConn) verifyRaw(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 	if !ok {
 		return p, 0, reason, false
 	}
-	if !r.v4.Check(id, pkt) {
+	if !r.flow.Check(id, pkt) {
 		return p, 0, DropBadICRC, false
 	}
 	return p, id, 0, true

@@ -1,8 +1,6 @@
 package transport
 
 import (
-	"net/netip"
-
 	"github.com/rxego/rxego/bth"
 	"github.com/rxego/rxego/icrc"
 )
@@ -93,16 +91,8 @@ func checkScattered(m *Message, seg int) error {
 }
 
 // fillScattered writes the ICRC of the packet hdr, payload, trailer into
-// trailer's last four bytes, for peer and IPv4 ID id, as fill does for a
-// whole packet.
-func (e *endpoint) fillScattered(hdr, payload, trailer []byte, peer netip.AddrPort, id uint16) {
-	var sum uint32
-	if e.v6 {
-		v := v6(e.local, peer)
-		sum = v.SumScattered(hdr, payload, trailer)
-	} else {
-		v := v4(e.local, peer)
-		sum = v.SumScattered(id, hdr, payload, trailer)
-	}
-	icrc.Put(trailer, sum)
+// trailer's last four bytes, for IPv4 ID id, as fill does for a whole
+// packet. flow is outbound(peer), made once for a run's packets.
+func (e *endpoint) fillScattered(hdr, payload, trailer []byte, flow icrc.Flow, id uint16) {
+	icrc.Put(trailer, flow.SumScattered(id, hdr, payload, trailer))
 }

@@ -334,10 +334,14 @@ func (c *udpConn) placeScattered(slot int, msg int32, m *Message, seg int, peer 
 	w := scatterWalk{buf: m.Buf, payload: m.Payload, seg: seg}
 	start, pkts, total := s.sused, 0, 0
 	var id uint16
+	var flow icrc.Flow
+	if fill {
+		flow = c.ep.outbound(peer)
+	}
 	for !w.done() {
 		hdr, pay, tr, _ := w.next() // checkScattered passed
 		if fill {
-			c.ep.fillScattered(hdr, pay, tr, peer, id)
+			c.ep.fillScattered(hdr, pay, tr, flow, id)
 		}
 		for _, b := range [3][]byte{hdr, pay, tr} {
 			if len(b) > 0 {
@@ -580,7 +584,9 @@ type recvState struct {
 	seg      int    // their size (GRO or GSO segment size), 0 for one packet
 	peer     netip.AddrPort
 	tos      uint8
-	id       uint16      // IP ID of the next segment (raw mode) or the guess for it (socket mode)
+	id       uint16    // IP ID of the next segment (raw mode) or the guess for it (socket mode)
+	flow     icrc.Flow // the ICRC flow of packets from flowPeer (raw mode: of the current datagram)
+	flowPeer netip.AddrPort
 	v4       icrc.V4     // raw mode: the current datagram's ICRC description
 	first    bool        // raw mode: the first segment's ICRC is already known good
 	firstPkt bth.Packet  // raw mode: that segment, parsed
@@ -962,6 +968,11 @@ func (c *udpConn) startDatagram() (reason DropReason, pkt []byte, bad bool) {
 	if ri.frag {
 		return DropFragment, b, true
 	}
+	if r.peer != r.flowPeer {
+		// The flow's part of the ICRC is folded once for all the packets
+		// and datagrams that come from one peer in a row.
+		r.flow, r.flowPeer = c.ep.inbound(r.peer), r.peer
+	}
 	r.data, r.seg = b, ri.gso
 	if ri.gso > 0 && len(b) > ri.gso {
 		c.ctr.groBatches.Add(1)
@@ -977,7 +988,7 @@ func (c *udpConn) verify(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 		// GSO sender's 0, 1, 2, ...; a kernel's per-destination counter),
 		// so the ID after the previous packet's is tried first: checking
 		// one ID is cheaper than solving for it.
-		p, id, reason, ok := c.ep.recoverFrom(pkt, c.r.peer, c.r.id)
+		p, id, reason, ok := c.ep.recoverFrom(pkt, c.r.peer, c.r.flow, c.r.id)
 		c.r.id = id + 1
 		return p, id, c.r.noDF.observe(c.r.peer, reason), ok
 	}
