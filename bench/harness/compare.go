@@ -58,7 +58,7 @@ func Compare(args []string, stdout, stderr io.Writer) int {
 type tree struct {
 	name  string
 	runs  map[string][]Result
-	from  map[string][]string // the file each run came from, beside runs
+	from  map[string][]string // the file each run came from (its path as given), beside runs
 	order []string            // case names in the order first seen
 }
 
@@ -109,7 +109,7 @@ func (t *tree) read(path string) error {
 			t.order = append(t.order, n)
 		}
 		t.runs[n] = append(t.runs[n], r)
-		t.from[n] = append(t.from[n], filepath.Base(path))
+		t.from[n] = append(t.from[n], path)
 	}
 	return sc.Err()
 }
@@ -292,7 +292,7 @@ func writeLowRuns(w io.Writer, trees []tree) {
 			}
 			for i, r := range runs {
 				if r.Err == "" && r.figure() < lowRunShare*m {
-					rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %.2fx |", c, t.name, t.from[c][i], cell(r), r.figure()/m))
+					rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %.2fx |", c, t.name, filepath.Base(t.from[c][i]), cell(r), r.figure()/m))
 				}
 			}
 		}

@@ -186,6 +186,38 @@ func TestCompareTargetsPerRound(t *testing.T) {
 	}
 }
 
+// TestCompareRoundsByPath checks that a tree's rounds are its files,
+// told apart by path: three sittings' "round.json" in three folders, the
+// first without the eight-QP case. Per round the target reads 0.95 in the
+// second and third (median 0.95); keyed by base name, the first file's
+// one QP (20 Gbit/s per CPU) would pair with the second's eight (9.5),
+// and the target would read 0.71.
+func TestCompareRoundsByPath(t *testing.T) {
+	run := func(qps, gbps int) string {
+		return fmt.Sprintf(`{"Case":{"Kind":"rxego-bw","Op":"write","Size":65536,"MTU":4096,"Depth":64,"QPs":%d},"Role":"client","Elapsed":1000000000,"Bytes":%d,"CPU":1000000000}`+"\n", qps, gbps*1e8/8)
+	}
+	var files []string
+	for i, lines := range []string{run(1, 200), run(1, 100) + run(8, 95), run(1, 100) + run(8, 95)} {
+		dir := filepath.Join(t.TempDir(), fmt.Sprint(i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, "round.json")
+		if err := os.WriteFile(f, []byte(lines), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	var out, errs bytes.Buffer
+	if code := Compare([]string{"one=" + strings.Join(files, ",")}, &out, &errs); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs.String())
+	}
+	want := "| WRITE 64 KiB MTU 4096: per-CPU efficiency, 8 QPs / 1 QP | >= 0.95 | 0.950 |"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("report lacks %q:\n%s", want, out.String())
+	}
+}
+
 // TestCompareRateFasterWait checks that the 8-QP rate targets take the
 // faster wait mode's run (blocking here) and compare it with one QP's in
 // that mode.
