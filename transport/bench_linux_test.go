@@ -189,7 +189,7 @@ func BenchmarkVerify(b *testing.B) {
 			b.Run("recover/"+name, func(b *testing.B) {
 				b.SetBytes(int64(size))
 				for b.Loop() {
-					if _, got, _, ok := ep.recover(p, peer); !ok || got != id {
+					if _, got, _, ok := ep.recover(p, peer, ep.inbound(peer), 0); !ok || got != id {
 						b.Fatal("bad")
 					}
 				}

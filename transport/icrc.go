@@ -129,13 +129,6 @@ func classify(pkt []byte) (bth.Packet, DropReason, bool) {
 	return p, 0, true
 }
 
-// recover checks a packet that came through a UDP socket, where the IPv4
-// ID is not visible: IPv4 recovers the ID that makes the ICRC match, IPv6
-// checks in full. It is recoverFrom without a guess or a flow made ahead.
-func (e *endpoint) recover(pkt []byte, peer netip.AddrPort) (p bth.Packet, id uint16, reason DropReason, ok bool) {
-	return e.recoverFrom(pkt, peer, e.inbound(peer), 0)
-}
-
 // noDF gives the reason to drop an IPv4 packet through a UDP socket whose
 // ICRC no ID makes right with DF set (v): DropNoDF when one does with DF
 // clear, as its sender computed it, else DropBadICRC. Only failing
@@ -180,13 +173,13 @@ func (w *noDFWitness) observe(peer netip.AddrPort, reason DropReason) DropReason
 	return DropBadICRC
 }
 
-// recoverFrom is recover for a packet whose IPv4 ID is likely guess (0:
-// no guess): that ID is checked first, and only when it fails is the ID
-// solved for. The outcome is the same as recover's (one ID at most makes
-// the ICRC match); a right guess saves the solving. flow is inbound(peer),
-// made once for the packets that come from peer in a row. IPv6 has no ID
-// to guess: its packets are checked in full and carry ID 0.
-func (e *endpoint) recoverFrom(pkt []byte, peer netip.AddrPort, flow icrc.Flow, guess uint16) (p bth.Packet, id uint16, reason DropReason, ok bool) {
+// recover checks a packet that came through a UDP socket, where the IPv4
+// ID is not visible: IPv4 finds the one ID that makes the ICRC match, IPv6
+// checks in full and gives ID 0. guess is the likely ID (0: none): it is
+// checked first, and only when it fails is the ID solved for, which a
+// right guess saves. flow is inbound(peer), made once for the packets
+// that come from peer in a row.
+func (e *endpoint) recover(pkt []byte, peer netip.AddrPort, flow icrc.Flow, guess uint16) (p bth.Packet, id uint16, reason DropReason, ok bool) {
 	if p, reason, ok = classify(pkt); !ok {
 		return p, 0, reason, false
 	}

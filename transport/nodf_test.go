@@ -22,7 +22,7 @@ func TestSingleBitErrorsAreNotNoDF(t *testing.T) {
 	e := newEndpoint(local)
 	var w noDFWitness
 	judge := func(pkt []byte) (DropReason, bool) {
-		_, _, reason, ok := e.recoverFrom(pkt, peer, e.inbound(peer), 0)
+		_, _, reason, ok := e.recover(pkt, peer, e.inbound(peer), 0)
 		return w.observe(peer, reason), ok
 	}
 	for _, n := range []int{300, 1040, 4136} {
@@ -43,7 +43,7 @@ func TestSingleBitErrorsAreNotNoDF(t *testing.T) {
 			}
 			c := append([]byte(nil), pkt...)
 			c[bit/8] ^= 1 << (bit % 8)
-			if _, _, r, _ := e.recoverFrom(c, peer, e.inbound(peer), 0); r == DropNoDF {
+			if _, _, r, _ := e.recover(c, peer, e.inbound(peer), 0); r == DropNoDF {
 				candidates++
 			}
 			if r, ok := judge(c); !ok {

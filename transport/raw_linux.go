@@ -115,8 +115,8 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	r.peer = netip.AddrPortFrom(netip.AddrFrom4([4]byte(b[12:16])), sport)
 	r.tos = b[1]
 	r.id = binary.BigEndian.Uint16(b[4:])
-	r.v4 = icrc.V4{Src: [4]byte(b[12:16]), Dst: [4]byte(b[16:20]), SrcPort: sport, DstPort: c.ep.local.Port(), DF: b[6]&0x40 != 0}
-	r.flow, r.flowPeer = r.v4.Flow(), r.peer
+	v := icrc.V4{Src: [4]byte(b[12:16]), Dst: [4]byte(b[16:20]), SrcPort: sport, DstPort: c.ep.local.Port(), DF: b[6]&0x40 != 0}
+	r.flow, r.flowPeer = v.Flow(), r.peer
 	r.first = false
 	if len(p) == 0 {
 		return DropShort, p, true
@@ -127,7 +127,7 @@ func (c *udpConn) startRaw(b []byte) (DropReason, []byte, bool) {
 	switch {
 	case r.frag:
 		return DropFragment, p, true
-	case !r.v4.DF:
+	case !v.DF:
 		return DropNoDF, p, true
 	case !udpChecksumOK(b[12:20], u[:ulen]):
 		return DropBadUDPChecksum, p, true

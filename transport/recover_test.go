@@ -7,7 +7,7 @@ import (
 	"github.com/rxego/rxego/bth"
 )
 
-// TestRecoverFromFlow checks recoverFrom with a flow folded once for many
+// TestRecoverFromFlow checks recover with a flow folded once for many
 // packets, in both families: a right guess, a wrong one and none all give
 // the packet's own IPv4 ID (IPv6: 0), and another peer's flow (a stale
 // one) drops the packet as a bad ICRC rather than accepting it.
@@ -36,13 +36,13 @@ func TestRecoverFromFlow(t *testing.T) {
 				}
 				flow := e.inbound(peer)
 				for _, guess := range []uint16{id, id + 1, 0} {
-					_, got, reason, ok := e.recoverFrom(pkt, peer, flow, guess)
+					_, got, reason, ok := e.recover(pkt, peer, flow, guess)
 					if !ok || got != id || reason != 0 {
 						t.Fatalf("%v from %v, %d bytes, guess %#x: id %#x, reason %v, ok %v; want %#x", local, peer, n, guess, got, reason, ok, id)
 					}
 				}
 				other := e.inbound(netip.MustParseAddrPort(fam.peers[1-i]))
-				if _, _, reason, ok := e.recoverFrom(pkt, peer, other, id); ok || reason != DropBadICRC {
+				if _, _, reason, ok := e.recover(pkt, peer, other, id); ok || reason != DropBadICRC {
 					t.Fatalf("%v from %v, %d bytes, another peer's flow: reason %v, ok %v; want %v", local, peer, n, reason, ok, DropBadICRC)
 				}
 			}

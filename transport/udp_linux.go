@@ -587,7 +587,6 @@ type recvState struct {
 	id       uint16    // IP ID of the next segment (raw mode) or the guess for it (socket mode)
 	flow     icrc.Flow // the ICRC flow of packets from flowPeer (raw mode: of the current datagram)
 	flowPeer netip.AddrPort
-	v4       icrc.V4     // raw mode: the current datagram's ICRC description
 	first    bool        // raw mode: the first segment's ICRC is already known good
 	firstPkt bth.Packet  // raw mode: that segment, parsed
 	ovfl     uint32      // last SO_RXQ_OVFL count seen
@@ -988,7 +987,7 @@ func (c *udpConn) verify(pkt []byte) (bth.Packet, uint16, DropReason, bool) {
 		// GSO sender's 0, 1, 2, ...; a kernel's per-destination counter),
 		// so the ID after the previous packet's is tried first: checking
 		// one ID is cheaper than solving for it.
-		p, id, reason, ok := c.ep.recoverFrom(pkt, c.r.peer, c.r.flow, c.r.id)
+		p, id, reason, ok := c.ep.recover(pkt, c.r.peer, c.r.flow, c.r.id)
 		c.r.id = id + 1
 		return p, id, c.r.noDF.observe(c.r.peer, reason), ok
 	}
